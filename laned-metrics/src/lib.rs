@@ -1,0 +1,353 @@
+//! What an operator reads to tune a laned runtime: turns, seats, occupancy,
+//! queue wait, turn time, lanes taken, admissions and failures.
+//!
+//! Recording is lock-free and allocation-free (relaxed atomics), so the
+//! worker calls it from its hot path. Reading is a [`Snapshot`]: plain,
+//! serde-serialisable data that subtracts ([`Snapshot::delta`]) and renders
+//! the Prometheus text format with tract's metric names
+//! ([`Snapshot::to_prometheus`]), so dashboards built for tract carry over.
+//!
+//! ```
+//! use std::time::Duration;
+//! use laned_metrics::Metrics;
+//!
+//! let metrics = Metrics::new(8);
+//! metrics.record_turn(3, Duration::from_micros(120));
+//! metrics.record_queue_wait(Duration::from_micros(40));
+//! let snap = metrics.snapshot();
+//! assert_eq!((snap.turns, snap.seats), (1, 3));
+//! assert_eq!(snap.mean_occupancy(), 3.0);
+//! assert!(snap.to_prometheus(&[("runnable", "tdnn")]).contains("tract_autobatch_turns_total{runnable=\"tdnn\"} 1"));
+//! ```
+
+mod histogram;
+mod prometheus;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use histogram::AtomicHistogram;
+pub use histogram::HistogramSnapshot;
+use serde::{Deserialize, Serialize};
+
+/// The counters of one laned state (or one runner). Every field is written by
+/// any thread through `&self` with relaxed atomics: each is an independent
+/// tally, no reader infers one field from another's value.
+pub struct Metrics {
+    turns: AtomicU64,
+    seats: AtomicU64,
+    /// Turns by exact occupancy; the last bucket also takes any wider turn.
+    occupancy: Box<[AtomicU64]>,
+    queue_wait: AtomicHistogram,
+    turn_time: AtomicHistogram,
+    lanes_taken: AtomicU64,
+    admissions: AtomicU64,
+    admissions_waited: AtomicU64,
+    admission_wait: AtomicHistogram,
+    admissions_refused: AtomicU64,
+    failed_seats: AtomicU64,
+    failed_turns: AtomicU64,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("turns", &self.turns.load(Ordering::Relaxed))
+            .field("seats", &self.seats.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// Counters for a state whose turns seat at most `max_occupancy` streams.
+    pub fn new(max_occupancy: usize) -> Metrics {
+        Metrics {
+            turns: AtomicU64::new(0),
+            seats: AtomicU64::new(0),
+            occupancy: (0..=max_occupancy.max(1))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            queue_wait: AtomicHistogram::new(),
+            turn_time: AtomicHistogram::new(),
+            lanes_taken: AtomicU64::new(0),
+            admissions: AtomicU64::new(0),
+            admissions_waited: AtomicU64::new(0),
+            admission_wait: AtomicHistogram::new(),
+            admissions_refused: AtomicU64::new(0),
+            failed_seats: AtomicU64::new(0),
+            failed_turns: AtomicU64::new(0),
+        }
+    }
+
+    /// One turn of `occupancy` seats took `duration`, stacking and slicing
+    /// included.
+    pub fn record_turn(&self, occupancy: usize, duration: Duration) {
+        self.turns.fetch_add(1, Ordering::Relaxed);
+        self.seats.fetch_add(occupancy as u64, Ordering::Relaxed);
+        let bucket = occupancy.min(self.occupancy.len() - 1);
+        self.occupancy[bucket].fetch_add(1, Ordering::Relaxed);
+        self.turn_time.record(duration);
+    }
+
+    /// A seat waited `wait` from being queued to its turn's start.
+    pub fn record_queue_wait(&self, wait: Duration) {
+        self.queue_wait.record(wait);
+    }
+
+    /// Streams now holding a lane.
+    pub fn set_lanes_taken(&self, lanes: usize) {
+        self.lanes_taken.store(lanes as u64, Ordering::Relaxed);
+    }
+
+    /// A stream got a lane at once.
+    pub fn record_admission(&self) {
+        self.admissions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A stream got a lane after waiting `wait` for one.
+    pub fn record_admission_waited(&self, wait: Duration) {
+        self.admissions.fetch_add(1, Ordering::Relaxed);
+        self.admissions_waited.fetch_add(1, Ordering::Relaxed);
+        self.admission_wait.record(wait);
+    }
+
+    /// A stream was refused a lane.
+    pub fn record_admission_refused(&self) {
+        self.admissions_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `seats` seats were answered with an error.
+    pub fn record_failed_seats(&self, seats: usize) {
+        self.failed_seats.fetch_add(seats as u64, Ordering::Relaxed);
+    }
+
+    /// A turn failed as a whole (its state errored or panicked).
+    pub fn record_failed_turn(&self) {
+        self.failed_turns.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Everything recorded so far, as plain data.
+    pub fn snapshot(&self) -> Snapshot {
+        let occupancy: Vec<u64> = self
+            .occupancy
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .collect();
+        Snapshot {
+            turns: self.turns.load(Ordering::Relaxed),
+            seats: self.seats.load(Ordering::Relaxed),
+            occupancy,
+            queue_wait: self.queue_wait.snapshot(),
+            turn_time: self.turn_time.snapshot(),
+            lanes_taken: self.lanes_taken.load(Ordering::Relaxed),
+            admissions: self.admissions.load(Ordering::Relaxed),
+            admissions_waited: self.admissions_waited.load(Ordering::Relaxed),
+            admission_wait: self.admission_wait.snapshot(),
+            admissions_refused: self.admissions_refused.load(Ordering::Relaxed),
+            failed_seats: self.failed_seats.load(Ordering::Relaxed),
+            failed_turns: self.failed_turns.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The metrics as read at one instant.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Turns run.
+    pub turns: u64,
+    /// Seats filled over those turns.
+    pub seats: u64,
+    /// Turns by exact occupancy: `occupancy[k]` turns seated `k` streams.
+    pub occupancy: Vec<u64>,
+    /// From a seat queued to the start of its turn, linger included.
+    pub queue_wait: HistogramSnapshot,
+    /// One turn, stacking and slicing included.
+    pub turn_time: HistogramSnapshot,
+    /// Streams holding a lane at the instant of the snapshot (a gauge).
+    pub lanes_taken: u64,
+    /// Streams admitted, at once or after waiting.
+    pub admissions: u64,
+    /// Streams admitted after waiting for a lane.
+    pub admissions_waited: u64,
+    /// How long admitted streams waited.
+    pub admission_wait: HistogramSnapshot,
+    /// Streams refused a lane.
+    pub admissions_refused: u64,
+    /// Seats answered with an error.
+    pub failed_seats: u64,
+    /// Turns that failed as a whole.
+    pub failed_turns: u64,
+}
+
+impl Snapshot {
+    /// Seats per turn: the dial turn policy is tuned against.
+    pub fn mean_occupancy(&self) -> f64 {
+        if self.turns == 0 {
+            0.0
+        } else {
+            self.seats as f64 / self.turns as f64
+        }
+    }
+
+    /// What happened after `earlier`, a snapshot of the same metrics. Gauges
+    /// (`lanes_taken`) keep this snapshot's value.
+    pub fn delta(&self, earlier: &Snapshot) -> Snapshot {
+        let occupancy = self
+            .occupancy
+            .iter()
+            .enumerate()
+            .map(|(k, n)| n.saturating_sub(earlier.occupancy.get(k).copied().unwrap_or(0)))
+            .collect();
+        Snapshot {
+            turns: self.turns.saturating_sub(earlier.turns),
+            seats: self.seats.saturating_sub(earlier.seats),
+            occupancy,
+            queue_wait: self.queue_wait.delta(&earlier.queue_wait),
+            turn_time: self.turn_time.delta(&earlier.turn_time),
+            lanes_taken: self.lanes_taken,
+            admissions: self.admissions.saturating_sub(earlier.admissions),
+            admissions_waited: self
+                .admissions_waited
+                .saturating_sub(earlier.admissions_waited),
+            admission_wait: self.admission_wait.delta(&earlier.admission_wait),
+            admissions_refused: self
+                .admissions_refused
+                .saturating_sub(earlier.admissions_refused),
+            failed_seats: self.failed_seats.saturating_sub(earlier.failed_seats),
+            failed_turns: self.failed_turns.saturating_sub(earlier.failed_turns),
+        }
+    }
+
+    /// Both snapshots together: how a runner of several states totals them.
+    pub fn merge(&self, other: &Snapshot) -> Snapshot {
+        let len = self.occupancy.len().max(other.occupancy.len());
+        let occupancy = (0..len)
+            .map(|k| {
+                self.occupancy.get(k).copied().unwrap_or(0)
+                    + other.occupancy.get(k).copied().unwrap_or(0)
+            })
+            .collect();
+        Snapshot {
+            turns: self.turns + other.turns,
+            seats: self.seats + other.seats,
+            occupancy,
+            queue_wait: self.queue_wait.merge(&other.queue_wait),
+            turn_time: self.turn_time.merge(&other.turn_time),
+            lanes_taken: self.lanes_taken + other.lanes_taken,
+            admissions: self.admissions + other.admissions,
+            admissions_waited: self.admissions_waited + other.admissions_waited,
+            admission_wait: self.admission_wait.merge(&other.admission_wait),
+            admissions_refused: self.admissions_refused + other.admissions_refused,
+            failed_seats: self.failed_seats + other.failed_seats,
+            failed_turns: self.failed_turns + other.failed_turns,
+        }
+    }
+
+    /// The Prometheus text exposition of this snapshot, each sample carrying
+    /// `labels`. See [`prometheus`](crate::Snapshot::to_prometheus) for names.
+    pub fn to_prometheus(&self, labels: &[(&str, &str)]) -> String {
+        prometheus::render(self, labels)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn busy() -> Metrics {
+        let m = Metrics::new(4);
+        m.record_turn(2, Duration::from_micros(100));
+        m.record_turn(4, Duration::from_micros(300));
+        m.record_turn(9, Duration::from_micros(200));
+        for us in [10, 20, 30] {
+            m.record_queue_wait(Duration::from_micros(us));
+        }
+        m.set_lanes_taken(3);
+        m.record_admission();
+        m.record_admission_waited(Duration::from_millis(2));
+        m.record_admission_refused();
+        m.record_failed_seats(2);
+        m.record_failed_turn();
+        m
+    }
+
+    #[test]
+    fn counts_turns_seats_and_occupancy() {
+        let s = busy().snapshot();
+        assert_eq!(s.turns, 3);
+        assert_eq!(s.seats, 15);
+        assert_eq!(s.mean_occupancy(), 5.0);
+        // A turn wider than the histogram lands in its last bucket.
+        assert_eq!(s.occupancy, vec![0, 0, 1, 0, 2]);
+        assert_eq!(s.turn_time.count, 3);
+        assert_eq!(s.turn_time.max(), Duration::from_micros(300));
+        assert_eq!(s.queue_wait.count, 3);
+        assert_eq!(
+            (s.admissions, s.admissions_waited, s.admissions_refused),
+            (2, 1, 1)
+        );
+        assert_eq!((s.failed_seats, s.failed_turns, s.lanes_taken), (2, 1, 3));
+    }
+
+    #[test]
+    fn a_snapshot_round_trips_through_json() {
+        let s = busy().snapshot();
+        let json = serde_json::to_string(&s).unwrap();
+        let back: Snapshot = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn a_delta_holds_what_happened_between_two_snapshots() {
+        let m = busy();
+        let before = m.snapshot();
+        m.record_turn(1, Duration::from_micros(50));
+        m.record_failed_seats(1);
+        let d = m.snapshot().delta(&before);
+        assert_eq!(
+            (d.turns, d.seats, d.failed_seats, d.failed_turns),
+            (1, 1, 1, 0)
+        );
+        assert_eq!(d.occupancy, vec![0, 1, 0, 0, 0]);
+        assert_eq!(d.turn_time.count, 1);
+        assert_eq!(d.lanes_taken, 3, "a gauge keeps its latest value");
+    }
+
+    #[test]
+    fn merging_sums_two_states() {
+        let a = busy().snapshot();
+        let total = a.merge(&a);
+        assert_eq!(total.turns, 6);
+        assert_eq!(total.occupancy, vec![0, 0, 2, 0, 4]);
+        assert_eq!(total.turn_time.count, 6);
+        assert_eq!(total.lanes_taken, 6);
+    }
+
+    /// Recording from many threads at once loses no count.
+    #[test]
+    fn concurrent_recording_loses_nothing() {
+        let m = std::sync::Arc::new(Metrics::new(8));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    for k in 0..1000 {
+                        m.record_turn(k % 8 + 1, Duration::from_micros(k as u64));
+                        m.record_queue_wait(Duration::from_nanos(k as u64));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let s = m.snapshot();
+        assert_eq!(s.turns, 4000);
+        assert_eq!(
+            s.seats,
+            4 * (0..1000).map(|k| k % 8 + 1).sum::<usize>() as u64
+        );
+        assert_eq!(s.occupancy.iter().sum::<u64>(), 4000);
+        assert_eq!(s.queue_wait.count, 4000);
+    }
+}

@@ -1,0 +1,254 @@
+//! The Prometheus text exposition of a [`Snapshot`], with the metric names
+//! tract's `LanedRunnable` reports under (`tract_autobatch_*`), plus ours for
+//! what tract does not count (admissions, failures).
+
+use std::fmt::Write;
+
+use crate::{HistogramSnapshot, Snapshot};
+
+/// Bucket bounds of the exported duration histograms, in seconds: fixed, so
+/// the series stay the same from one scrape to the next.
+const SECONDS: [f64; 17] = [
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+    5e-2, 0.1, 1.0,
+];
+
+fn label_set(labels: &[(&str, &str)], extra: Option<(&str, String)>) -> String {
+    let mut parts: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| {
+            format!(
+                "{k}=\"{}\"",
+                v.replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n")
+            )
+        })
+        .collect();
+    if let Some((k, v)) = extra {
+        parts.push(format!("{k}=\"{v}\""));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("{{{}}}", parts.join(","))
+    }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn scalar(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    labels: &[(&str, &str)],
+    value: u64,
+) {
+    header(out, name, kind, help);
+    let _ = writeln!(out, "{name}{} {value}", label_set(labels, None));
+}
+
+fn durations(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    labels: &[(&str, &str)],
+    h: &HistogramSnapshot,
+) {
+    header(out, name, "histogram", help);
+    for le in SECONDS {
+        let n = h.count_at_most((le * 1e9) as u64);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{} {n}",
+            label_set(labels, Some(("le", format!("{le}"))))
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{name}_bucket{} {}",
+        label_set(labels, Some(("le", "+Inf".into()))),
+        h.count
+    );
+    let _ = writeln!(
+        out,
+        "{name}_sum{} {}",
+        label_set(labels, None),
+        h.sum_ns as f64 / 1e9
+    );
+    let _ = writeln!(out, "{name}_count{} {}", label_set(labels, None), h.count);
+}
+
+pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
+    let mut out = String::new();
+    scalar(
+        &mut out,
+        "tract_autobatch_turns_total",
+        "counter",
+        "Turns a laned runtime ran",
+        labels,
+        s.turns,
+    );
+    scalar(
+        &mut out,
+        "tract_autobatch_seats_total",
+        "counter",
+        "Seats filled over those turns",
+        labels,
+        s.seats,
+    );
+    header(
+        &mut out,
+        "tract_autobatch_seats_per_turn",
+        "histogram",
+        "Seats one turn filled",
+    );
+    let mut cumulative = 0;
+    for (k, n) in s.occupancy.iter().enumerate() {
+        cumulative += n;
+        let _ = writeln!(
+            out,
+            "tract_autobatch_seats_per_turn_bucket{} {cumulative}",
+            label_set(labels, Some(("le", k.to_string())))
+        );
+    }
+    let _ = writeln!(
+        out,
+        "tract_autobatch_seats_per_turn_bucket{} {}",
+        label_set(labels, Some(("le", "+Inf".into()))),
+        s.turns
+    );
+    let _ = writeln!(
+        out,
+        "tract_autobatch_seats_per_turn_sum{} {}",
+        label_set(labels, None),
+        s.seats
+    );
+    let _ = writeln!(
+        out,
+        "tract_autobatch_seats_per_turn_count{} {}",
+        label_set(labels, None),
+        s.turns
+    );
+    scalar(
+        &mut out,
+        "tract_autobatch_lanes_taken",
+        "gauge",
+        "Lanes held by streams",
+        labels,
+        s.lanes_taken,
+    );
+    durations(
+        &mut out,
+        "tract_autobatch_queue_wait_seconds",
+        "From a seat queued to the start of the turn seating it, linger included",
+        labels,
+        &s.queue_wait,
+    );
+    durations(
+        &mut out,
+        "tract_autobatch_turn_seconds",
+        "One turn, stacking and slicing included",
+        labels,
+        &s.turn_time,
+    );
+    scalar(
+        &mut out,
+        "tract_autobatch_admissions_total",
+        "counter",
+        "Streams given a lane",
+        labels,
+        s.admissions,
+    );
+    scalar(
+        &mut out,
+        "tract_autobatch_admissions_waited_total",
+        "counter",
+        "Streams given a lane after waiting for one",
+        labels,
+        s.admissions_waited,
+    );
+    durations(
+        &mut out,
+        "tract_autobatch_admission_wait_seconds",
+        "How long admitted streams waited for a lane",
+        labels,
+        &s.admission_wait,
+    );
+    scalar(
+        &mut out,
+        "tract_autobatch_admissions_refused_total",
+        "counter",
+        "Streams refused a lane",
+        labels,
+        s.admissions_refused,
+    );
+    scalar(
+        &mut out,
+        "tract_autobatch_failed_seats_total",
+        "counter",
+        "Seats answered with an error",
+        labels,
+        s.failed_seats,
+    );
+    scalar(
+        &mut out,
+        "tract_autobatch_failed_turns_total",
+        "counter",
+        "Turns that failed as a whole",
+        labels,
+        s.failed_turns,
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::Metrics;
+
+    #[test]
+    fn renders_tract_names_with_labels_and_cumulative_buckets() {
+        let m = Metrics::new(3);
+        m.record_turn(1, Duration::from_micros(3));
+        m.record_turn(3, Duration::from_millis(3));
+        m.record_queue_wait(Duration::from_micros(20));
+        let text = m
+            .snapshot()
+            .to_prometheus(&[("runnable", "tdnn \"light\"")]);
+        let l = "runnable=\"tdnn \\\"light\\\"\"";
+        for line in [
+            "# TYPE tract_autobatch_turns_total counter".to_string(),
+            format!("tract_autobatch_turns_total{{{l}}} 2"),
+            format!("tract_autobatch_seats_total{{{l}}} 4"),
+            format!("tract_autobatch_seats_per_turn_bucket{{{l},le=\"1\"}} 1"),
+            format!("tract_autobatch_seats_per_turn_bucket{{{l},le=\"2\"}} 1"),
+            format!("tract_autobatch_seats_per_turn_bucket{{{l},le=\"3\"}} 2"),
+            format!("tract_autobatch_turn_seconds_bucket{{{l},le=\"0.00001\"}} 1"),
+            format!("tract_autobatch_turn_seconds_bucket{{{l},le=\"0.005\"}} 2"),
+            format!("tract_autobatch_turn_seconds_count{{{l}}} 2"),
+            format!("tract_autobatch_queue_wait_seconds_bucket{{{l},le=\"0.00001\"}} 0"),
+            format!("tract_autobatch_queue_wait_seconds_bucket{{{l},le=\"0.000025\"}} 1"),
+            format!("tract_autobatch_failed_turns_total{{{l}}} 0"),
+        ] {
+            assert!(
+                text.lines().any(|x| x == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn renders_without_labels() {
+        let text = Metrics::new(1).snapshot().to_prometheus(&[]);
+        assert!(
+            text.lines().any(|l| l == "tract_autobatch_lanes_taken 0"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,130 @@
+//! `cargo xtask`: the project's tasks. It only drives cargo; the heavy code it
+//! runs (the bench and fuzz binaries) lives with the crates it measures, so
+//! this crate builds in seconds and has no dependency.
+
+use std::env;
+use std::process::{exit, Command};
+
+const TASKS: &str = "\
+cargo xtask <task> [args]
+
+tasks:
+  bench [--quick] [args]   side-by-side report: ours vs tract's LanedRunnable vs the
+                           ideal loop vs a state per stream, on the built-in models
+                           (laned-runner/examples/laned-bench.rs; --help for its flags)
+  fuzz [--cases N] [--seed S]
+                           the laned-testkit property tests with many cases
+  ci                       what CI runs: fmt check, clippy, the test suite, doc tests
+
+criterion benches of the crates (cargo bench -p CRATE):
+  lane-table               (none yet)
+  laned-metrics            record: the cost of one turn's recording
+  laned-runner             turns: solo, ideal, tract's LanedRunnable, ours, light/heavy TDNN
+";
+
+fn main() {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let Some(task) = args.first() else {
+        print!("{TASKS}");
+        return;
+    };
+    let rest = &args[1..];
+    let ok = match task.as_str() {
+        "bench" => bench(rest),
+        "fuzz" => fuzz(rest),
+        "ci" => ci(),
+        "help" | "--help" | "-h" => {
+            print!("{TASKS}");
+            true
+        }
+        other => {
+            eprintln!("unknown task {other:?}\n\n{TASKS}");
+            false
+        }
+    };
+    if !ok {
+        exit(1);
+    }
+}
+
+fn cargo() -> Command {
+    Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn run(mut command: Command) -> bool {
+    eprintln!("$ {command:?}");
+    match command.status() {
+        Ok(status) => status.success(),
+        Err(e) => {
+            eprintln!("cannot run {command:?}: {e}");
+            false
+        }
+    }
+}
+
+fn bench(args: &[String]) -> bool {
+    let mut command = cargo();
+    command.args([
+        "run",
+        "--release",
+        "-p",
+        "laned-runner",
+        "--example",
+        "laned-bench",
+        "--",
+    ]);
+    command.args(args);
+    run(command)
+}
+
+fn fuzz(args: &[String]) -> bool {
+    let mut cases = "2000".to_string();
+    let mut seed = None;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--cases" => cases = it.next().cloned().unwrap_or(cases),
+            "--seed" => seed = it.next().cloned(),
+            other => {
+                eprintln!("fuzz: unknown argument {other:?} (expected --cases N, --seed S)");
+                return false;
+            }
+        }
+    }
+    let mut command = cargo();
+    command.args([
+        "test",
+        "--release",
+        "-p",
+        "laned-testkit",
+        "-p",
+        "laned-runner",
+        "--",
+        "--nocapture",
+        "prop",
+    ]);
+    command.env("LANED_PROPTEST_CASES", &cases);
+    if let Some(seed) = seed {
+        command.env("LANED_PROPTEST_SEED", seed);
+    }
+    run(command)
+}
+
+fn ci() -> bool {
+    let mut fmt = cargo();
+    fmt.args(["fmt", "--all", "--", "--check"]);
+    let mut clippy = cargo();
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    let mut tests = cargo();
+    tests.args(["nextest", "run", "--workspace"]);
+    let mut doc = cargo();
+    doc.args(["test", "--workspace", "--doc"]);
+    [fmt, clippy, tests, doc].into_iter().all(run)
+}

@@ -1,0 +1,368 @@
+//! Fixture models, built and pulsified in code (no files, no downloads). Each
+//! carries the batch symbol `B` on axis 0 of its batched inputs and outputs;
+//! each says in its doc line what lane-aware machinery it exercises.
+
+use tract_core::internal::*;
+use tract_core::ops::array::{Pad, PadMode, Slice, TypedConcat};
+use tract_core::ops::cnn::{Conv, KernelFormat, PaddingSpec, PoolSpec};
+use tract_core::ops::math::{add, max, mul};
+use tract_core::ops::nn::DataFormat;
+use tract_pulse::internal::{PulsedModel, PulsedModelExt};
+
+/// A pulsified model ready to be prepared, and what a driver needs to feed it.
+#[derive(Debug, Clone)]
+pub struct Fixture {
+    /// Short name, used in test and bench output.
+    pub name: String,
+    /// What the fixture exercises.
+    pub what: &'static str,
+    /// The pulsed model, as a typed model: batch symbol `B` on axis 0.
+    pub model: TypedModel,
+    /// The batch symbol.
+    pub batch: Symbol,
+    /// The streaming symbol of the model before pulsification (`S`).
+    pub stream: Symbol,
+    /// Frames per pulse.
+    pub pulse: usize,
+    /// Frames of delay between input and output (tract-pulse's `delay`).
+    pub delay: usize,
+    /// Per input: the shape one seat feeds (batched inputs with 1 on axis 0)
+    /// and whether it is batched.
+    pub inputs: Vec<InputSpec>,
+}
+
+/// One input of a fixture.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputSpec {
+    /// Shape of one seat's tensor (1 on axis 0 when batched).
+    pub shape: Vec<usize>,
+    /// Whether axis 0 carries the batch symbol; a shared input otherwise.
+    pub batched: bool,
+}
+
+impl Fixture {
+    /// The model prepared on tract's default (CPU) runtime.
+    pub fn runnable(&self) -> TractResult<Arc<dyn Runnable>> {
+        Ok(DefaultRuntime.prepare(self.model.clone())?.into())
+    }
+
+    /// Deterministic pseudo-random inputs for one call of `rows` rows (the
+    /// batched inputs get `rows` on axis 0), drawn from `seed`. Shared inputs
+    /// take one of two values so that schedules see both agreeing and
+    /// disagreeing seats.
+    pub fn inputs(&self, rows: usize, seed: u64) -> TVec<TValue> {
+        let mut rng = Lcg(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        self.inputs
+            .iter()
+            .map(|spec| {
+                if spec.batched {
+                    let mut shape = spec.shape.clone();
+                    shape[0] = rows;
+                    random_tensor(&shape, &mut rng).into_tvalue()
+                } else {
+                    let v = if rng.next() % 2 == 0 { 0.5 } else { 2.0 };
+                    Tensor::from_shape(&spec.shape, &vec![v as f32; spec.shape.iter().product()])
+                        .unwrap()
+                        .into_tvalue()
+                }
+            })
+            .collect()
+    }
+}
+
+/// Data layout of a TDNN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `[B, C, T]`.
+    Nchw,
+    /// `[B, T, C]`.
+    Nhwc,
+}
+
+/// The sizes of a causal pad + conv TDNN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TdnnConfig {
+    /// Channels of the hidden convs.
+    pub width: usize,
+    /// Frames per pulse.
+    pub pulse: usize,
+    pub layout: Layout,
+}
+
+impl TdnnConfig {
+    /// The light TDNN of the reference figures: W = 64, pulse 4.
+    pub fn light() -> TdnnConfig {
+        TdnnConfig { width: 64, pulse: 4, layout: Layout::Nchw }
+    }
+
+    /// The heavy TDNN of the reference figures: W = 256, pulse 16.
+    pub fn heavy() -> TdnnConfig {
+        TdnnConfig { width: 256, pulse: 16, layout: Layout::Nchw }
+    }
+
+    pub fn with_layout(self, layout: Layout) -> TdnnConfig {
+        TdnnConfig { layout, ..self }
+    }
+}
+
+/// Features per frame fed to every fixture.
+pub const FEATURES: usize = 40;
+
+struct Builder {
+    model: TypedModel,
+    batch: Symbol,
+    stream: Symbol,
+    layout: Layout,
+    seed: u64,
+}
+
+impl Builder {
+    fn new(layout: Layout) -> Builder {
+        let model = TypedModel::default();
+        let batch = model.symbols.sym("B");
+        let stream = model.symbols.sym("S");
+        Builder { model, batch, stream, layout, seed: 1 }
+    }
+
+    fn time_axis(&self) -> usize {
+        match self.layout {
+            Layout::Nchw => 2,
+            Layout::Nhwc => 1,
+        }
+    }
+
+    fn source(&mut self, name: &str, channels: usize) -> TractResult<OutletId> {
+        let (b, s) = (self.batch.to_dim(), self.stream.to_dim());
+        let shape = match self.layout {
+            Layout::Nchw => tvec!(b, channels.to_dim(), s),
+            Layout::Nhwc => tvec!(b, s, channels.to_dim()),
+        };
+        self.model.add_source(name, f32::fact(shape))
+    }
+
+    fn next_seed(&mut self) -> u64 {
+        self.seed += 1;
+        self.seed
+    }
+
+    /// A conv of `k` taps, dilation `d`, stride `stride`, preceded by a pad of
+    /// `(k - 1) * d` frames before (causal) in `mode`, or by nothing when
+    /// `mode` is `None` (a valid conv: the pulse's Delay carries the overlap).
+    #[allow(clippy::too_many_arguments)]
+    fn conv(
+        &mut self,
+        name: &str,
+        input: OutletId,
+        cin: usize,
+        cout: usize,
+        k: usize,
+        d: usize,
+        stride: usize,
+        mode: Option<PadMode>,
+    ) -> TractResult<OutletId> {
+        let mut wire = input;
+        if let Some(mode) = mode {
+            let mut pads = vec![(0, 0); 3];
+            pads[self.time_axis()] = ((k - 1) * d, 0);
+            wire = self.model.wire_node(format!("{name}.pad"), Pad { pads, mode }, &[wire])?[0];
+        }
+        let mut rng = Lcg(self.next_seed());
+        let scale = 1.0 / ((cin * k) as f32).sqrt();
+        let weights: Vec<f32> = (0..cout * cin * k).map(|_| rng.uniform() * scale).collect();
+        let kernel = self.model.add_const(format!("{name}.kernel"), Tensor::from_shape(&[cout, cin, k], &weights)?)?;
+        let bias: Vec<f32> = (0..cout).map(|_| rng.uniform() * 0.1).collect();
+        let bias = self.model.add_const(format!("{name}.bias"), Tensor::from_shape(&[cout], &bias)?)?;
+        let data_format = match self.layout {
+            Layout::Nchw => DataFormat::NCHW,
+            Layout::Nhwc => DataFormat::NHWC,
+        };
+        let conv = Conv {
+            pool_spec: PoolSpec {
+                data_format,
+                kernel_shape: tvec!(k),
+                padding: PaddingSpec::Valid,
+                dilations: Some(tvec!(d)),
+                strides: Some(tvec!(stride)),
+                input_channels: cin,
+                output_channels: cout,
+            },
+            kernel_fmt: KernelFormat::OIHW,
+            group: 1,
+            q_params: None,
+        };
+        Ok(self.model.wire_node(name, conv, &[wire, kernel, bias])?[0])
+    }
+
+    fn relu(&mut self, name: &str, input: OutletId) -> TractResult<OutletId> {
+        let zero = self.model.add_const(format!("{name}.zero"), tensor3(&[[[0f32]]]))?;
+        Ok(self.model.wire_node(name, max(), &[input, zero])?[0])
+    }
+
+    fn zero_pad(&self) -> Option<PadMode> {
+        Some(PadMode::Constant(rctensor0(0f32)))
+    }
+
+    fn finish(
+        mut self,
+        name: String,
+        what: &'static str,
+        outputs: &[OutletId],
+        pulse: usize,
+    ) -> TractResult<Fixture> {
+        self.model.select_output_outlets(outputs)?;
+        self.model.set_name(&name);
+        let model = self.model.into_decluttered()?;
+        let pulsed = PulsedModel::new(&model, self.stream.clone(), &pulse.to_dim())?;
+        let delay = pulsed
+            .output_fact(0)?
+            .stream
+            .as_ref()
+            .map(|s| s.delay)
+            .unwrap_or(0);
+        let model = pulsed.into_typed()?;
+        let mut inputs = vec![];
+        for ix in 0..model.inputs.len() {
+            let fact = model.input_fact(ix)?;
+            let batched = matches!(fact.shape.dims().first(), Some(TDim::Sym(s)) if *s == self.batch);
+            let shape = fact
+                .shape
+                .dims()
+                .iter()
+                .enumerate()
+                .map(|(axis, d)| if axis == 0 && batched { Ok(1) } else { Ok(d.to_usize()?) })
+                .collect::<TractResult<Vec<usize>>>()
+                .with_context(|| format!("input {ix} of {name} has a symbolic dim besides the batch: {fact:?}"))?;
+            inputs.push(InputSpec { shape, batched });
+        }
+        Ok(Fixture { name, what, model, batch: self.batch, stream: self.stream, pulse, delay, inputs })
+    }
+}
+
+/// The causal pad + conv TDNN of the reference figures: convs k5/d1, k3/d2,
+/// k3/d4, k1 of widths W, W, W, 32 with ReLU between, on 40 features;
+/// exercises PulsePad and Delay lanes in a chain.
+pub fn tdnn(config: TdnnConfig) -> TractResult<Fixture> {
+    let mut b = Builder::new(config.layout);
+    let w = config.width;
+    let x = b.source("features", FEATURES)?;
+    let pad = b.zero_pad();
+    let c1 = b.conv("conv1", x, FEATURES, w, 5, 1, 1, pad.clone())?;
+    let r1 = b.relu("relu1", c1)?;
+    let c2 = b.conv("conv2", r1, w, w, 3, 2, 1, pad.clone())?;
+    let r2 = b.relu("relu2", c2)?;
+    let c3 = b.conv("conv3", r2, w, w, 3, 4, 1, pad.clone())?;
+    let r3 = b.relu("relu3", c3)?;
+    let c4 = b.conv("conv4", r3, w, 32, 1, 1, 1, pad)?;
+    let layout = match config.layout {
+        Layout::Nchw => "nchw",
+        Layout::Nhwc => "nhwc",
+    };
+    b.finish(format!("tdnn-w{w}-p{}-{layout}", config.pulse), "causal pad + conv TDNN", &[c4], config.pulse)
+}
+
+/// Dilated and strided convs, valid (unpadded): exercises Delay with overlap
+/// and a stride that keeps one output frame of two.
+pub fn strided() -> TractResult<Fixture> {
+    let mut b = Builder::new(Layout::Nchw);
+    let x = b.source("features", FEATURES)?;
+    let c1 = b.conv("conv1", x, FEATURES, 16, 3, 2, 1, None)?;
+    let r1 = b.relu("relu1", c1)?;
+    let c2 = b.conv("conv2", r1, 16, 8, 3, 1, 2, None)?;
+    b.finish("strided".into(), "dilated and strided valid convs (Delay with overlap, stride 2)", &[c2], 4)
+}
+
+/// A valid conv of 7 taps behind a pulse of 2: a Delay whose overlap is
+/// wider than the pulse.
+pub fn wide_overlap() -> TractResult<Fixture> {
+    let mut b = Builder::new(Layout::Nchw);
+    let x = b.source("features", FEATURES)?;
+    let c1 = b.conv("conv1", x, FEATURES, 8, 7, 1, 1, None)?;
+    b.finish("wide-overlap".into(), "a Delay whose overlap is wider than the pulse", &[c1], 2)
+}
+
+/// A causal conv padded in edge mode: exercises PulsePad's per-lane memory of
+/// the first frame.
+pub fn edge_pad() -> TractResult<Fixture> {
+    let mut b = Builder::new(Layout::Nchw);
+    let x = b.source("features", FEATURES)?;
+    let c1 = b.conv("conv1", x, FEATURES, 16, 3, 1, 1, Some(PadMode::Edge))?;
+    let r1 = b.relu("relu1", c1)?;
+    let c2 = b.conv("conv2", r1, 16, 8, 2, 1, 1, Some(PadMode::Edge))?;
+    b.finish("edge-pad".into(), "edge-mode causal padding", &[c2], 4)
+}
+
+/// Two valid convs of different reach concatenated on channels: the shorter
+/// branch is delayed to align with the longer, so two Delays hold per-lane
+/// history of one stream.
+pub fn concat_branches() -> TractResult<Fixture> {
+    let mut b = Builder::new(Layout::Nchw);
+    let x = b.source("features", FEATURES)?;
+    let short = b.conv("short", x, FEATURES, 8, 2, 1, 1, None)?;
+    let long = b.conv("long", x, FEATURES, 8, 3, 3, 1, None)?;
+    // short is S - 1 frames long, long S - 6: drop short's first 5 frames.
+    let end = b.stream.to_dim() - 1;
+    let short = b.model.wire_node("short.align", Slice::new(2, 5, end), &[short])?[0];
+    let cat = b.model.wire_node("concat", TypedConcat { axis: 1 }, &[short, long])?[0];
+    b.finish("concat".into(), "concat of two delayed branches", &[cat], 4)
+}
+
+/// A TDNN block scaled by a gain fed as a shared input `[1, 1, 1]` (no batch
+/// axis): seats agreeing on the gain share a turn.
+pub fn shared_gain() -> TractResult<Fixture> {
+    let mut b = Builder::new(Layout::Nchw);
+    let x = b.source("features", FEATURES)?;
+    let gain = b.model.add_source("gain", f32::fact([1, 1, 1]))?;
+    let pad = b.zero_pad();
+    let c1 = b.conv("conv1", x, FEATURES, 16, 3, 1, 1, pad)?;
+    let scaled = b.model.wire_node("scaled", mul(), &[c1, gain])?[0];
+    b.finish("shared-gain".into(), "a shared (unbatched) input", &[scaled], 4)
+}
+
+/// Two batched inputs and two outputs: a conv of one, and the sum of both
+/// delayed to align.
+pub fn two_in_two_out() -> TractResult<Fixture> {
+    let mut b = Builder::new(Layout::Nchw);
+    let x = b.source("left", FEATURES)?;
+    let y = b.source("right", FEATURES)?;
+    let pad = b.zero_pad();
+    let c1 = b.conv("conv1", x, FEATURES, 8, 3, 1, 1, pad.clone())?;
+    let sum = b.model.wire_node("sum", add(), &[x, y])?[0];
+    let c2 = b.conv("conv2", sum, FEATURES, 4, 2, 2, 1, pad)?;
+    b.finish("two-in-two-out".into(), "two batched inputs and two outputs", &[c1, c2], 4)
+}
+
+/// Every fixture the suites check, light sizes first.
+pub fn all() -> TractResult<Vec<Fixture>> {
+    Ok(vec![
+        tdnn(TdnnConfig { width: 16, pulse: 4, layout: Layout::Nchw })?,
+        tdnn(TdnnConfig { width: 16, pulse: 4, layout: Layout::Nhwc })?,
+        strided()?,
+        wide_overlap()?,
+        edge_pad()?,
+        concat_branches()?,
+        shared_gain()?,
+        two_in_two_out()?,
+    ])
+}
+
+/// A tiny deterministic generator: fixtures and schedules must not depend on
+/// the platform's randomness.
+#[derive(Debug, Clone)]
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 17
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next() % 2_000_000) as f32 / 1_000_000.0 - 1.0
+    }
+}
+
+fn random_tensor(shape: &[usize], rng: &mut Lcg) -> Tensor {
+    let values: Vec<f32> = (0..shape.iter().product::<usize>()).map(|_| rng.uniform()).collect();
+    Tensor::from_shape(shape, &values).unwrap()
+}

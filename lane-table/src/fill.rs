@@ -6,11 +6,15 @@
 //! - at most `max_seats` seats, clamped to the table's lanes;
 //! - oldest first, and one group key per turn: the oldest seat's (seats
 //!   disagreeing on the model's shared inputs cannot share a turn);
-//! - the first queued seat of a call (its *lead*) sits in the lane its caller
-//!   holds; the call's later seats *borrow* free lanes, lowest first, and a
-//!   call wider than what is free is split at the turn boundary;
-//! - leads are seated before any borrowed seat, so a wide call never makes a
-//!   one-seat call behind it wait a turn it would have fit in;
+//! - a call's first seat (place 0, its *lead*) sits in the lane its caller
+//!   holds, so it continues the stream; the call's later seats *borrow* free
+//!   lanes, lowest first (the caller resets them), also when a call wider
+//!   than what is free is split at the turn boundary: a remainder never sits
+//!   in the caller's lane, whose state belongs to the stream. A caller that
+//!   wants every wide call to progress keeps a lane free for borrowing;
+//! - the oldest seat is always seated (so every seat is served eventually);
+//!   then leads are seated before any other borrowed seat, so a wide call
+//!   never makes a one-seat call behind it wait a turn it would have fit in;
 //! - a stream's calls run in order: while a lead waits, no later call on the
 //!   same lane is seated, and a call's seats are seated in place order.
 
@@ -19,7 +23,8 @@ use crate::{LaneId, LaneTable};
 /// What the filler needs to know of one queued seat.
 ///
 /// The seats of one call must sit next to each other in the queue, in place
-/// order (which is what queueing a call's seats at once gives).
+/// order (which is what queueing a call's seats at once gives). A seat's
+/// place is its row in the call; place 0 is the one continuing the stream.
 pub trait QueuedSeat {
     /// Seats share a turn only when their groups are equal.
     type Group: PartialEq + ?Sized;
@@ -141,10 +146,24 @@ pub fn fill_into<S: QueuedSeat>(queue: &[S], table: &LaneTable, max_seats: usize
     let group = oldest.group();
     let mut count = 0;
 
-    // Leads first, oldest first, each in its caller's lane.
+    // The oldest seat first, whatever it is, so that every seat is served
+    // eventually (a remainder of a wide call included).
+    let mut next_free = 0;
+    if queue[0].place() != 0 && table.is_taken(queue[0].lane()) && cap > 0 {
+        while next_free < lanes && table.is_taken(LaneId(next_free)) {
+            next_free += 1;
+        }
+        if next_free < lanes {
+            out.used[next_free] = true;
+            out.borrowed.push(LaneId(next_free));
+            out.slots[0] = Slot::Borrowed(LaneId(next_free));
+            count += 1;
+        }
+    }
+
+    // Then leads (place 0), oldest first, each in its caller's lane.
     for (ix, seat) in queue.iter().enumerate() {
-        let lead = ix == 0 || queue[ix - 1].call() != seat.call();
-        if !lead {
+        if seat.place() != 0 {
             continue;
         }
         let lane = seat.lane().0;
@@ -160,34 +179,32 @@ pub fn fill_into<S: QueuedSeat>(queue: &[S], table: &LaneTable, max_seats: usize
         }
     }
 
-    // Then the later seats of the calls whose lead sits, in place order, each
-    // in the lowest free lane nobody sits in.
-    let mut next_free = 0;
-    let mut ix = 0;
-    while ix < queue.len() && count < cap {
-        if out.slots[ix] != Slot::Own {
-            ix += 1;
+    // Then the later seats of calls, oldest first, each once the seat before
+    // it in its call is served (this turn or an earlier one), in the lowest
+    // free lane nobody sits in.
+    for ix in 0..queue.len() {
+        if count == cap {
+            break;
+        }
+        let seat = &queue[ix];
+        if seat.place() == 0 || out.slots[ix] != Slot::Waiting || seat.group() != group || !table.is_taken(seat.lane()) {
             continue;
         }
-        let call = queue[ix].call();
-        ix += 1;
-        while ix < queue.len() && queue[ix].call() == call && count < cap {
-            while next_free < lanes && (table.is_taken(LaneId(next_free)) || out.used[next_free]) {
-                next_free += 1;
-            }
-            if next_free == lanes {
-                break;
-            }
-            let lane = LaneId(next_free);
-            out.used[next_free] = true;
-            out.borrowed.push(lane);
-            out.slots[ix] = Slot::Borrowed(lane);
-            count += 1;
-            ix += 1;
+        let before_served = ix == 0 || queue[ix - 1].call() != seat.call() || out.slots[ix - 1] != Slot::Waiting;
+        if !before_served {
+            continue;
+        }
+        while next_free < lanes && (table.is_taken(LaneId(next_free)) || out.used[next_free]) {
+            next_free += 1;
         }
         if next_free == lanes {
             break;
         }
+        let lane = LaneId(next_free);
+        out.used[next_free] = true;
+        out.borrowed.push(lane);
+        out.slots[ix] = Slot::Borrowed(lane);
+        count += 1;
     }
 
     for (queue_ix, slot) in out.slots.iter().enumerate() {
@@ -275,10 +292,12 @@ mod tests {
         assert_eq!(fill.borrowed(), &[LaneId(2), LaneId(3)]);
         assert_eq!(fill.waiting(), &[3, 4]);
         assert!(fill.seated()[1].borrowed && !fill.seated()[0].borrowed);
-        // Next turn: A3 in its own lane, A4 borrows lane 2.
+        // Next turn: the remainder borrows again (lanes 2 and 3); lane 0
+        // carries A's stream and is never handed to a later row.
         let queue = [seat(1, 3, 0, 0), seat(1, 4, 0, 0)];
         let fill = super::fill(&queue, &table(4, 2), 8);
-        assert_eq!(seated_lanes(&fill), vec![(0, 0), (1, 2)]);
+        assert_eq!(seated_lanes(&fill), vec![(0, 2), (1, 3)]);
+        assert!(fill.seated().iter().all(|p| p.borrowed));
     }
 
     #[test]

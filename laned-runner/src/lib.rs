@@ -1,1 +1,45 @@
+//! Serve many streams through one batched tract state.
+//!
+//! A [`LanedRunner`] wraps a prepared tract model whose batch symbol sits on
+//! axis 0. Each stream [`spawn`](LanedRunner::spawn_stream)s a handle holding
+//! a lane of one long-lived state; a *turn* runs the model once for every
+//! stream with a call queued, one row per stream, and hands each stream back
+//! its own row: exactly what the stream would get running alone.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use laned_runner::{LanedRunner, Mode, RunnerConfig};
+//! use tract_core::internal::*;
+//!
+//! // [B, 3] * 2: the batch symbol B on axis 0.
+//! let mut model = TypedModel::default();
+//! let b = model.symbols.sym("B");
+//! let x = model.add_source("x", f32::fact(dims!(b, 3)))?;
+//! let two = model.add_const("two", tensor2(&[[2f32]]))?;
+//! let y = model.wire_node("y", tract_core::ops::math::mul(), &[x, two])?;
+//! model.select_output_outlets(&y)?;
+//! let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(model)?.into();
+//!
+//! let runner = LanedRunner::new(plan, RunnerConfig::builder().max_lanes(8).mode(Mode::Combining).build())?;
+//! let mut stream = runner.spawn()?;
+//! let out = stream.run(tvec!(tensor2(&[[1f32, 2., 3.]]).into_tvalue()))?;
+//! assert_eq!(*out[0], tensor2(&[[2f32, 4., 6.]]));
+//! # Ok::<(), TractError>(())
+//! ```
+//!
+//! Isolation: each call is checked against the model's facts before it is
+//! queued; seats disagreeing on shared inputs go to different turns instead
+//! of failing; a turn that errors or panics fails its own seats only (their
+//! streams are told their state was lost), and the runner keeps serving.
 
+mod config;
+mod engine;
+mod err;
+mod iface;
+mod runner;
+mod shard;
+mod slot;
+
+pub use config::{Mode, RunnerConfig, RunnerConfigBuilder};
+pub use err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
+pub use runner::{LanedRunner, LanedStateHandle};

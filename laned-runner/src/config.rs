@@ -1,0 +1,139 @@
+//! The runner's configuration: a plain serde struct with a builder.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::err::NewRunnerError;
+
+/// Who runs the turns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// One thread owns the state and runs every turn, as tract's
+    /// `LanedRunnable` does. Required for states bound to a device thread.
+    #[default]
+    Worker,
+    /// No hand-off while the state is idle: the calling thread that finds the
+    /// state free runs the turn itself, seating everything queued, and answers
+    /// the others; waiting callers are served by whoever holds the state.
+    Combining,
+}
+
+/// How a [`LanedRunner`](crate::LanedRunner) serves its streams.
+///
+/// Loadable from TOML or JSON; fields left out take their defaults:
+/// `max_seats` and `linger_us` then fall back to tract's knobs
+/// `TRACT_MAX_SEATS` and `TRACT_TURN_LINGER_US` from the environment, and to
+/// tract's defaults (256 seats, no linger) where those are unset.
+///
+/// ```
+/// use laned_runner::{Mode, RunnerConfig};
+/// let config: RunnerConfig = serde_json::from_str(r#"{ "max_lanes": 32, "mode": "combining" }"#).unwrap();
+/// assert_eq!(config.max_lanes, 32);
+/// assert_eq!(config.mode, Mode::Combining);
+/// assert_eq!(config.max_seats, None);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunnerConfig {
+    /// Lanes of the state: the most streams held at once.
+    pub max_lanes: usize,
+    /// The widest turn, clamped to `max_lanes`. `None`: `TRACT_MAX_SEATS`,
+    /// else 256.
+    pub max_seats: Option<usize>,
+    /// How long a turn waits for more seats once one is queued, in
+    /// microseconds; it starts early once every held lane has a seat queued.
+    /// `None`: `TRACT_TURN_LINGER_US`, else 0.
+    pub linger_us: Option<u64>,
+    /// Who runs the turns.
+    pub mode: Mode,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> RunnerConfig {
+        RunnerConfig { max_lanes: 64, max_seats: None, linger_us: None, mode: Mode::Worker }
+    }
+}
+
+impl RunnerConfig {
+    pub fn builder() -> RunnerConfigBuilder {
+        RunnerConfigBuilder { config: RunnerConfig::default() }
+    }
+
+    /// The settings with the environment applied and checked.
+    pub(crate) fn resolve(&self) -> Result<Resolved, NewRunnerError> {
+        if self.max_lanes == 0 {
+            return Err(NewRunnerError::Config("max_lanes is 0: a laned state needs one lane at least".into()));
+        }
+        let max_seats = match self.max_seats {
+            Some(n) => n,
+            None => env_knob("TRACT_MAX_SEATS")?.unwrap_or(256) as usize,
+        };
+        if max_seats == 0 {
+            return Err(NewRunnerError::Config("max_seats is 0: a turn seats one stream at least".into()));
+        }
+        let linger_us = match self.linger_us {
+            Some(us) => us,
+            None => env_knob("TRACT_TURN_LINGER_US")?.unwrap_or(0),
+        };
+        Ok(Resolved {
+            max_lanes: self.max_lanes,
+            max_seats: max_seats.min(self.max_lanes),
+            linger: Duration::from_micros(linger_us),
+            mode: self.mode,
+        })
+    }
+}
+
+fn env_knob(name: &str) -> Result<Option<u64>, NewRunnerError> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| NewRunnerError::Config(format!("{name}={v:?} is not a non-negative integer"))),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The configuration as the runner uses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Resolved {
+    pub max_lanes: usize,
+    pub max_seats: usize,
+    pub linger: Duration,
+    pub mode: Mode,
+}
+
+/// Builds a [`RunnerConfig`].
+#[derive(Debug, Clone)]
+pub struct RunnerConfigBuilder {
+    config: RunnerConfig,
+}
+
+impl RunnerConfigBuilder {
+    pub fn max_lanes(mut self, lanes: usize) -> Self {
+        self.config.max_lanes = lanes;
+        self
+    }
+
+    pub fn max_seats(mut self, seats: usize) -> Self {
+        self.config.max_seats = Some(seats);
+        self
+    }
+
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.config.linger_us = Some(linger.as_micros() as u64);
+        self
+    }
+
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.config.mode = mode;
+        self
+    }
+
+    pub fn build(self) -> RunnerConfig {
+        self.config
+    }
+}

@@ -1,0 +1,544 @@
+//! One laned state and everything that must change with it: its lane table,
+//! the queued seats, the calls waiting for them, and the turn buffers. Only
+//! the thread holding the engine (the worker, or the combining caller holding
+//! its lock) touches any of it: taking a lane resets it, and a reset writes
+//! the state.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kernel_memo::{Memo, MemoConfig};
+use lane_table::{fill_into, Fill, LaneTable, QueuedSeat};
+use laned_metrics::Metrics;
+use tract_core::internal::*;
+use tract_core::plan::Seating;
+
+use crate::err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
+use crate::iface::{Group, Interface};
+use crate::slot::Slot;
+
+pub(crate) type CallResult = Result<TVec<TValue>, RunError>;
+pub(crate) type SpawnResult = Result<lane_table::LaneId, SpawnError>;
+
+/// What a handle asks of the engine.
+pub(crate) enum Request {
+    /// A new stream wants a lane.
+    Spawn(Arc<Slot<SpawnResult>>),
+    /// A stream wants one or several seats.
+    Call(Call),
+    /// The last handle of a stream was dropped: its lane goes back.
+    Release(lane_table::LaneId),
+}
+
+/// One checked call, already split into seats on the caller's thread.
+pub(crate) struct Call {
+    pub lane: lane_table::LaneId,
+    pub seats: TVec<TVec<TValue>>,
+    pub group: Group,
+    pub slot: Arc<Slot<CallResult>>,
+    pub queued: Instant,
+}
+
+/// One seat waiting for a turn.
+struct QSeat {
+    call: u64,
+    place: usize,
+    lane: lane_table::LaneId,
+    group: Group,
+    /// The seat's batched inputs, one row each.
+    inputs: TVec<TValue>,
+    queued: Instant,
+}
+
+impl QueuedSeat for QSeat {
+    type Group = Group;
+    fn call(&self) -> u64 {
+        self.call
+    }
+    fn place(&self) -> usize {
+        self.place
+    }
+    fn lane(&self) -> lane_table::LaneId {
+        self.lane
+    }
+    fn group(&self) -> &Group {
+        &self.group
+    }
+}
+
+/// A call with seats still to land.
+struct Pending {
+    slot: Arc<Slot<CallResult>>,
+    served: TVec<Option<TVec<TValue>>>,
+    remaining: usize,
+}
+
+pub(crate) struct Engine {
+    /// The laned state; `None` once the engine is closed (the state is
+    /// dropped by the closing thread, which is a live one).
+    state: Option<Box<dyn State>>,
+    inner: Arc<dyn Runnable>,
+    iface: Arc<Interface>,
+    table: LaneTable,
+    /// Seats waiting, oldest first; a call's seats adjacent, in place order.
+    queue: Vec<QSeat>,
+    /// Reused buffers for splitting the queue at each turn.
+    spare: Vec<QSeat>,
+    seated: Vec<QSeat>,
+    pending: HashMap<u64, Pending>,
+    next_call: u64,
+    fill: Fill,
+    /// Seats queued per lane, and how many lanes have one queued at least:
+    /// a linger ends early when every held lane does.
+    queued_per_lane: Vec<u32>,
+    lanes_queued: usize,
+    /// Per lane: why its stream lost its state (a failed turn), until the
+    /// stream is released.
+    lost: Vec<Option<String>>,
+    /// Stacked batched inputs, keyed by (input slot, turn shape).
+    buffers: Memo<usize, (), Arc<Tensor>>,
+    /// The symbols the state had resolved at spawn, restored after each turn
+    /// that resolved some for its seats. `None`: the state cannot forget a
+    /// resolved symbol, so calls resolving one are refused.
+    symbols_at_spawn: Option<SymbolValues>,
+    metrics: Arc<Metrics>,
+    /// Streams held at most: one lane fewer than the state has.
+    max_streams: usize,
+    max_seats: usize,
+    closed: bool,
+}
+
+fn resettable(state: &mut Box<dyn State>, inner: &dyn Runnable, lanes: &[TractLane]) -> Result<(), NewRunnerError> {
+    if let Err(e) = state.reset_lanes(lanes) {
+        let (mut node, mut op) = (None, None);
+        if let (Some(simple), Some(model)) = (state.downcast_mut::<TypedSimpleState>(), inner.typed_model()) {
+            for (ix, op_state) in simple.op_states.iter_mut().enumerate() {
+                if let Some(op_state) = op_state {
+                    if op_state.reset_lanes(lanes).is_err() {
+                        node = model.nodes.get(ix).map(|n| n.name.clone());
+                        op = model.nodes.get(ix).map(|n| n.op.name().to_string());
+                        break;
+                    }
+                }
+            }
+        }
+        return Err(NewRunnerError::Reset { node, op, cause: format!("{e:#}") });
+    }
+    Ok(())
+}
+
+use tract_core::plan::LaneId as TractLane;
+
+fn tract_lane(lane: lane_table::LaneId) -> TractLane {
+    TractLane(lane.0)
+}
+
+impl Engine {
+    /// Spawn the state and reset every lane once, so an op state that cannot
+    /// serve several streams fails here, naming the op.
+    ///
+    /// The state has one lane more than `max_streams`: it is never given to a
+    /// stream, so the later rows of a wide call always find a lane to borrow.
+    pub fn start(inner: Arc<dyn Runnable>, iface: Arc<Interface>, max_streams: usize, max_seats: usize, metrics: Arc<Metrics>) -> Result<Engine, NewRunnerError> {
+        let max_lanes = max_streams + 1;
+        let mut state = inner.spawn().map_err(|e| NewRunnerError::Spawn(format!("{e:#}")))?;
+        let every: Vec<TractLane> = (0..max_lanes).map(TractLane).collect();
+        resettable(&mut state, &*inner, &every)?;
+        let symbols_at_spawn = state.downcast_ref::<TypedSimpleState>().map(|s| s.turn_state.resolved_symbols.clone());
+        Ok(Engine {
+            state: Some(state),
+            inner,
+            iface,
+            table: LaneTable::new(max_lanes).map_err(|e| NewRunnerError::Config(e.to_string()))?,
+            queue: vec![],
+            spare: vec![],
+            seated: vec![],
+            pending: HashMap::new(),
+            next_call: 0,
+            fill: Fill::default(),
+            queued_per_lane: vec![0; max_lanes],
+            lanes_queued: 0,
+            lost: vec![None; max_lanes],
+            buffers: Memo::new(MemoConfig::default()),
+            symbols_at_spawn,
+            metrics,
+            max_streams,
+            max_seats,
+            closed: false,
+        })
+    }
+
+    /// Whether calls resolving a symbol can be served.
+    pub fn can_forget_symbols(&self) -> bool {
+        self.symbols_at_spawn.is_some()
+    }
+
+    pub fn has_queue(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// Every held lane has a seat queued: nothing more can arrive for a turn.
+    pub fn all_held_queued(&self) -> bool {
+        self.lanes_queued >= self.table.taken()
+    }
+
+    /// The slot of the oldest queued call, for a combiner handing over.
+    pub fn oldest_slot(&self) -> Option<Arc<Slot<CallResult>>> {
+        let seat = self.queue.first()?;
+        self.pending.get(&seat.call).map(|p| p.slot.clone())
+    }
+
+    fn queued(&mut self, lane: lane_table::LaneId) {
+        let n = &mut self.queued_per_lane[lane.0];
+        if *n == 0 {
+            self.lanes_queued += 1;
+        }
+        *n += 1;
+    }
+
+    fn unqueued(&mut self, lane: lane_table::LaneId) {
+        let n = &mut self.queued_per_lane[lane.0];
+        *n -= 1;
+        if *n == 0 {
+            self.lanes_queued -= 1;
+        }
+    }
+
+    pub fn accept(&mut self, request: Request) {
+        match request {
+            Request::Spawn(slot) => slot.fill(self.spawn()),
+            Request::Call(call) => self.enqueue(call),
+            Request::Release(lane) => self.release(lane),
+        }
+    }
+
+    fn spawn(&mut self) -> SpawnResult {
+        if self.closed {
+            return Err(SpawnError::Closed);
+        }
+        let lane = if self.table.taken() < self.max_streams { self.table.take() } else { None };
+        let Some(lane) = lane else {
+            self.metrics.record_admission_refused();
+            return Err(SpawnError::Full { lanes: self.max_streams, waiting: 0 });
+        };
+        let state = self.state.as_mut().expect("open engine has a state");
+        if let Err(e) = state.reset_lanes(&[tract_lane(lane)]) {
+            let _ = self.table.give_back(lane);
+            return Err(SpawnError::Reset(format!("{e:#}")));
+        }
+        self.metrics.record_admission();
+        self.metrics.set_lanes_taken(self.table.taken());
+        Ok(lane)
+    }
+
+    fn release(&mut self, lane: lane_table::LaneId) {
+        // Seats of a released stream can only be left by a caller that went
+        // away mid-call; nobody waits for them.
+        let mut ix = 0;
+        while ix < self.queue.len() {
+            if self.queue[ix].lane == lane {
+                let seat = self.queue.remove(ix);
+                self.pending.remove(&seat.call);
+                self.unqueued(lane);
+            } else {
+                ix += 1;
+            }
+        }
+        self.lost[lane.0] = None;
+        let _ = self.table.give_back(lane);
+        self.metrics.set_lanes_taken(self.table.taken());
+    }
+
+    fn enqueue(&mut self, call: Call) {
+        if self.closed {
+            call.slot.fill(Err(RunError::new(RunErrorKind::Closed)));
+            return;
+        }
+        if !self.table.is_taken(call.lane) {
+            call.slot.fill(Err(RunError::new(RunErrorKind::Closed)));
+            return;
+        }
+        if let Some(why) = &self.lost[call.lane.0] {
+            self.metrics.record_failed_seats(call.seats.len());
+            call.slot.fill(Err(RunError::new(RunErrorKind::Lost(why.clone()))));
+            return;
+        }
+        if !call.group.resolved().is_empty() && !self.can_forget_symbols() {
+            call.slot.fill(Err(RunError::new(RunErrorKind::Symbol(
+                "this state cannot forget a resolved symbol after the turn".into(),
+            ))));
+            return;
+        }
+        let id = self.next_call;
+        self.next_call += 1;
+        let rows = call.seats.len();
+        self.pending.insert(id, Pending { slot: call.slot, served: (0..rows).map(|_| None).collect(), remaining: rows });
+        for (place, inputs) in call.seats.into_iter().enumerate() {
+            self.queue.push(QSeat { call: id, place, lane: call.lane, group: call.group.clone(), inputs, queued: call.queued });
+            self.queued(call.lane);
+        }
+    }
+
+    /// Run one turn from the head of the queue.
+    pub fn turn(&mut self) {
+        if self.queue.is_empty() || self.state.is_none() {
+            return;
+        }
+        fill_into(&self.queue, &self.table, self.max_seats, &mut self.fill);
+        if self.fill.seated().is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        // Split the queue: seated seats in seat order, the rest stay queued.
+        let mut is_seated = std::mem::take(&mut self.spare);
+        debug_assert!(is_seated.is_empty());
+        let mut lanes: Vec<TractLane> = Vec::with_capacity(self.fill.seated().len());
+        let mut next = self.fill.seated().iter().peekable();
+        for (ix, seat) in self.queue.drain(..).enumerate() {
+            match next.peek() {
+                Some(placed) if placed.queue_ix == ix => {
+                    lanes.push(tract_lane(placed.lane));
+                    next.next();
+                    self.seated.push(seat);
+                }
+                _ => is_seated.push(seat),
+            }
+        }
+        self.spare = std::mem::replace(&mut self.queue, is_seated);
+        let seated = std::mem::take(&mut self.seated);
+        for seat in &seated {
+            self.unqueued(seat.lane);
+            self.metrics.record_queue_wait(started.saturating_duration_since(seat.queued));
+        }
+        let borrowed: Vec<lane_table::LaneId> = self.fill.borrowed().to_vec();
+        for lane in &borrowed {
+            let _ = self.table.take_lane(*lane);
+        }
+
+        let result = self.run_seated(&seated, lanes.clone(), &borrowed);
+
+        for lane in &borrowed {
+            let _ = self.table.give_back(*lane);
+        }
+        let occupancy = seated.len();
+        match result {
+            Ok(per_seat) => {
+                for (seat, outputs) in seated.iter().zip(per_seat) {
+                    self.land(seat.call, seat.place, Ok(outputs));
+                }
+            }
+            Err(why) => {
+                self.metrics.record_failed_turn();
+                self.metrics.record_failed_seats(occupancy);
+                self.recover(&seated, &lanes, &borrowed, &why);
+                for seat in &seated {
+                    self.land(seat.call, seat.place, Err(why.clone()));
+                }
+            }
+        }
+        self.metrics.record_turn(occupancy, started.elapsed());
+        let mut seated = seated;
+        seated.clear();
+        self.seated = seated;
+    }
+
+    /// After a failed turn: the seated streams' lanes are reset and marked
+    /// lost (their state may be half-advanced); if even that fails, the state
+    /// is rebuilt and every stream is lost.
+    fn recover(&mut self, seated: &[QSeat], lanes: &[TractLane], borrowed: &[lane_table::LaneId], why: &str) {
+        let state = self.state.as_mut().expect("open engine has a state");
+        let reset = catch_unwind(AssertUnwindSafe(|| state.reset_lanes(lanes)));
+        if matches!(reset, Ok(Ok(()))) {
+            for seat in seated {
+                if !borrowed.contains(&seat.lane) {
+                    self.lost[seat.lane.0] = Some(why.to_string());
+                }
+            }
+            return;
+        }
+        let every: Vec<TractLane> = (0..self.table.max_lanes()).map(TractLane).collect();
+        match self.inner.spawn().and_then(|mut s| s.reset_lanes(&every).map(|_| s)) {
+            Ok(fresh) => self.state = Some(fresh),
+            Err(_) => {
+                // Keep the old state: the next turn will fail too, and say so.
+            }
+        }
+        let held: Vec<lane_table::LaneId> = self.table.taken_lanes().collect();
+        for lane in held {
+            self.lost[lane.0] = Some(format!("the state was rebuilt after a turn failed: {why}"));
+        }
+    }
+
+    /// Stack the seats' inputs, run the state once, slice the outputs back.
+    fn run_seated(&mut self, seated: &[QSeat], lanes: Vec<TractLane>, borrowed: &[lane_table::LaneId]) -> Result<Vec<TVec<TValue>>, String> {
+        let occupancy = seated.len();
+        let group = seated[0].group.clone();
+        let mut inputs: TVec<TValue> = TVec::with_capacity(self.iface.inputs.len());
+        let mut batched_slot = 0;
+        let mut shared_slot = 0;
+        for ix in 0..self.iface.inputs.len() {
+            if self.iface.inputs[ix].batched {
+                let k = batched_slot;
+                batched_slot += 1;
+                if occupancy == 1 {
+                    inputs.push(seated[0].inputs[k].clone());
+                } else {
+                    inputs.push(self.stack(ix, k, seated).map_err(|e| format!("stacking input {ix}: {e:#}"))?);
+                }
+            } else {
+                inputs.push(group.shared()[shared_slot].clone());
+                shared_slot += 1;
+            }
+        }
+        let state = self.state.as_mut().expect("open engine has a state");
+        if !borrowed.is_empty() {
+            let borrowed: Vec<TractLane> = borrowed.iter().map(|l| tract_lane(*l)).collect();
+            state.reset_lanes(&borrowed).map_err(|e| format!("resetting borrowed lanes: {e:#}"))?;
+        }
+        let seating = Seating::new(self.table.max_lanes(), lanes).map_err(|e| format!("{e:#}"))?;
+        state.seat(seating).map_err(|e| format!("{e:#}"))?;
+        let resolved = group.resolved();
+        if !resolved.is_empty() {
+            let simple = state.downcast_mut::<TypedSimpleState>().expect("checked at enqueue");
+            for (symbol, value) in resolved {
+                simple.turn_state.resolved_symbols.set(symbol, *value);
+            }
+        }
+        let ran = catch_unwind(AssertUnwindSafe(|| state.run(inputs)));
+        if !resolved.is_empty() {
+            if let (Some(simple), Some(at_spawn)) = (state.downcast_mut::<TypedSimpleState>(), &self.symbols_at_spawn) {
+                simple.turn_state.resolved_symbols = at_spawn.clone();
+            }
+        }
+        let outputs = match ran {
+            Ok(Ok(outputs)) => outputs,
+            Ok(Err(e)) => return Err(format!("{e:#}")),
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                return Err(format!("the model panicked: {what}"));
+            }
+        };
+        let mut per_seat: Vec<TVec<TValue>> = (0..occupancy).map(|_| TVec::with_capacity(outputs.len())).collect();
+        for (ix, output) in outputs.into_iter().enumerate() {
+            if self.iface.batch_out.get(ix).copied().unwrap_or(false) {
+                if output.rank() == 0 || output.shape()[0] != occupancy {
+                    return Err(format!("the turn seats {occupancy}, output {ix} has shape {:?}", output.shape()));
+                }
+                if occupancy == 1 {
+                    per_seat[0].push(output);
+                } else {
+                    for (seat, outputs) in per_seat.iter_mut().enumerate() {
+                        outputs.push(output.slice(0, seat, seat + 1).map_err(|e| format!("{e:#}"))?.into_tvalue());
+                    }
+                }
+            } else {
+                for outputs in per_seat.iter_mut() {
+                    outputs.push(output.clone());
+                }
+            }
+        }
+        Ok(per_seat)
+    }
+
+    /// Input `ix` (the `k`th batched one) of every seat, stacked on axis 0
+    /// into a buffer reused from turn to turn of the same shape.
+    fn stack(&mut self, ix: usize, k: usize, seated: &[QSeat]) -> TractResult<TValue> {
+        let first = &seated[0].inputs[k];
+        let dt = first.datum_type();
+        if !dt.is_copy() {
+            let rows: TVec<&Tensor> = seated.iter().map(|s| &*s.inputs[k]).collect();
+            return Ok(Tensor::stack_tensors(0, &rows)?.into_tvalue());
+        }
+        let mut shape: TVec<usize> = first.shape().into();
+        shape[0] = seated.len();
+        let buffer = self
+            .buffers
+            .get_or_try_build(&ix, &shape, &(), |shape, _| -> TractResult<Arc<Tensor>> {
+                Ok(Arc::new(unsafe { Tensor::uninitialized_dt(dt, shape)? }))
+            })?;
+        if Arc::get_mut(buffer).is_none() {
+            // Still held from a previous turn (the caller kept an input): a
+            // fresh buffer for this shape.
+            *buffer = Arc::new(unsafe { Tensor::uninitialized_dt(dt, &shape)? });
+        }
+        let tensor = Arc::get_mut(buffer).expect("unique");
+        let row = first.len() * dt.size_of();
+        let bytes = tensor.as_bytes_mut();
+        for (seat, s) in seated.iter().enumerate() {
+            let src = s.inputs[k].as_bytes();
+            ensure!(src.len() == row, "seat {seat} feeds {} bytes of input {ix}, the first seat {row}", src.len());
+            bytes[seat * row..(seat + 1) * row].copy_from_slice(src);
+        }
+        Ok(TValue::from_const(buffer.clone()))
+    }
+
+    /// One seat of call `id` landed; answer the call once all have.
+    fn land(&mut self, id: u64, place: usize, outputs: Result<TVec<TValue>, String>) {
+        let Some(pending) = self.pending.get_mut(&id) else { return };
+        match outputs {
+            Err(why) => {
+                let pending = self.pending.remove(&id).expect("present");
+                // Drop the call's seats still queued.
+                let mut ix = 0;
+                while ix < self.queue.len() {
+                    if self.queue[ix].call == id {
+                        let seat = self.queue.remove(ix);
+                        self.unqueued(seat.lane);
+                    } else {
+                        ix += 1;
+                    }
+                }
+                pending.slot.fill(Err(RunError::new(RunErrorKind::Turn(why))));
+            }
+            Ok(outputs) => {
+                pending.served[place] = Some(outputs);
+                pending.remaining -= 1;
+                if pending.remaining == 0 {
+                    let pending = self.pending.remove(&id).expect("present");
+                    let answer = assemble(pending.served, &self.iface.batch_out);
+                    pending.slot.fill(answer);
+                }
+            }
+        }
+    }
+
+    /// Answer everything with `Closed` and drop the state on this thread.
+    pub fn close(&mut self) {
+        self.closed = true;
+        for (_, pending) in self.pending.drain() {
+            pending.slot.fill(Err(RunError::new(RunErrorKind::Closed)));
+        }
+        self.queue.clear();
+        self.queued_per_lane.iter_mut().for_each(|n| *n = 0);
+        self.lanes_queued = 0;
+        self.buffers.clear();
+        self.state = None;
+    }
+}
+
+/// A call's answer from its seats' outputs: the batched ones stacked back in
+/// place order, the shared ones as the first seat got them.
+fn assemble(served: TVec<Option<TVec<TValue>>>, batch_out: &[bool]) -> CallResult {
+    let served: Vec<TVec<TValue>> = served.into_iter().map(|s| s.expect("every seat landed")).collect();
+    if served.len() == 1 {
+        return Ok(served.into_iter().next().expect("one"));
+    }
+    let mut answer = TVec::new();
+    for ix in 0..served[0].len() {
+        if batch_out.get(ix).copied().unwrap_or(false) {
+            let rows: TVec<&Tensor> = served.iter().map(|s| &*s[ix]).collect();
+            let stacked = Tensor::stack_tensors(0, &rows)
+                .map_err(|e| RunError::new(RunErrorKind::Turn(format!("stacking output {ix}: {e:#}"))))?;
+            answer.push(stacked.into_tvalue());
+        } else {
+            answer.push(served[0][ix].clone());
+        }
+    }
+    Ok(answer)
+}

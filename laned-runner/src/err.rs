@@ -1,0 +1,156 @@
+//! One error type per operation: building a runner, spawning a stream, and
+//! running a call. A call refused before it was queued hands its inputs back.
+
+use std::fmt;
+
+use tract_core::internal::{TVec, TValue};
+
+/// [`LanedRunner::new`](crate::LanedRunner::new) refused the model or the
+/// configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NewRunnerError {
+    /// The configuration (or an environment knob) is invalid.
+    Config(String),
+    /// The batch axis is not one symbol on axis 0 of the batched tensors.
+    BatchAxis(String),
+    /// No output carries the batch axis, so no stream could get its row.
+    NoBatchedOutput { outputs: usize },
+    /// The model describes itself incompletely (a fact could not be read).
+    Model(String),
+    /// Resetting every lane once up front failed: an op state that cannot
+    /// serve several streams.
+    Reset { node: Option<String>, op: Option<String>, cause: String },
+    /// The state could not be spawned, or the worker thread not started.
+    Spawn(String),
+}
+
+impl fmt::Display for NewRunnerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NewRunnerError::Config(why) => write!(f, "invalid runner configuration: {why}"),
+            NewRunnerError::BatchAxis(why) => write!(f, "the model has no usable batch axis: {why}"),
+            NewRunnerError::NoBatchedOutput { outputs } => write!(
+                f,
+                "none of the model's {outputs} outputs carries the batch symbol on axis 0, so no stream could get its row back"
+            ),
+            NewRunnerError::Model(why) => write!(f, "cannot read the model's interface: {why}"),
+            NewRunnerError::Reset { node, op, cause } => {
+                write!(f, "the state cannot serve several streams: resetting its lanes failed")?;
+                if let Some(node) = node {
+                    write!(f, " at node {node:?}")?;
+                }
+                if let Some(op) = op {
+                    write!(f, " (op {op})")?;
+                }
+                write!(f, ": {cause}")
+            }
+            NewRunnerError::Spawn(why) => write!(f, "cannot start the laned state: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for NewRunnerError {}
+
+/// A stream was not given a lane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpawnError {
+    /// Every lane is taken.
+    Full { lanes: usize, waiting: usize },
+    /// The runner was dropped.
+    Closed,
+    /// Resetting the lane for the new stream failed.
+    Reset(String),
+}
+
+impl fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpawnError::Full { lanes, waiting } => {
+                write!(f, "every one of the {lanes} lanes is taken ({waiting} streams waiting for one)")
+            }
+            SpawnError::Closed => f.write_str("the laned runner was dropped"),
+            SpawnError::Reset(why) => write!(f, "resetting the new stream's lane failed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for SpawnError {}
+
+/// Why a call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunErrorKind {
+    /// The call fed another number of inputs than the model takes.
+    InputCount { got: usize, wanted: usize },
+    /// An input does not match the model's fact for it.
+    Input { index: usize, name: String, got: String, wanted: String },
+    /// The batched inputs disagree on how many rows the call feeds.
+    Rows { index: usize, name: String, got: usize, first: usize },
+    /// A symbol that cannot be resolved per stream.
+    Symbol(String),
+    /// The stream's state was lost in a failed turn: spawn a new stream.
+    Lost(String),
+    /// The turn seating this call failed.
+    Turn(String),
+    /// The runner was dropped.
+    Closed,
+}
+
+/// [`LanedStateHandle::call`](crate::LanedStateHandle::call) failed.
+///
+/// When the call was refused before it was queued (bad input, lost stream,
+/// closed runner), [`RunError::into_inputs`] hands its inputs back.
+#[derive(Debug, Clone)]
+pub struct RunError {
+    kind: RunErrorKind,
+    inputs: Option<TVec<TValue>>,
+}
+
+impl RunError {
+    pub(crate) fn new(kind: RunErrorKind) -> RunError {
+        RunError { kind, inputs: None }
+    }
+
+    pub(crate) fn with_inputs(kind: RunErrorKind, inputs: TVec<TValue>) -> RunError {
+        RunError { kind, inputs: Some(inputs) }
+    }
+
+    pub fn kind(&self) -> &RunErrorKind {
+        &self.kind
+    }
+
+    /// The inputs of a call refused before it was queued.
+    pub fn into_inputs(self) -> Option<TVec<TValue>> {
+        self.inputs
+    }
+}
+
+impl PartialEq for RunError {
+    fn eq(&self, other: &RunError) -> bool {
+        self.kind == other.kind
+    }
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            RunErrorKind::InputCount { got, wanted } => {
+                write!(f, "the call feeds {got} inputs, the model takes {wanted}")
+            }
+            RunErrorKind::Input { index, name, got, wanted } => {
+                write!(f, "input {index} ({name:?}) is {got}, the model wants {wanted}")
+            }
+            RunErrorKind::Rows { index, name, got, first } => write!(
+                f,
+                "input {index} ({name:?}) feeds {got} rows on axis 0, the batched inputs before it feed {first}"
+            ),
+            RunErrorKind::Symbol(why) => write!(f, "cannot resolve the symbol: {why}"),
+            RunErrorKind::Lost(why) => {
+                write!(f, "the stream lost its state in a failed turn ({why}); spawn a new stream")
+            }
+            RunErrorKind::Turn(why) => write!(f, "the turn seating this call failed: {why}"),
+            RunErrorKind::Closed => f.write_str("the laned runner was dropped"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {}

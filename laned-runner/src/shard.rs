@@ -1,0 +1,286 @@
+//! One laned state behind its inbox, and who runs its turns: a worker thread
+//! (`Mode::Worker`) or whichever caller finds it free (`Mode::Combining`).
+//! A runner could hold several of these (one per core); each is whole on its
+//! own.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use laned_metrics::Metrics;
+use tract_core::internal::Runnable;
+
+use crate::config::{Mode, Resolved};
+use crate::engine::{Engine, Request};
+use crate::err::NewRunnerError;
+use crate::iface::Interface;
+use crate::slot::{Slot, Wake};
+
+/// Requests not yet seen by the engine.
+struct Inbox {
+    requests: Vec<Request>,
+    /// Set once by `close`; afterwards the engine answers everything `Closed`.
+    closed: bool,
+}
+
+pub(crate) struct Shard {
+    /// Who may touch it: any thread pushes (handles, spawns, drops); the
+    /// thread holding `engine` drains it.
+    inbox: Mutex<Inbox>,
+    /// Signalled on every push: wakes the worker, or a lingering combiner.
+    arrived: Condvar,
+    /// Who may touch it: in `Worker` mode only the worker thread; in
+    /// `Combining` mode whichever caller wins `try_lock`, and the closing
+    /// thread.
+    engine: Mutex<Engine>,
+    mode: Mode,
+    linger: Duration,
+    /// The worker thread in `Worker` mode, joined by `close`.
+    worker: Mutex<Option<JoinHandle<()>>>,
+    /// Whether calls resolving a symbol can be served (read-only).
+    can_forget_symbols: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shard {
+    /// Build the state and reset every lane on the thread that will own it:
+    /// the worker's in `Worker` mode, this one otherwise.
+    pub fn start(inner: Arc<dyn Runnable>, iface: Arc<Interface>, config: &Resolved, metrics: Arc<Metrics>) -> Result<Arc<Shard>, NewRunnerError> {
+        let (max_lanes, max_seats) = (config.max_lanes, config.max_seats);
+        match config.mode {
+            Mode::Combining => {
+                let engine = Engine::start(inner, iface, max_lanes, max_seats, metrics)?;
+                Ok(Arc::new(Shard::new(engine, config)))
+            }
+            Mode::Worker => {
+                // The engine is built on the worker, handed back through this
+                // channel to be placed in the shard, then the worker waits for
+                // the shard to serve it.
+                let (built, ready) = std::sync::mpsc::channel::<Result<Arc<Shard>, NewRunnerError>>();
+                let (go, shard_rx) = std::sync::mpsc::channel::<Arc<Shard>>();
+                let config = *config;
+                let thread = std::thread::Builder::new()
+                    .name("laned-worker".into())
+                    .spawn(move || {
+                        match Engine::start(inner, iface, max_lanes, max_seats, metrics) {
+                            Ok(engine) => {
+                                let shard = Arc::new(Shard::new(engine, &config));
+                                let _ = built.send(Ok(shard));
+                            }
+                            Err(e) => {
+                                let _ = built.send(Err(e));
+                                return;
+                            }
+                        }
+                        drop(built);
+                        if let Ok(shard) = shard_rx.recv() {
+                            shard.work();
+                        }
+                    })
+                    .map_err(|e| NewRunnerError::Spawn(format!("starting the worker thread: {e}")))?;
+                let shard = ready.recv().map_err(|_| NewRunnerError::Spawn("the worker died starting".into()))?;
+                let shard = match shard {
+                    Ok(shard) => shard,
+                    Err(e) => {
+                        let _ = thread.join();
+                        return Err(e);
+                    }
+                };
+                *lock(&shard.worker) = Some(thread);
+                let _ = go.send(shard.clone());
+                Ok(shard)
+            }
+        }
+    }
+
+    fn new(engine: Engine, config: &Resolved) -> Shard {
+        let can_forget_symbols = engine.can_forget_symbols();
+        Shard {
+            inbox: Mutex::new(Inbox { requests: Vec::new(), closed: false }),
+            arrived: Condvar::new(),
+            engine: Mutex::new(engine),
+            mode: config.mode,
+            linger: config.linger,
+            worker: Mutex::new(None),
+            can_forget_symbols,
+        }
+    }
+
+    pub fn can_forget_symbols(&self) -> bool {
+        self.can_forget_symbols
+    }
+
+    /// Queue a request for the engine and wake whoever serves it. Once the
+    /// shard is closed nobody drains the inbox, so the request is answered
+    /// here.
+    pub fn push(&self, request: Request) {
+        let mut inbox = lock(&self.inbox);
+        if inbox.closed {
+            drop(inbox);
+            refuse(request);
+            return;
+        }
+        inbox.requests.push(request);
+        drop(inbox);
+        self.arrived.notify_one();
+    }
+
+    /// Block until `slot` is answered: the worker serves it in `Worker` mode;
+    /// in `Combining` mode this thread serves the state whenever it is free.
+    pub fn wait<T>(&self, slot: &Slot<T>) -> T {
+        loop {
+            if self.mode == Mode::Combining && !slot.is_filled() {
+                self.combine(&|| slot.is_filled());
+            }
+            match slot.wait() {
+                Wake::Value(v) => return v,
+                Wake::Promoted => continue,
+            }
+        }
+    }
+
+    /// Move every request of the inbox into the engine.
+    fn drain(&self, engine: &mut Engine) -> bool {
+        let requests = std::mem::take(&mut lock(&self.inbox).requests);
+        let any = !requests.is_empty();
+        for request in requests {
+            engine.accept(request);
+        }
+        any
+    }
+
+    /// Wait up to the linger for more seats, unless every held lane already
+    /// has one queued (then nothing more can come for this turn).
+    fn linger(&self, engine: &mut Engine) {
+        if self.linger.is_zero() || engine.all_held_queued() {
+            return;
+        }
+        let deadline = Instant::now() + self.linger;
+        loop {
+            self.drain(engine);
+            if engine.all_held_queued() {
+                return;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            let inbox = lock(&self.inbox);
+            if inbox.requests.is_empty() && !inbox.closed {
+                let _ = self.arrived.wait_timeout(inbox, deadline - now);
+            }
+        }
+    }
+
+    /// Combining mode: while `done` is false and the state is free, hold it
+    /// and run turns. Leaving, hand the duty to the oldest queued call.
+    fn combine(&self, done: &dyn Fn() -> bool) {
+        loop {
+            let mut engine = match self.engine.try_lock() {
+                Ok(engine) => engine,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                // Whoever holds it checks the inbox after letting go.
+                Err(TryLockError::WouldBlock) => return,
+            };
+            loop {
+                self.drain(&mut engine);
+                if done() || !engine.has_queue() {
+                    break;
+                }
+                self.linger(&mut engine);
+                engine.turn();
+            }
+            let successor = engine.oldest_slot();
+            drop(engine);
+            // A request pushed while we held the state found it busy and
+            // relies on us: the promoted caller takes the queue over, and
+            // requests still in the inbox make us go round once more.
+            if let Some(successor) = successor {
+                successor.promote();
+                return;
+            }
+            if lock(&self.inbox).requests.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// Combining mode: move what is pending into the engine (a dropped
+    /// handle's release) and hand any queued call to its waiter, without
+    /// running anyone's turn.
+    pub fn kick(&self) {
+        if self.mode == Mode::Combining {
+            self.combine(&|| true);
+        }
+    }
+
+    /// The worker's loop: wait for requests, move them into the engine, run
+    /// a turn while seats are queued; on close, answer everything and drop
+    /// the state here, on a live thread.
+    fn work(&self) {
+        let mut engine = lock(&self.engine);
+        loop {
+            let (requests, closed) = {
+                let mut inbox = lock(&self.inbox);
+                while inbox.requests.is_empty() && !inbox.closed && !engine.has_queue() {
+                    inbox = self.arrived.wait(inbox).unwrap_or_else(|e| e.into_inner());
+                }
+                (std::mem::take(&mut inbox.requests), inbox.closed)
+            };
+            if closed {
+                engine.close();
+            }
+            for request in requests {
+                engine.accept(request);
+            }
+            if closed {
+                return;
+            }
+            if engine.has_queue() {
+                self.linger(&mut engine);
+                engine.turn();
+            }
+        }
+    }
+
+    /// Refuse everything from now on, answer every waiting caller, and (in
+    /// `Worker` mode) join the worker, which drops the state.
+    pub fn close(&self) {
+        lock(&self.inbox).closed = true;
+        self.arrived.notify_all();
+        let worker = lock(&self.worker).take();
+        match worker {
+            Some(worker) => {
+                let _ = worker.join();
+            }
+            None => {
+                let mut engine = lock(&self.engine);
+                engine.close();
+                // Requests pushed after the close are answered by the same
+                // close: the engine is closed for good.
+                let requests = std::mem::take(&mut lock(&self.inbox).requests);
+                for request in requests {
+                    engine.accept(request);
+                }
+            }
+        }
+    }
+}
+
+impl Shard {
+    pub fn is_closed(&self) -> bool {
+        lock(&self.inbox).closed
+    }
+}
+
+/// Answer a request pushed after the close.
+fn refuse(request: Request) {
+    match request {
+        Request::Spawn(slot) => slot.fill(Err(crate::err::SpawnError::Closed)),
+        Request::Call(call) => call.slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
+        Request::Release(_) => (),
+    }
+}

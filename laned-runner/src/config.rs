@@ -39,8 +39,9 @@ pub enum Mode {
 pub struct RunnerConfig {
     /// Lanes of the state: the most streams held at once.
     pub max_lanes: usize,
-    /// The widest turn, clamped to `max_lanes`. `None`: `TRACT_MAX_SEATS`,
-    /// else 256.
+    /// The widest turn, clamped to the state's lanes (`max_lanes` plus the
+    /// one kept for the later rows of wide calls). `None`:
+    /// `TRACT_MAX_SEATS`, else 256.
     pub max_seats: Option<usize>,
     /// How long a turn waits for more seats once one is queued, in
     /// microseconds; it starts early once every held lane has a seat queued.
@@ -79,7 +80,9 @@ impl RunnerConfig {
         };
         Ok(Resolved {
             max_lanes: self.max_lanes,
-            max_seats: max_seats.min(self.max_lanes),
+            // The state has one lane more than the streams (see `Engine`), so
+            // a turn can seat that many.
+            max_seats: max_seats.min(self.max_lanes + 1),
             linger: Duration::from_micros(linger_us),
             mode: self.mode,
         })

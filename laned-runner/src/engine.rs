@@ -184,6 +184,11 @@ impl Engine {
         self.lanes_queued >= self.table.taken()
     }
 
+    /// When the oldest queued seat arrived.
+    pub fn oldest_arrival(&self) -> Option<Instant> {
+        self.queue.first().map(|s| s.queued)
+    }
+
     /// The slot of the oldest queued call, for a combiner handing over.
     pub fn oldest_slot(&self) -> Option<Arc<Slot<CallResult>>> {
         let seat = self.queue.first()?;
@@ -323,6 +328,9 @@ impl Engine {
             let _ = self.table.give_back(*lane);
         }
         let occupancy = seated.len();
+        // Record before answering: a caller reading the metrics after its
+        // answer sees its own turn counted.
+        self.metrics.record_turn(occupancy, started.elapsed());
         match result {
             Ok(per_seat) => {
                 for (seat, outputs) in seated.iter().zip(per_seat) {
@@ -338,7 +346,6 @@ impl Engine {
                 }
             }
         }
-        self.metrics.record_turn(occupancy, started.elapsed());
         let mut seated = seated;
         seated.clear();
         self.seated = seated;
@@ -349,7 +356,13 @@ impl Engine {
     /// is rebuilt and every stream is lost.
     fn recover(&mut self, seated: &[QSeat], lanes: &[TractLane], borrowed: &[lane_table::LaneId], why: &str) {
         let state = self.state.as_mut().expect("open engine has a state");
-        let reset = catch_unwind(AssertUnwindSafe(|| state.reset_lanes(lanes)));
+        // A run cut short leaves the turn's values and symbols (the batch
+        // extent among them) in the state; the next turn must start clean.
+        let cleared = match state.downcast_mut::<TypedSimpleState>() {
+            Some(simple) => simple.reset_turn().is_ok(),
+            None => false,
+        };
+        let reset = if cleared { catch_unwind(AssertUnwindSafe(|| state.reset_lanes(lanes))) } else { Ok(Err(format_err!("cannot clear the turn"))) };
         if matches!(reset, Ok(Ok(()))) {
             for seat in seated {
                 if !borrowed.contains(&seat.lane) {

@@ -153,23 +153,30 @@ impl Shard {
     }
 
     /// Wait up to the linger for more seats, unless every held lane already
-    /// has one queued (then nothing more can come for this turn).
-    fn linger(&self, engine: &mut Engine) {
+    /// has one queued (then nothing more can come for this turn). Returns
+    /// false when the shard closed meanwhile: the turn must not run, its
+    /// seats are answered by the close.
+    fn linger(&self, engine: &mut Engine) -> bool {
         if self.linger.is_zero() || engine.all_held_queued() {
-            return;
+            return true;
         }
-        let deadline = Instant::now() + self.linger;
+        // The linger runs from the oldest seat's arrival: seats left over by a
+        // full turn have lingered already.
+        let deadline = engine.oldest_arrival().unwrap_or_else(Instant::now) + self.linger;
         loop {
             self.drain(engine);
             if engine.all_held_queued() {
-                return;
+                return true;
             }
             let now = Instant::now();
             if now >= deadline {
-                return;
+                return true;
             }
             let inbox = lock(&self.inbox);
-            if inbox.requests.is_empty() && !inbox.closed {
+            if inbox.closed {
+                return false;
+            }
+            if inbox.requests.is_empty() {
                 let _ = self.arrived.wait_timeout(inbox, deadline - now);
             }
         }
@@ -179,6 +186,11 @@ impl Shard {
     /// and run turns. Leaving, hand the duty to the oldest queued call.
     fn combine(&self, done: &dyn Fn() -> bool) {
         loop {
+            // Once closed, the closing thread answers everyone: stay out of
+            // its way.
+            if self.is_closed() {
+                return;
+            }
             let mut engine = match self.engine.try_lock() {
                 Ok(engine) => engine,
                 Err(TryLockError::Poisoned(e)) => e.into_inner(),
@@ -190,7 +202,9 @@ impl Shard {
                 if done() || !engine.has_queue() {
                     break;
                 }
-                self.linger(&mut engine);
+                if !self.linger(&mut engine) {
+                    break;
+                }
                 engine.turn();
             }
             let successor = engine.oldest_slot();
@@ -239,8 +253,7 @@ impl Shard {
             if closed {
                 return;
             }
-            if engine.has_queue() {
-                self.linger(&mut engine);
+            if engine.has_queue() && self.linger(&mut engine) {
                 engine.turn();
             }
         }

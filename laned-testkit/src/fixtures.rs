@@ -366,3 +366,81 @@ fn random_tensor(shape: &[usize], rng: &mut Lcg) -> Tensor {
     let values: Vec<f32> = (0..shape.iter().product::<usize>()).map(|_| rng.uniform()).collect();
     Tensor::from_shape(shape, &values).unwrap()
 }
+
+/// The value that makes [`panicking`]'s model panic.
+pub const POISON: f32 = 666.0;
+
+/// Identity, except that it panics when its input holds [`POISON`]: what a
+/// turn hitting a bug in an op looks like.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PanicOnPoison;
+
+impl Op for PanicOnPoison {
+    fn name(&self) -> StaticName {
+        "PanicOnPoison".into()
+    }
+    op_as_typed_op!();
+}
+
+impl EvalOp for PanicOnPoison {
+    op_out_of_plan!();
+
+    fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        if inputs[0].to_plain_array_view::<f32>()?.iter().any(|v| *v == POISON) {
+            panic!("poisoned input");
+        }
+        Ok(inputs)
+    }
+}
+
+impl TypedOp for PanicOnPoison {
+    as_op!();
+
+    fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
+        Ok(tvec!(inputs[0].without_value()))
+    }
+
+    fn axes_mapping(&self, inputs: &[&TypedFact], outputs: &[&TypedFact]) -> TractResult<AxesMapping> {
+        AxesMapping::natural(inputs, outputs)
+    }
+}
+
+/// A causal conv behind an op that panics on [`POISON`]: exercises a turn
+/// that panics (isolation).
+pub fn panicking() -> TractResult<Fixture> {
+    let mut b = Builder::new(Layout::Nchw);
+    let x = b.source("features", FEATURES)?;
+    let checked = b.model.wire_node("check", PanicOnPoison, &[x])?[0];
+    let pad = b.zero_pad();
+    let c1 = b.conv("conv1", checked, FEATURES, 8, 3, 1, 1, pad)?;
+    b.finish("panicking".into(), "an op that panics on a poisoned input", &[c1], 4)
+}
+
+/// A running sum over time through tract's `Scan` (`[B, 3]` in, `[B, 3]`
+/// out), whose state is not lane-aware: a laned runner must refuse it.
+pub fn scan_cumsum() -> TractResult<TypedModel> {
+    use tract_core::ops::scan::{InputMapping, OutputMapping, Scan, ScanInfo};
+    let mut body = TypedModel::default();
+    let b = body.symbols.sym("B");
+    let x = body.add_source("x", f32::fact(dims!(b.clone(), 1)))?;
+    let s = body.add_source("s", f32::fact(dims!(b.clone(), 1)))?;
+    let sum = body.wire_node("sum", add(), &[x, s])?[0];
+    body.select_output_outlets(&[sum, sum])?;
+    let mut model = TypedModel::default();
+    let b = model.symbols.sym("B");
+    let x = model.add_source("x", f32::fact(dims!(b.clone(), 3)))?;
+    let s0 = model.add_source("s0", f32::fact(dims!(b.clone(), 1)))?;
+    let scan = Scan::new(
+        body,
+        vec![InputMapping::Scan(ScanInfo { axis: 1, chunk: 1 }), InputMapping::State],
+        vec![
+            OutputMapping { scan: None, full_dim_hint: None, last_value_slot: None, state: true },
+            OutputMapping { scan: Some((0, ScanInfo { axis: 1, chunk: 1 })), full_dim_hint: None, last_value_slot: None, state: false },
+        ],
+        0,
+    )?;
+    let y = model.wire_node("scan", scan, &[x, s0])?;
+    model.select_output_outlets(&y)?;
+    model.set_name("scan-cumsum");
+    Ok(model)
+}

@@ -19,7 +19,38 @@ use crate::err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
 use crate::iface::{Group, Interface};
 use crate::slot::Slot;
 
-pub(crate) type CallResult = Result<TVec<TValue>, RunError>;
+pub(crate) type CallResult = Result<Answer, RunError>;
+
+/// What a call is answered with. A one-row call gets the whole turn's
+/// outputs and its seat: its caller slices its own row, off the worker's
+/// critical path.
+pub(crate) enum Answer {
+    Outputs(TVec<TValue>),
+    Row { turn: Arc<TVec<TValue>>, seat: usize },
+}
+
+impl Answer {
+    /// The call's outputs, its row sliced out of the turn's where needed.
+    pub fn into_outputs(self, batch_out: &[bool]) -> Result<TVec<TValue>, RunError> {
+        match self {
+            Answer::Outputs(outputs) => Ok(outputs),
+            Answer::Row { turn, seat } => turn
+                .iter()
+                .enumerate()
+                .map(|(ix, output)| {
+                    if batch_out.get(ix).copied().unwrap_or(false) && output.shape()[0] > 1 {
+                        output
+                            .slice(0, seat, seat + 1)
+                            .map(|t| t.into_tvalue())
+                            .map_err(|e| RunError::new(RunErrorKind::Turn(format!("slicing output {ix}: {e:#}"))))
+                    } else {
+                        Ok(output.clone())
+                    }
+                })
+                .collect(),
+        }
+    }
+}
 pub(crate) type SpawnResult = Result<lane_table::LaneId, SpawnError>;
 
 /// What a handle asks of the engine.
@@ -332,9 +363,17 @@ impl Engine {
         // answer sees its own turn counted.
         self.metrics.record_turn(occupancy, started.elapsed());
         match result {
-            Ok(per_seat) => {
-                for (seat, outputs) in seated.iter().zip(per_seat) {
-                    self.land(seat.call, seat.place, Ok(outputs));
+            Ok(outputs) => {
+                let outputs = Arc::new(outputs);
+                for (ix, seat) in seated.iter().enumerate() {
+                    let one_row = self.pending.get(&seat.call).is_some_and(|p| p.served.len() == 1);
+                    if one_row {
+                        let pending = self.pending.remove(&seat.call).expect("present");
+                        pending.slot.fill(Ok(Answer::Row { turn: outputs.clone(), seat: ix }));
+                    } else {
+                        let row = Answer::Row { turn: outputs.clone(), seat: ix }.into_outputs(&self.iface.batch_out);
+                        self.land(seat.call, seat.place, row.map_err(|e| e.to_string()));
+                    }
                 }
             }
             Err(why) => {
@@ -385,7 +424,7 @@ impl Engine {
     }
 
     /// Stack the seats' inputs, run the state once, slice the outputs back.
-    fn run_seated(&mut self, seated: &[QSeat], lanes: Vec<TractLane>, borrowed: &[lane_table::LaneId]) -> Result<Vec<TVec<TValue>>, String> {
+    fn run_seated(&mut self, seated: &[QSeat], lanes: Vec<TractLane>, borrowed: &[lane_table::LaneId]) -> Result<TVec<TValue>, String> {
         let occupancy = seated.len();
         let group = seated[0].group.clone();
         let mut inputs: TVec<TValue> = TVec::with_capacity(self.iface.inputs.len());
@@ -437,26 +476,12 @@ impl Engine {
                 return Err(format!("the model panicked: {what}"));
             }
         };
-        let mut per_seat: Vec<TVec<TValue>> = (0..occupancy).map(|_| TVec::with_capacity(outputs.len())).collect();
-        for (ix, output) in outputs.into_iter().enumerate() {
-            if self.iface.batch_out.get(ix).copied().unwrap_or(false) {
-                if output.rank() == 0 || output.shape()[0] != occupancy {
-                    return Err(format!("the turn seats {occupancy}, output {ix} has shape {:?}", output.shape()));
-                }
-                if occupancy == 1 {
-                    per_seat[0].push(output);
-                } else {
-                    for (seat, outputs) in per_seat.iter_mut().enumerate() {
-                        outputs.push(output.slice(0, seat, seat + 1).map_err(|e| format!("{e:#}"))?.into_tvalue());
-                    }
-                }
-            } else {
-                for outputs in per_seat.iter_mut() {
-                    outputs.push(output.clone());
-                }
+        for (ix, output) in outputs.iter().enumerate() {
+            if self.iface.batch_out.get(ix).copied().unwrap_or(false) && (output.rank() == 0 || output.shape()[0] != occupancy) {
+                return Err(format!("the turn seats {occupancy}, output {ix} has shape {:?}", output.shape()));
             }
         }
-        Ok(per_seat)
+        Ok(outputs)
     }
 
     /// Input `ix` (the `k`th batched one) of every seat, stacked on axis 0
@@ -515,7 +540,7 @@ impl Engine {
                 if pending.remaining == 0 {
                     let pending = self.pending.remove(&id).expect("present");
                     let answer = assemble(pending.served, &self.iface.batch_out);
-                    pending.slot.fill(answer);
+                    pending.slot.fill(answer.map(Answer::Outputs));
                 }
             }
         }
@@ -537,7 +562,7 @@ impl Engine {
 
 /// A call's answer from its seats' outputs: the batched ones stacked back in
 /// place order, the shared ones as the first seat got them.
-fn assemble(served: TVec<Option<TVec<TValue>>>, batch_out: &[bool]) -> CallResult {
+fn assemble(served: TVec<Option<TVec<TValue>>>, batch_out: &[bool]) -> Result<TVec<TValue>, RunError> {
     let served: Vec<TVec<TValue>> = served.into_iter().map(|s| s.expect("every seat landed")).collect();
     if served.len() == 1 {
         return Ok(served.into_iter().next().expect("one"));

@@ -203,7 +203,7 @@ impl LanedStateHandle {
         let group = Group::new(checked.shared, std::mem::take(&mut self.resolved));
         let call = Call { lane: self.stream.lane, seats: checked.seats, group, slot: self.slot.clone(), queued: Instant::now() };
         core.shard.push(Request::Call(call));
-        core.shard.wait(&self.slot)
+        core.shard.wait(&self.slot)?.into_outputs(&core.iface.batch_out)
     }
 
     /// Pin `symbol` to `value` for this handle's next call only (a stream's

@@ -41,6 +41,9 @@ pub(crate) struct Shard {
     can_forget_symbols: bool,
 }
 
+/// Turns a combining caller runs for others after its own call is answered.
+const EXTRA_TURNS: usize = 4;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -133,7 +136,7 @@ impl Shard {
     pub fn wait<T>(&self, slot: &Slot<T>) -> T {
         loop {
             if self.mode == Mode::Combining && !slot.is_filled() {
-                self.combine(&|| slot.is_filled());
+                self.combine(&|| slot.is_filled(), true);
             }
             match slot.wait() {
                 Wake::Value(v) => return v,
@@ -184,7 +187,7 @@ impl Shard {
 
     /// Combining mode: while `done` is false and the state is free, hold it
     /// and run turns. Leaving, hand the duty to the oldest queued call.
-    fn combine(&self, done: &dyn Fn() -> bool) {
+    fn combine(&self, done: &dyn Fn() -> bool, serve_others: bool) {
         loop {
             // Once closed, the closing thread answers everyone: stay out of
             // its way.
@@ -197,10 +200,21 @@ impl Shard {
                 // Whoever holds it checks the inbox after letting go.
                 Err(TryLockError::WouldBlock) => return,
             };
+            // Once our own call is answered we still run up to EXTRA_TURNS
+            // turns for others, which saves a hand-off per turn under load;
+            // then the oldest waiter takes over. Bounded, so our own caller
+            // is never held for long.
+            let mut extra = 0;
             loop {
                 self.drain(&mut engine);
-                if done() || !engine.has_queue() {
+                if !engine.has_queue() {
                     break;
+                }
+                if done() {
+                    extra += 1;
+                    if !serve_others || extra > EXTRA_TURNS {
+                        break;
+                    }
                 }
                 if !self.linger(&mut engine) {
                     break;
@@ -227,7 +241,7 @@ impl Shard {
     /// running anyone's turn.
     pub fn kick(&self) {
         if self.mode == Mode::Combining {
-            self.combine(&|| true);
+            self.combine(&|| true, false);
         }
     }
 

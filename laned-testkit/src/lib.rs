@@ -33,6 +33,7 @@ use tract_core::internal::*;
 pub mod check;
 pub mod drive;
 pub mod fixtures;
+pub mod load;
 pub mod schedule;
 
 pub use check::{check, Mismatch, Tolerance};

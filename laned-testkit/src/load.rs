@@ -1,0 +1,187 @@
+//! Load generators for any runnable, for benchmarks: closed loop (a thread
+//! per stream calling as fast as answered) and real time (a thread per
+//! stream sending one pulse per period), plus the two references every
+//! figure is compared with: a state per stream, and the ideal loop (one
+//! thread, one laned state, every lane seated every turn, inputs
+//! pre-stacked).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use tract_core::internal::*;
+use tract_core::plan::{LaneId, Seating};
+
+use crate::fixtures::{Fixture, Lcg};
+
+/// Pulses per second over a run, all streams together.
+fn rate(pulses: u64, elapsed: Duration) -> f64 {
+    pulses as f64 / elapsed.as_secs_f64()
+}
+
+/// Runs `per_stream` on `n` threads, each calling `step` until `duration`
+/// has passed since they all started; returns pulses per second. `step`
+/// returns the pulses it served.
+fn closed_loop<S: Send + 'static>(
+    n: usize,
+    duration: Duration,
+    setup: impl Fn(usize) -> TractResult<S> + Send + Sync + 'static,
+    step: impl Fn(&mut S) -> TractResult<u64> + Send + Sync + 'static,
+) -> TractResult<f64> {
+    let setup = Arc::new(setup);
+    let step = Arc::new(step);
+    let stop = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicU64::new(0));
+    let ready = Arc::new(Barrier::new(n + 1));
+    let threads: Vec<_> = (0..n)
+        .map(|s| {
+            let (setup, step, stop, total, ready) = (setup.clone(), step.clone(), stop.clone(), total.clone(), ready.clone());
+            std::thread::spawn(move || -> TractResult<()> {
+                let state = setup(s);
+                ready.wait();
+                let mut state = state?;
+                // One untimed call to warm caches and buffers.
+                step(&mut state)?;
+                ready.wait();
+                let mut served = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    served += step(&mut state)?;
+                }
+                total.fetch_add(served, Ordering::Relaxed);
+                // The state drops here, on this live thread.
+                Ok(())
+            })
+        })
+        .collect();
+    ready.wait();
+    ready.wait();
+    let started = Instant::now();
+    std::thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    let mut result = Ok(());
+    for t in threads {
+        if let Err(e) = t.join().map_err(|_| format_err!("a load thread panicked")).and_then(|r| r) {
+            result = Err(e);
+        }
+    }
+    let elapsed = started.elapsed();
+    result?;
+    Ok(rate(total.load(Ordering::Relaxed), elapsed))
+}
+
+/// One plain state per stream, one thread per stream.
+pub fn solo_states(fixture: &Fixture, plan: Arc<dyn Runnable>, n: usize, duration: Duration) -> TractResult<f64> {
+    let fixture = fixture.clone();
+    closed_loop(
+        n,
+        duration,
+        move |s| Ok((plan.spawn()?, fixture.inputs(1, s as u64))),
+        |(state, inputs)| {
+            state.run(inputs.clone())?;
+            Ok(1)
+        },
+    )
+}
+
+/// Any runnable (a laned runner): a thread per stream, each with its handle.
+pub fn through(fixture: &Fixture, runnable: Arc<dyn Runnable>, n: usize, duration: Duration) -> TractResult<f64> {
+    let fixture = fixture.clone();
+    closed_loop(
+        n,
+        duration,
+        move |s| Ok((runnable.spawn()?, fixture.inputs(1, s as u64))),
+        |(handle, inputs)| {
+            handle.run(inputs.clone())?;
+            Ok(1)
+        },
+    )
+}
+
+/// The ideal loop: one thread, one laned state of `n` lanes, all seated
+/// every turn, inputs pre-stacked. No queue at all.
+pub fn ideal(fixture: &Fixture, plan: Arc<dyn Runnable>, n: usize, duration: Duration) -> TractResult<f64> {
+    let fixture = fixture.clone();
+    closed_loop(
+        1,
+        duration,
+        move |_| {
+            let mut state = plan.spawn()?;
+            let lanes: Vec<LaneId> = (0..n).map(LaneId).collect();
+            if n > 1 {
+                state.reset_lanes(&lanes)?;
+            }
+            Ok((state, fixture.inputs(n, 7), lanes))
+        },
+        move |(state, inputs, lanes)| {
+            if n > 1 {
+                state.seat(Seating::new(n, lanes.iter().copied())?)?;
+            }
+            state.run(inputs.clone())?;
+            Ok(n as u64)
+        },
+    )
+}
+
+/// Latencies of a real-time run.
+#[derive(Debug, Clone, Default)]
+pub struct Latencies {
+    /// Every pulse's latency, from the instant it was due to its answer,
+    /// sorted, in microseconds.
+    pub sorted_us: Vec<u64>,
+    /// Pulses served.
+    pub pulses: u64,
+}
+
+impl Latencies {
+    pub fn quantile_us(&self, q: f64) -> u64 {
+        if self.sorted_us.is_empty() {
+            return 0;
+        }
+        let ix = ((q * self.sorted_us.len() as f64).ceil() as usize).clamp(1, self.sorted_us.len()) - 1;
+        self.sorted_us[ix]
+    }
+}
+
+/// Real time (open loop): `n` streams each due to send one pulse every
+/// `period`, starting at random offsets within the first period, for
+/// `duration`. A pulse answered late delays the stream's next one (a real
+/// stream cannot send what it has not received the answer to), and its
+/// latency counts from when it was due.
+pub fn real_time(fixture: &Fixture, runnable: Arc<dyn Runnable>, n: usize, period: Duration, duration: Duration, seed: u64) -> TractResult<Latencies> {
+    let ready = Arc::new(Barrier::new(n + 1));
+    let start_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let threads: Vec<_> = (0..n)
+        .map(|s| {
+            let (runnable, fixture, ready, start_at) = (runnable.clone(), fixture.clone(), ready.clone(), start_at.clone());
+            let offset = Duration::from_nanos(Lcg(seed.wrapping_add(s as u64) | 1).next() % period.as_nanos().max(1) as u64);
+            std::thread::spawn(move || -> TractResult<Vec<u64>> {
+                let handle = runnable.spawn();
+                let inputs = fixture.inputs(1, s as u64);
+                ready.wait();
+                let mut handle = handle?;
+                let t0 = start_at.lock().unwrap().expect("set before the barrier");
+                let mut due = t0 + offset;
+                let end = t0 + duration;
+                let mut latencies = vec![];
+                while due < end {
+                    let now = Instant::now();
+                    if due > now {
+                        std::thread::sleep(due - now);
+                    }
+                    handle.run(inputs.clone())?;
+                    latencies.push(due.elapsed().as_micros() as u64);
+                    due += period;
+                }
+                Ok(latencies)
+            })
+        })
+        .collect();
+    *start_at.lock().unwrap() = Some(Instant::now() + Duration::from_millis(50));
+    ready.wait();
+    let mut all = vec![];
+    for t in threads {
+        all.extend(t.join().map_err(|_| format_err!("a stream thread panicked"))??);
+    }
+    all.sort_unstable();
+    Ok(Latencies { pulses: all.len() as u64, sorted_us: all })
+}

@@ -14,16 +14,22 @@ use serde::Serialize;
 use tract_core::internal::*;
 
 const HELP: &str = "\
-laned-bench [--quick] [--model light|heavy|all] [--streams 1,4,16,64] [--out DIR]
+laned-bench [--quick] [--model light|heavy|all] [--streams 1,4,16,64] [--frame-ms F] [--out DIR]
 
   --quick        short runs (under two minutes on 2 cores)
   --model        which built-in TDNN(s) to measure (default: all)
   --streams      stream counts of the closed-loop scenario
+  --frame-ms     real-time scenario: milliseconds of signal per frame (default 2.5;
+                 a pulse of 4 frames is then due every 10 ms)
+  --skip-real-time
+                 closed loop only
   --out          where the report goes (default: target/laned-bench)
 ";
 
 struct Args {
     quick: bool,
+    frame_ms: f64,
+    real_time: bool,
     models: Vec<(String, TdnnConfig)>,
     streams: Vec<usize>,
     out: PathBuf,
@@ -32,6 +38,8 @@ struct Args {
 fn args() -> Result<Args, String> {
     let mut a = Args {
         quick: false,
+        frame_ms: 2.5,
+        real_time: true,
         models: vec![("light".into(), TdnnConfig::light()), ("heavy".into(), TdnnConfig::heavy())],
         streams: vec![1, 4, 16, 64],
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/laned-bench"),
@@ -50,6 +58,11 @@ fn args() -> Result<Args, String> {
                 let list = it.next().ok_or("--streams needs a list")?;
                 a.streams = list.split(',').map(|s| s.trim().parse::<usize>().map_err(|e| format!("--streams {s:?}: {e}"))).collect::<Result<_, _>>()?;
             }
+            "--frame-ms" => {
+                let v = it.next().ok_or("--frame-ms needs a number")?;
+                a.frame_ms = v.parse().map_err(|e| format!("--frame-ms {v:?}: {e}"))?;
+            }
+            "--skip-real-time" => a.real_time = false,
             "--out" => a.out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
             "--help" | "-h" => {
                 print!("{HELP}");
@@ -106,6 +119,30 @@ struct Report {
     seconds_per_run: f64,
     repeats: usize,
     closed_loop: Vec<ClosedLoop>,
+    real_time: Vec<RealTime>,
+}
+
+/// One system's real-time capacity: the most streams with p99 latency
+/// within the budget, and every probe of the search.
+#[derive(Debug, Clone, Serialize)]
+struct RealTime {
+    model: String,
+    system: String,
+    period_ms: f64,
+    budget_ms: f64,
+    capacity: usize,
+    probes: Vec<Probe>,
+    /// Latencies (µs, sorted, decimated to at most 200 points) at the capacity.
+    cdf_at_capacity_us: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Probe {
+    streams: usize,
+    p50_us: u64,
+    p99_us: u64,
+    max_us: u64,
+    pulses: u64,
 }
 
 struct Progress {
@@ -215,7 +252,28 @@ fn main() -> TractResult<()> {
             }
         }
     }
-    let report = Report { machine_cores: cores, quick: args.quick, seconds_per_run: seconds, repeats, closed_loop: rows };
+    let mut real_time = vec![];
+    if args.real_time {
+        let (name, config) = args.models.iter().find(|m| m.0 == "light").cloned().unwrap_or_else(|| args.models[0].clone());
+        let fixture = fixtures::tdnn(config)?;
+        let plan = fixture.runnable()?;
+        let period = Duration::from_secs_f64(args.frame_ms * config.pulse as f64 / 1000.0);
+        let budget = period / 2;
+        let probe_time = if args.quick { Duration::from_millis(600) } else { Duration::from_secs(2) };
+        let systems: Vec<(String, RtSystem)> = vec![
+            ("tract LanedRunnable (defaults)".into(), RtSystem::Tract),
+            ("ours (worker, no linger)".into(), RtSystem::Ours(Mode::Worker, Duration::ZERO)),
+            (format!("ours (worker, linger {} µs)", (period / 20).as_micros()), RtSystem::Ours(Mode::Worker, period / 20)),
+            (format!("ours (worker, linger {} µs)", (period / 8).as_micros()), RtSystem::Ours(Mode::Worker, period / 8)),
+            ("ours (combining)".into(), RtSystem::Ours(Mode::Combining, Duration::ZERO)),
+        ];
+        let mut progress = Progress { done: 0, total: systems.len(), started: Instant::now() };
+        for (label, system) in systems {
+            progress.step(&format!("real time {name}: capacity of {label}"));
+            real_time.push(capacity(&fixture, &plan, &name, &label, system, period, budget, probe_time)?);
+        }
+    }
+    let report = Report { machine_cores: cores, quick: args.quick, seconds_per_run: seconds, repeats, closed_loop: rows, real_time };
     std::fs::create_dir_all(&args.out)?;
     std::fs::write(args.out.join("report.json"), serde_json::to_string_pretty(&report)?)?;
     let md = markdown(&report);
@@ -223,9 +281,112 @@ fn main() -> TractResult<()> {
     for (name, _) in &args.models {
         std::fs::write(args.out.join(format!("throughput-{name}.svg")), throughput_svg(&report, name))?;
     }
+    if !report.real_time.is_empty() {
+        std::fs::write(args.out.join("latency-cdf.svg"), cdf_svg(&report.real_time))?;
+    }
     println!("{md}");
     println!("report: {}", args.out.join("report.md").display());
     Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum RtSystem {
+    Tract,
+    Ours(Mode, Duration),
+}
+
+fn rt_runnable(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractResult<Arc<dyn Runnable>> {
+    Ok(match system {
+        RtSystem::Tract => Arc::new(tract_core::lanes::LanedRunnable::wrap(plan.clone(), n)?),
+        RtSystem::Ours(mode, linger) => Arc::new(LanedRunner::new(plan.clone(), RunnerConfig::builder().max_lanes(n).mode(mode).linger(linger).build())?),
+    })
+}
+
+/// The most streams served with p99 latency within `budget`: doubling from 8
+/// while within, then bisecting between the last within and the first over.
+#[allow(clippy::too_many_arguments)]
+fn capacity(
+    fixture: &Fixture,
+    plan: &Arc<dyn Runnable>,
+    model: &str,
+    label: &str,
+    system: RtSystem,
+    period: Duration,
+    budget: Duration,
+    probe_time: Duration,
+) -> TractResult<RealTime> {
+    let mut probes: Vec<(Probe, load::Latencies)> = vec![];
+    let mut probe = |n: usize| -> TractResult<bool> {
+        let lat = load::real_time(fixture, rt_runnable(plan, system, n)?, n, period, probe_time, n as u64)?;
+        let p = Probe { streams: n, p50_us: lat.quantile_us(0.5), p99_us: lat.quantile_us(0.99), max_us: lat.quantile_us(1.0), pulses: lat.pulses };
+        let ok = p.p99_us as u128 <= budget.as_micros();
+        probes.push((p, lat));
+        Ok(ok)
+    };
+    let (mut good, mut bad) = (0usize, None::<usize>);
+    let mut n = 8;
+    while n <= 2048 {
+        if probe(n)? {
+            good = n;
+            n *= 2;
+        } else {
+            bad = Some(n);
+            break;
+        }
+    }
+    if let Some(mut bad) = bad {
+        for _ in 0..4 {
+            if bad - good <= (good / 16).max(1) {
+                break;
+            }
+            let mid = (good + bad) / 2;
+            if probe(mid.max(1))? {
+                good = mid;
+            } else {
+                bad = mid;
+            }
+        }
+    }
+    let cdf = probes
+        .iter()
+        .find(|(p, _)| p.streams == good)
+        .map(|(_, lat)| {
+            let step = (lat.sorted_us.len() / 200).max(1);
+            lat.sorted_us.iter().step_by(step).copied().collect()
+        })
+        .unwrap_or_default();
+    Ok(RealTime {
+        model: model.into(),
+        system: label.into(),
+        period_ms: period.as_secs_f64() * 1000.0,
+        budget_ms: budget.as_secs_f64() * 1000.0,
+        capacity: good,
+        probes: probes.into_iter().map(|(p, _)| p).collect(),
+        cdf_at_capacity_us: cdf,
+    })
+}
+
+fn cdf_svg(rt: &[RealTime]) -> String {
+    let (w, h, m) = (640.0, 400.0, 60.0);
+    let max_x = rt.iter().flat_map(|r| r.cdf_at_capacity_us.last().copied()).max().unwrap_or(1).max(1) as f64;
+    let colors = ["#d62728", "#1f77b4", "#9467bd", "#17becf", "#2ca02c"];
+    let mut svg = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
+    svg += &format!("<text x=\"{m}\" y=\"20\">latency CDF at each system's capacity (x: µs, up to {max_x:.0})</text>\n");
+    svg += &format!("<line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", h - m, w - m, h - m);
+    svg += &format!("<line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n", h - m);
+    for (ix, r) in rt.iter().enumerate() {
+        let n = r.cdf_at_capacity_us.len().max(1) as f64;
+        let points: Vec<String> = r
+            .cdf_at_capacity_us
+            .iter()
+            .enumerate()
+            .map(|(i, us)| format!("{:.1},{:.1}", m + *us as f64 / max_x * (w - 2.0 * m), h - m - (i + 1) as f64 / n * (h - 2.0 * m)))
+            .collect();
+        let color = colors[ix % colors.len()];
+        svg += &format!("<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n", points.join(" "));
+        svg += &format!("<text x=\"{}\" y=\"{}\" fill=\"{color}\">{} ({} streams)</text>\n", w - m - 260.0, h - m - 20.0 - 14.0 * ix as f64, r.system, r.capacity);
+    }
+    svg + "</svg>\n"
 }
 
 fn markdown(r: &Report) -> String {
@@ -250,6 +411,25 @@ fn markdown(r: &Report) -> String {
                 row.max,
                 row.median / ideal,
                 row.mean_occupancy.map(|o| format!("{o:.1}")).unwrap_or_default()
+            );
+        }
+        out += "\n";
+    }
+    if let Some(first) = r.real_time.first() {
+        out += &format!(
+            "## real time ({} TDNN)\n\nEach stream sends one pulse every {:.1} ms from a random phase; capacity = most streams with p99 latency within {:.1} ms (doubling, then bisecting). Latencies at the capacity point.\n\n| system | capacity | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|\n",
+            first.model, first.period_ms, first.budget_ms
+        );
+        for rt in &r.real_time {
+            let at = rt.probes.iter().find(|p| p.streams == rt.capacity);
+            let ms = |us: Option<u64>| us.map(|u| format!("{:.2}", u as f64 / 1000.0)).unwrap_or_else(|| "-".into());
+            out += &format!(
+                "| {} | {} | {} | {} | {} |\n",
+                rt.system,
+                rt.capacity,
+                ms(at.map(|p| p.p50_us)),
+                ms(at.map(|p| p.p99_us)),
+                ms(at.map(|p| p.max_us))
             );
         }
         out += "\n";

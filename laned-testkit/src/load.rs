@@ -54,8 +54,10 @@ fn closed_loop<S: Send + 'static>(
         })
         .collect();
     ready.wait();
-    ready.wait();
+    // Taken before the release: the stream threads cannot count a pulse
+    // before it, even when this thread is scheduled late after the barrier.
     let started = Instant::now();
+    ready.wait();
     std::thread::sleep(duration);
     stop.store(true, Ordering::Relaxed);
     let mut result = Ok(());

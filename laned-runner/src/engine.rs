@@ -9,7 +9,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kernel_memo::{Memo, MemoConfig};
 use lane_table::{fill_into, Fill, LaneTable, QueuedSeat};
 use laned_metrics::Metrics;
 use tract_core::internal::*;
@@ -18,6 +17,7 @@ use tract_core::plan::Seating;
 use crate::err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
 use crate::iface::{Group, Interface};
 use crate::slot::Slot;
+use crate::stack::Stacker;
 
 pub(crate) type CallResult = Result<Answer, RunError>;
 
@@ -129,7 +129,7 @@ pub(crate) struct Engine {
     /// stream is released.
     lost: Vec<Option<String>>,
     /// Stacked batched inputs, keyed by (input slot, turn shape).
-    buffers: Memo<usize, (), Arc<Tensor>>,
+    stacker: Stacker,
     /// The symbols the state had resolved at spawn, restored after each turn
     /// that resolved some for its seats. `None`: the state cannot forget a
     /// resolved symbol, so calls resolving one are refused.
@@ -192,7 +192,7 @@ impl Engine {
             queued_per_lane: vec![0; max_lanes],
             lanes_queued: 0,
             lost: vec![None; max_lanes],
-            buffers: Memo::new(MemoConfig::default()),
+            stacker: Stacker::default(),
             symbols_at_spawn,
             metrics,
             max_streams,
@@ -437,7 +437,7 @@ impl Engine {
                 if occupancy == 1 {
                     inputs.push(seated[0].inputs[k].clone());
                 } else {
-                    inputs.push(self.stack(ix, k, seated).map_err(|e| format!("stacking input {ix}: {e:#}"))?);
+                    inputs.push(self.stacker.stack(ix, seated.iter().map(|s| &*s.inputs[k])).map_err(|e| format!("stacking input {ix}: {e:#}"))?);
                 }
             } else {
                 inputs.push(group.shared()[shared_slot].clone());
@@ -484,38 +484,6 @@ impl Engine {
         Ok(outputs)
     }
 
-    /// Input `ix` (the `k`th batched one) of every seat, stacked on axis 0
-    /// into a buffer reused from turn to turn of the same shape.
-    fn stack(&mut self, ix: usize, k: usize, seated: &[QSeat]) -> TractResult<TValue> {
-        let first = &seated[0].inputs[k];
-        let dt = first.datum_type();
-        if !dt.is_copy() {
-            let rows: TVec<&Tensor> = seated.iter().map(|s| &*s.inputs[k]).collect();
-            return Ok(Tensor::stack_tensors(0, &rows)?.into_tvalue());
-        }
-        let mut shape: TVec<usize> = first.shape().into();
-        shape[0] = seated.len();
-        let buffer = self
-            .buffers
-            .get_or_try_build(&ix, &shape, &(), |shape, _| -> TractResult<Arc<Tensor>> {
-                Ok(Arc::new(unsafe { Tensor::uninitialized_dt(dt, shape)? }))
-            })?;
-        if Arc::get_mut(buffer).is_none() {
-            // Still held from a previous turn (the caller kept an input): a
-            // fresh buffer for this shape.
-            *buffer = Arc::new(unsafe { Tensor::uninitialized_dt(dt, &shape)? });
-        }
-        let tensor = Arc::get_mut(buffer).expect("unique");
-        let row = first.len() * dt.size_of();
-        let bytes = tensor.as_bytes_mut();
-        for (seat, s) in seated.iter().enumerate() {
-            let src = s.inputs[k].as_bytes();
-            ensure!(src.len() == row, "seat {seat} feeds {} bytes of input {ix}, the first seat {row}", src.len());
-            bytes[seat * row..(seat + 1) * row].copy_from_slice(src);
-        }
-        Ok(TValue::from_const(buffer.clone()))
-    }
-
     /// One seat of call `id` landed; answer the call once all have.
     fn land(&mut self, id: u64, place: usize, outputs: Result<TVec<TValue>, String>) {
         let Some(pending) = self.pending.get_mut(&id) else { return };
@@ -555,7 +523,7 @@ impl Engine {
         self.queue.clear();
         self.queued_per_lane.iter_mut().for_each(|n| *n = 0);
         self.lanes_queued = 0;
-        self.buffers.clear();
+        self.stacker.clear();
         self.state = None;
     }
 }

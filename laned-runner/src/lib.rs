@@ -39,7 +39,9 @@ mod iface;
 mod runner;
 mod shard;
 mod slot;
+mod stack;
 
 pub use config::{Mode, RunnerConfig, RunnerConfigBuilder};
 pub use err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
 pub use runner::{LanedRunner, LanedStateHandle};
+pub use stack::Stacker;

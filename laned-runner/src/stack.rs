@@ -1,0 +1,71 @@
+//! Stacking seats' rows into a turn's batched input, in buffers reused from
+//! turn to turn: kernel-memo keyed by (input slot, turn shape), so a turn of
+//! another occupancy never writes into a buffer laid out for another.
+
+use std::sync::Arc;
+
+use kernel_memo::{Memo, MemoConfig};
+use tract_core::internal::*;
+
+/// Stacks rows along axis 0 into memoized buffers. A steady stream of turns
+/// of the same shape allocates nothing once the buffer exists, provided the
+/// previous turn's stacked value was dropped (the state drops its inputs at
+/// the end of a run).
+pub struct Stacker {
+    buffers: Memo<usize, (), Arc<Tensor>>,
+}
+
+impl Default for Stacker {
+    fn default() -> Stacker {
+        Stacker::new(MemoConfig::default())
+    }
+}
+
+impl Stacker {
+    /// Keep `config.shapes_per_key()` turn shapes per input slot.
+    pub fn new(config: MemoConfig) -> Stacker {
+        Stacker { buffers: Memo::new(config) }
+    }
+
+    /// `rows` (each with 1 on axis 0, all of one shape and datum type)
+    /// stacked on axis 0, for input slot `slot`.
+    pub fn stack<'a>(&mut self, slot: usize, rows: impl ExactSizeIterator<Item = &'a Tensor> + Clone) -> TractResult<TValue> {
+        let count = rows.len();
+        let Some(first) = rows.clone().next() else { bail!("stacking no row for input {slot}") };
+        let dt = first.datum_type();
+        if !dt.is_copy() {
+            let rows: TVec<&Tensor> = rows.collect();
+            return Ok(Tensor::stack_tensors(0, &rows)?.into_tvalue());
+        }
+        ensure!(first.rank() > 0 && first.shape()[0] == 1, "input {slot}: a row has 1 on axis 0, got {:?}", first.shape());
+        let mut shape: TVec<usize> = first.shape().into();
+        shape[0] = count;
+        let buffer = self.buffers.get_or_try_build(&slot, &shape, &(), |shape, _| -> TractResult<Arc<Tensor>> {
+            Ok(Arc::new(unsafe { Tensor::uninitialized_dt(dt, shape)? }))
+        })?;
+        if Arc::get_mut(buffer).is_none() {
+            // The previous turn's value of this shape is still held somewhere:
+            // never write under it; take a fresh buffer instead.
+            *buffer = Arc::new(unsafe { Tensor::uninitialized_dt(dt, &shape)? });
+        }
+        let tensor = Arc::get_mut(buffer).expect("unique");
+        let row = first.len() * dt.size_of();
+        let bytes = tensor.as_bytes_mut();
+        for (seat, t) in rows.enumerate() {
+            ensure!(t.datum_type() == dt, "input {slot}: seat {seat} is {:?}, seat 0 {dt:?}", t.datum_type());
+            let src = t.as_bytes();
+            ensure!(src.len() == row, "input {slot}: seat {seat} feeds {} bytes, seat 0 {row}", src.len());
+            bytes[seat * row..(seat + 1) * row].copy_from_slice(src);
+        }
+        Ok(TValue::from_const(buffer.clone()))
+    }
+
+    /// Buffers built so far (misses of the memo).
+    pub fn builds(&self) -> u64 {
+        self.buffers.builds()
+    }
+
+    pub fn clear(&mut self) {
+        self.buffers.clear()
+    }
+}

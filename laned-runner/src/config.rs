@@ -49,11 +49,17 @@ pub struct RunnerConfig {
     pub linger_us: Option<u64>,
     /// Who runs the turns.
     pub mode: Mode,
+    /// Streams that may wait for a lane (`spawn_timeout`); past it spawning
+    /// is refused at once as busy.
+    pub max_waiting: usize,
+    /// A stream that has not called for this long (milliseconds) loses its
+    /// lane; `None` (the default): never.
+    pub idle_timeout_ms: Option<u64>,
 }
 
 impl Default for RunnerConfig {
     fn default() -> RunnerConfig {
-        RunnerConfig { max_lanes: 64, max_seats: None, linger_us: None, mode: Mode::Worker }
+        RunnerConfig { max_lanes: 64, max_seats: None, linger_us: None, mode: Mode::Worker, max_waiting: 1024, idle_timeout_ms: None }
     }
 }
 
@@ -78,7 +84,12 @@ impl RunnerConfig {
             Some(us) => us,
             None => env_knob("TRACT_TURN_LINGER_US")?.unwrap_or(0),
         };
+        if self.idle_timeout_ms == Some(0) {
+            return Err(NewRunnerError::Config("idle_timeout_ms is 0: every stream would be evicted at once".into()));
+        }
         Ok(Resolved {
+            max_waiting: self.max_waiting,
+            idle_timeout: self.idle_timeout_ms.map(Duration::from_millis),
             max_lanes: self.max_lanes,
             // The state has one lane more than the streams (see `Engine`), so
             // a turn can seat that many.
@@ -103,6 +114,8 @@ fn env_knob(name: &str) -> Result<Option<u64>, NewRunnerError> {
 /// The configuration as the runner uses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Resolved {
+    pub max_waiting: usize,
+    pub idle_timeout: Option<Duration>,
     pub max_lanes: usize,
     pub max_seats: usize,
     pub linger: Duration,
@@ -133,6 +146,16 @@ impl RunnerConfigBuilder {
 
     pub fn mode(mut self, mode: Mode) -> Self {
         self.config.mode = mode;
+        self
+    }
+
+    pub fn max_waiting(mut self, streams: usize) -> Self {
+        self.config.max_waiting = streams;
+        self
+    }
+
+    pub fn idle_timeout(mut self, idle: Duration) -> Self {
+        self.config.idle_timeout_ms = Some(idle.as_millis().max(1) as u64);
         self
     }
 

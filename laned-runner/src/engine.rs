@@ -4,7 +4,7 @@
 //! its lock) touches any of it: taking a lane resets it, and a reset writes
 //! the state.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
@@ -51,21 +51,32 @@ impl Answer {
         }
     }
 }
-pub(crate) type SpawnResult = Result<lane_table::LaneId, SpawnError>;
+pub(crate) type SpawnResult = Result<Grant, SpawnError>;
+
+/// A lane handed to a new stream, with the stream's id: the engine answers
+/// the stream's requests only while the lane is still that stream's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    pub lane: lane_table::LaneId,
+    pub stream: u64,
+}
 
 /// What a handle asks of the engine.
 pub(crate) enum Request {
-    /// A new stream wants a lane.
-    Spawn(Arc<Slot<SpawnResult>>),
+    /// A new stream wants a lane, waiting for one in the admission queue
+    /// when `wait` is set.
+    Spawn { slot: Arc<Slot<SpawnResult>>, wait: bool },
     /// A stream wants one or several seats.
     Call(Call),
     /// The last handle of a stream was dropped: its lane goes back.
-    Release(lane_table::LaneId),
+    Release(Grant),
+    /// The call answering into this slot was cancelled: drop its queued seats.
+    Cancel(Arc<Slot<CallResult>>),
 }
 
 /// One checked call, already split into seats on the caller's thread.
 pub(crate) struct Call {
-    pub lane: lane_table::LaneId,
+    pub stream: Grant,
     pub seats: TVec<TVec<TValue>>,
     pub group: Group,
     pub slot: Arc<Slot<CallResult>>,
@@ -128,6 +139,18 @@ pub(crate) struct Engine {
     /// Per lane: why its stream lost its state (a failed turn), until the
     /// stream is released.
     lost: Vec<Option<String>>,
+    /// Per lane: the stream holding it, and when it last called.
+    owner: Vec<Option<u64>>,
+    last_active: Vec<Instant>,
+    /// Streams that lost their lane to eviction, and why, until released.
+    evicted: HashMap<u64, String>,
+    next_stream: u64,
+    /// Spawners waiting for a lane, oldest first.
+    waiting: VecDeque<(Arc<Slot<SpawnResult>>, Instant)>,
+    max_waiting: usize,
+    idle_timeout: Option<std::time::Duration>,
+    /// No new stream or call is taken; what is queued is finished.
+    draining: bool,
     /// Stacked batched inputs, keyed by (input slot, turn shape).
     stacker: Stacker,
     /// The symbols the state had resolved at spawn, restored after each turn
@@ -172,7 +195,8 @@ impl Engine {
     ///
     /// The state has one lane more than `max_streams`: it is never given to a
     /// stream, so the later rows of a wide call always find a lane to borrow.
-    pub fn start(inner: Arc<dyn Runnable>, iface: Arc<Interface>, max_streams: usize, max_seats: usize, metrics: Arc<Metrics>) -> Result<Engine, NewRunnerError> {
+    pub fn start(inner: Arc<dyn Runnable>, iface: Arc<Interface>, config: &crate::config::Resolved, metrics: Arc<Metrics>) -> Result<Engine, NewRunnerError> {
+        let (max_streams, max_seats) = (config.max_lanes, config.max_seats);
         let max_lanes = max_streams + 1;
         let mut state = inner.spawn().map_err(|e| NewRunnerError::Spawn(format!("{e:#}")))?;
         let every: Vec<TractLane> = (0..max_lanes).map(TractLane).collect();
@@ -192,6 +216,14 @@ impl Engine {
             queued_per_lane: vec![0; max_lanes],
             lanes_queued: 0,
             lost: vec![None; max_lanes],
+            owner: vec![None; max_lanes],
+            last_active: vec![Instant::now(); max_lanes],
+            evicted: HashMap::new(),
+            next_stream: 0,
+            waiting: VecDeque::new(),
+            max_waiting: config.max_waiting,
+            idle_timeout: config.idle_timeout,
+            draining: false,
             stacker: Stacker::default(),
             symbols_at_spawn,
             metrics,
@@ -244,47 +276,159 @@ impl Engine {
 
     pub fn accept(&mut self, request: Request) {
         match request {
-            Request::Spawn(slot) => slot.fill(self.spawn()),
+            Request::Spawn { slot, wait } => self.spawn(slot, wait),
             Request::Call(call) => self.enqueue(call),
-            Request::Release(lane) => self.release(lane),
+            Request::Release(grant) => self.release(grant),
+            Request::Cancel(slot) => self.cancel(&slot),
         }
     }
 
-    fn spawn(&mut self) -> SpawnResult {
-        if self.closed {
-            return Err(SpawnError::Closed);
-        }
-        let lane = if self.table.taken() < self.max_streams { self.table.take() } else { None };
-        let Some(lane) = lane else {
-            self.metrics.record_admission_refused();
-            return Err(SpawnError::Full { lanes: self.max_streams, waiting: 0 });
+    fn spawn(&mut self, slot: Arc<Slot<SpawnResult>>, wait: bool) {
+        let refuse = |engine: &mut Engine, slot: &Slot<SpawnResult>, e: SpawnError| {
+            if matches!(e, SpawnError::Full { .. } | SpawnError::Busy { .. }) {
+                engine.metrics.record_admission_refused();
+            }
+            slot.fill(Err(e));
         };
+        if self.closed {
+            return refuse(self, &slot, SpawnError::Closed);
+        }
+        if self.draining {
+            return refuse(self, &slot, SpawnError::Draining);
+        }
+        // First come, first served: nobody overtakes a waiting spawner.
+        if self.waiting.is_empty() && self.table.taken() < self.max_streams {
+            self.grant(slot, None);
+        } else if !wait {
+            let waiting = self.waiting.len();
+            refuse(self, &slot, SpawnError::Full { lanes: self.max_streams, waiting });
+        } else if self.waiting.len() >= self.max_waiting {
+            let (waiting, max_waiting) = (self.waiting.len(), self.max_waiting);
+            refuse(self, &slot, SpawnError::Busy { waiting, max_waiting });
+        } else {
+            self.waiting.push_back((slot, Instant::now()));
+        }
+    }
+
+    /// Hand a free lane (reset) to a spawner; if it gave up meanwhile, the
+    /// lane goes back and the next waiter is tried.
+    fn grant(&mut self, slot: Arc<Slot<SpawnResult>>, waited_since: Option<Instant>) {
+        let Some(lane) = self.table.take() else { return };
         let state = self.state.as_mut().expect("open engine has a state");
         if let Err(e) = state.reset_lanes(&[tract_lane(lane)]) {
             let _ = self.table.give_back(lane);
-            return Err(SpawnError::Reset(format!("{e:#}")));
+            slot.fill(Err(SpawnError::Reset(format!("{e:#}"))));
+            return;
         }
-        self.metrics.record_admission();
+        let stream = self.next_stream;
+        self.next_stream += 1;
+        if slot.offer(Ok(Grant { lane, stream })).is_err() {
+            let _ = self.table.give_back(lane);
+            return;
+        }
+        self.owner[lane.0] = Some(stream);
+        self.last_active[lane.0] = Instant::now();
+        match waited_since {
+            Some(since) => self.metrics.record_admission_waited(since.elapsed()),
+            None => self.metrics.record_admission(),
+        }
         self.metrics.set_lanes_taken(self.table.taken());
-        Ok(lane)
     }
 
-    fn release(&mut self, lane: lane_table::LaneId) {
-        // Seats of a released stream can only be left by a caller that went
-        // away mid-call; nobody waits for them.
+    /// Lanes freed: admit the oldest waiters.
+    fn admit(&mut self) {
+        while self.table.taken() < self.max_streams {
+            let Some((slot, since)) = self.waiting.pop_front() else { return };
+            self.grant(slot, Some(since));
+        }
+    }
+
+    /// Refuse every waiting spawner with `e`.
+    fn refuse_waiting(&mut self, e: SpawnError) {
+        for (slot, _) in self.waiting.drain(..) {
+            slot.fill(Err(e.clone()));
+        }
+    }
+
+    /// Free `lane`: its queued seats go (nobody waits for them), its marks
+    /// are cleared, it goes back to the table and waiters are admitted.
+    fn free_lane(&mut self, lane: lane_table::LaneId) {
         let mut ix = 0;
         while ix < self.queue.len() {
             if self.queue[ix].lane == lane {
                 let seat = self.queue.remove(ix);
-                self.pending.remove(&seat.call);
+                if let Some(pending) = self.pending.remove(&seat.call) {
+                    pending.slot.fill(Err(RunError::new(RunErrorKind::Cancelled)));
+                }
                 self.unqueued(lane);
             } else {
                 ix += 1;
             }
         }
         self.lost[lane.0] = None;
+        self.owner[lane.0] = None;
         let _ = self.table.give_back(lane);
         self.metrics.set_lanes_taken(self.table.taken());
+        self.admit();
+    }
+
+    fn release(&mut self, grant: Grant) {
+        self.evicted.remove(&grant.stream);
+        // An evicted stream's lane may be another stream's by now.
+        if self.owner[grant.lane.0] == Some(grant.stream) {
+            self.free_lane(grant.lane);
+        }
+    }
+
+    fn cancel(&mut self, slot: &Arc<Slot<CallResult>>) {
+        let Some(id) = self.pending.iter().find(|(_, p)| Arc::ptr_eq(&p.slot, slot)).map(|(id, _)| *id) else {
+            return;
+        };
+        self.pending.remove(&id);
+        let mut ix = 0;
+        while ix < self.queue.len() {
+            if self.queue[ix].call == id {
+                let seat = self.queue.remove(ix);
+                self.unqueued(seat.lane);
+            } else {
+                ix += 1;
+            }
+        }
+    }
+
+    /// Evict the streams idle for longer than the timeout (none with a seat
+    /// queued); returns when the next one would be due.
+    pub fn evict_idle(&mut self) -> Option<Instant> {
+        let idle = self.idle_timeout?;
+        let now = Instant::now();
+        let mut next: Option<Instant> = None;
+        for lane in 0..self.owner.len() {
+            let Some(stream) = self.owner[lane] else { continue };
+            if self.queued_per_lane[lane] > 0 {
+                continue;
+            }
+            let due = self.last_active[lane] + idle;
+            if due <= now {
+                self.evicted.insert(stream, format!("it did not call for {idle:?}"));
+                let state = self.state.as_mut().expect("open engine has a state");
+                let _ = state.reset_lanes(&[TractLane(lane)]);
+                self.free_lane(lane_table::LaneId(lane));
+            } else {
+                next = Some(next.map_or(due, |n: Instant| n.min(due)));
+            }
+        }
+        next
+    }
+
+    /// Take no new stream or call from now on; waiting spawners are refused.
+    pub fn start_draining(&mut self) {
+        self.draining = true;
+        self.refuse_waiting(SpawnError::Draining);
+    }
+
+    /// Nothing queued, nothing waiting for an answer.
+    pub fn is_quiet(&self) -> bool {
+        self.queue.is_empty() && self.pending.is_empty()
     }
 
     fn enqueue(&mut self, call: Call) {
@@ -292,11 +436,20 @@ impl Engine {
             call.slot.fill(Err(RunError::new(RunErrorKind::Closed)));
             return;
         }
-        if !self.table.is_taken(call.lane) {
-            call.slot.fill(Err(RunError::new(RunErrorKind::Closed)));
+        if self.owner[call.stream.lane.0] != Some(call.stream.stream) {
+            let kind = match self.evicted.get(&call.stream.stream) {
+                Some(why) => RunErrorKind::Evicted(why.clone()),
+                None => RunErrorKind::Closed,
+            };
+            call.slot.fill(Err(RunError::new(kind)));
             return;
         }
-        if let Some(why) = &self.lost[call.lane.0] {
+        if self.draining {
+            call.slot.fill(Err(RunError::new(RunErrorKind::Draining)));
+            return;
+        }
+        self.last_active[call.stream.lane.0] = Instant::now();
+        if let Some(why) = &self.lost[call.stream.lane.0] {
             self.metrics.record_failed_seats(call.seats.len());
             call.slot.fill(Err(RunError::new(RunErrorKind::Lost(why.clone()))));
             return;
@@ -312,8 +465,8 @@ impl Engine {
         let rows = call.seats.len();
         self.pending.insert(id, Pending { slot: call.slot, served: (0..rows).map(|_| None).collect(), remaining: rows });
         for (place, inputs) in call.seats.into_iter().enumerate() {
-            self.queue.push(QSeat { call: id, place, lane: call.lane, group: call.group.clone(), inputs, queued: call.queued });
-            self.queued(call.lane);
+            self.queue.push(QSeat { call: id, place, lane: call.stream.lane, group: call.group.clone(), inputs, queued: call.queued });
+            self.queued(call.stream.lane);
         }
     }
 
@@ -359,6 +512,12 @@ impl Engine {
             let _ = self.table.give_back(*lane);
         }
         let occupancy = seated.len();
+        let now = Instant::now();
+        for seat in &seated {
+            if seat.place == 0 {
+                self.last_active[seat.lane.0] = now;
+            }
+        }
         // Record before answering: a caller reading the metrics after its
         // answer sees its own turn counted.
         self.metrics.record_turn(occupancy, started.elapsed());
@@ -517,6 +676,7 @@ impl Engine {
     /// Answer everything with `Closed` and drop the state on this thread.
     pub fn close(&mut self) {
         self.closed = true;
+        self.refuse_waiting(SpawnError::Closed);
         for (_, pending) in self.pending.drain() {
             pending.slot.fill(Err(RunError::new(RunErrorKind::Closed)));
         }

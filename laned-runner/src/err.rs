@@ -54,8 +54,14 @@ impl std::error::Error for NewRunnerError {}
 /// A stream was not given a lane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SpawnError {
-    /// Every lane is taken.
+    /// Every lane is taken (and the caller would not wait).
     Full { lanes: usize, waiting: usize },
+    /// The admission queue is full: busy, retry later.
+    Busy { waiting: usize, max_waiting: usize },
+    /// No lane freed up within the wait.
+    TimedOut { waited: std::time::Duration, lanes: usize },
+    /// The runner is draining: it takes no new stream.
+    Draining,
     /// The runner was dropped.
     Closed,
     /// Resetting the lane for the new stream failed.
@@ -68,6 +74,13 @@ impl fmt::Display for SpawnError {
             SpawnError::Full { lanes, waiting } => {
                 write!(f, "every one of the {lanes} lanes is taken ({waiting} streams waiting for one)")
             }
+            SpawnError::Busy { waiting, max_waiting } => {
+                write!(f, "busy: {waiting} streams already wait for a lane (at most {max_waiting} may); retry later")
+            }
+            SpawnError::TimedOut { waited, lanes } => {
+                write!(f, "no lane of the {lanes} freed up within {waited:?}")
+            }
+            SpawnError::Draining => f.write_str("the laned runner is draining and takes no new stream"),
             SpawnError::Closed => f.write_str("the laned runner was dropped"),
             SpawnError::Reset(why) => write!(f, "resetting the new stream's lane failed: {why}"),
         }
@@ -91,6 +104,14 @@ pub enum RunErrorKind {
     Lost(String),
     /// The turn seating this call failed.
     Turn(String),
+    /// The stream lost its lane for being idle: spawn a new stream.
+    Evicted(String),
+    /// The call was cancelled before it was answered.
+    Cancelled,
+    /// The runner is draining and takes no new call.
+    Draining,
+    /// Ending the stream is not possible for this model.
+    Finish(String),
     /// The runner was dropped.
     Closed,
 }
@@ -148,6 +169,10 @@ impl fmt::Display for RunError {
                 write!(f, "the stream lost its state in a failed turn ({why}); spawn a new stream")
             }
             RunErrorKind::Turn(why) => write!(f, "the turn seating this call failed: {why}"),
+            RunErrorKind::Evicted(why) => write!(f, "the stream was evicted ({why}); spawn a new stream"),
+            RunErrorKind::Cancelled => f.write_str("the call was cancelled"),
+            RunErrorKind::Draining => f.write_str("the laned runner is draining and takes no new call"),
+            RunErrorKind::Finish(why) => write!(f, "cannot end the stream: {why}"),
             RunErrorKind::Closed => f.write_str("the laned runner was dropped"),
         }
     }

@@ -20,6 +20,34 @@ pub(crate) struct Interface {
     pub batched_inputs: Vec<usize>,
     /// Indices of the shared inputs, in order.
     pub shared_inputs: Vec<usize>,
+    /// How a stream of a pulsed model ends, from tract-pulse's properties.
+    pub pulse: Option<PulseInfo>,
+}
+
+/// What ending a stream needs to know of a pulsed model.
+#[derive(Debug, Clone)]
+pub(crate) struct PulseInfo {
+    /// The streaming symbol (the stream's length), resolved on its last calls.
+    pub symbol: Symbol,
+    /// Frames per pulse.
+    pub pulse: usize,
+    /// Frames of delay between input and output (the largest of the outputs).
+    pub delay: usize,
+}
+
+impl PulseInfo {
+    fn of(inner: &dyn Runnable, inputs: &[Port]) -> Option<PulseInfo> {
+        let props = inner.properties();
+        let name = props.get("pulse.streaming_symbol")?.try_as_plain_ram().ok()?.as_slice::<String>().ok()?.first()?.clone();
+        let symbol = inner.typed_model()?.symbols.get(&name)?;
+        let axes = props.get("pulse.input_axes")?.cast_to::<i64>().ok()?.into_owned();
+        let axes = axes.try_as_plain_ram().ok()?.as_slice::<i64>().ok()?.to_vec();
+        let (ix, axis) = axes.iter().enumerate().find(|(ix, a)| **a >= 0 && inputs.get(*ix).is_some_and(|p| p.batched))?;
+        let pulse = inputs[ix].fact.shape.dims().get(*axis as usize)?.to_usize().ok()?;
+        let delays = props.get("pulse.delay")?.cast_to::<i64>().ok()?.into_owned();
+        let delay = delays.try_as_plain_ram().ok()?.as_slice::<i64>().ok()?.iter().copied().max().unwrap_or(0).max(0) as usize;
+        Some(PulseInfo { symbol, pulse, delay })
+    }
 }
 
 #[derive(Debug)]
@@ -117,7 +145,27 @@ impl Interface {
         }
         let batched_inputs = (0..inputs.len()).filter(|ix| inputs[*ix].batched).collect();
         let shared_inputs = (0..inputs.len()).filter(|ix| !inputs[*ix].batched).collect();
-        Ok(Interface { batch, inputs, batch_out, batched_inputs, shared_inputs })
+        let pulse = PulseInfo::of(inner, &inputs);
+        Ok(Interface { batch, inputs, batch_out, batched_inputs, shared_inputs, pulse })
+    }
+
+    /// One row of zeros for every input: a pulse of silence.
+    pub fn silence(&self) -> Result<TVec<TValue>, String> {
+        self.inputs
+            .iter()
+            .map(|port| {
+                let shape = port
+                    .fact
+                    .shape
+                    .dims()
+                    .iter()
+                    .enumerate()
+                    .map(|(axis, d)| if axis == 0 && port.batched { Ok(1) } else { d.to_usize().map_err(|_| ()) })
+                    .collect::<Result<TVec<usize>, ()>>()
+                    .map_err(|_| format!("input {:?} has a symbolic dim, so silence has no shape", port.name))?;
+                Tensor::zero_dt(port.fact.datum_type, &shape).map(|t| t.into_tvalue()).map_err(|e| format!("{e:#}"))
+            })
+            .collect()
     }
 
     /// Check a call's inputs against the facts (count, datum type, rank,

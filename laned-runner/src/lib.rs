@@ -21,7 +21,7 @@
 //! let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(model)?.into();
 //!
 //! let runner = LanedRunner::new(plan, RunnerConfig::builder().max_lanes(8).mode(Mode::Combining).build())?;
-//! let mut stream = runner.spawn()?;
+//! let mut stream = runner.try_spawn()?;
 //! let out = stream.run(tvec!(tensor2(&[[1f32, 2., 3.]]).into_tvalue()))?;
 //! assert_eq!(*out[0], tensor2(&[[2f32, 4., 6.]]));
 //! # Ok::<(), TractError>(())
@@ -43,5 +43,5 @@ mod stack;
 
 pub use config::{Mode, RunnerConfig, RunnerConfigBuilder};
 pub use err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
-pub use runner::{LanedRunner, LanedStateHandle};
+pub use runner::{CancelToken, LanedRunner, LanedStateHandle};
 pub use stack::Stacker;

@@ -3,17 +3,17 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use laned_metrics::{Metrics, Snapshot};
 use tract_core::internal::*;
 
 use crate::config::{Resolved, RunnerConfig};
-use crate::engine::{Call, CallResult, Request};
+use crate::engine::{Call, CallResult, Grant, Request};
 use crate::err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
 use crate::iface::{Group, Interface};
 use crate::shard::Shard;
-use crate::slot::Slot;
+use crate::slot::{Cancel, Slot, Wake};
 
 /// What every clone of the runner and every handle share.
 pub(crate) struct Core {
@@ -70,17 +70,49 @@ impl LanedRunner {
     }
 
     /// A new stream, holding a lane (reset) until its last handle is
-    /// dropped. Fails at once when every lane is taken.
-    pub fn spawn_stream(&self) -> Result<LanedStateHandle, SpawnError> {
+    /// dropped. Never waits: fails at once when every lane is taken (tract's
+    /// contract), saying how many lanes there are and how many wait.
+    pub fn try_spawn(&self) -> Result<LanedStateHandle, SpawnError> {
+        self.spawn_with(None)
+    }
+
+    /// A new stream, waiting up to `wait` for a lane when every lane is
+    /// taken, in arrival order (first come, first served). Refused at once as
+    /// busy when `max_waiting` spawners wait already.
+    pub fn spawn_timeout(&self, wait: Duration) -> Result<LanedStateHandle, SpawnError> {
+        self.spawn_with(Some(wait))
+    }
+
+    fn spawn_with(&self, wait: Option<Duration>) -> Result<LanedStateHandle, SpawnError> {
         let slot = Arc::new(Slot::new());
-        self.core.shard.push(Request::Spawn(slot.clone()));
-        let lane = self.core.shard.wait(&slot)?;
+        self.core.shard.push(Request::Spawn { slot: slot.clone(), wait: wait.is_some() });
+        let deadline = wait.map(|w| Instant::now() + w);
+        let answer = match self.core.shard.wait(&slot, deadline) {
+            Wake::Value(answer) => answer,
+            _ => match slot.abandon() {
+                Some(answer) => answer,
+                None => {
+                    self.core.metrics.record_admission_refused();
+                    Err(SpawnError::TimedOut { waited: wait.unwrap_or_default(), lanes: self.core.config.max_lanes })
+                }
+            },
+        };
+        let grant = answer?;
         Ok(LanedStateHandle {
-            stream: Arc::new(Stream { lane, core: self.core.clone() }),
+            stream: Arc::new(Stream { grant, core: self.core.clone() }),
             slot: Arc::new(Slot::new()),
             resolved: vec![],
+            frames: 0,
             runner: LanedRunner { core: self.core.clone(), _owner: None },
         })
+    }
+
+    /// Refuse new streams and calls, finish everything queued, close the
+    /// runner, and return the final metrics.
+    pub fn drain(&self) -> Snapshot {
+        self.core.shard.drain();
+        self.core.shard.close();
+        self.core.metrics.snapshot()
     }
 
     /// What the runner has served so far.
@@ -114,7 +146,7 @@ impl LanedRunner {
 
 impl Runnable for LanedRunner {
     fn spawn(&self) -> TractResult<Box<dyn State>> {
-        Ok(Box::new(self.spawn_stream()?))
+        Ok(Box::new(self.try_spawn()?))
     }
 
     fn typed_plan(&self) -> Option<&Arc<TypedSimplePlan>> {
@@ -145,14 +177,57 @@ impl Runnable for LanedRunner {
 /// The lane a stream holds, shared by its handle's clones; the last one
 /// dropped sends the lane back.
 struct Stream {
-    lane: lane_table::LaneId,
+    grant: Grant,
     core: Arc<Core>,
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        self.core.shard.push(Request::Release(self.lane));
+        self.core.shard.push(Request::Release(self.grant));
         self.core.shard.kick();
+    }
+}
+
+/// Cancels a call from another thread: a seat not yet seated is removed; one
+/// already seated completes and its answer is dropped. The call returns
+/// `RunErrorKind::Cancelled` (or its answer, if that landed first).
+#[derive(Clone, Default)]
+pub struct CancelToken {
+    inner: Arc<TokenInner>,
+}
+
+#[derive(Default)]
+struct TokenInner {
+    cancelled: std::sync::atomic::AtomicBool,
+    /// The slot of the call the token guards now, if any.
+    target: std::sync::Mutex<Option<Arc<dyn Cancel>>>,
+}
+
+impl fmt::Debug for CancelToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CancelToken(cancelled: {})", self.is_cancelled())
+    }
+}
+
+impl CancelToken {
+    pub fn new() -> CancelToken {
+        CancelToken::default()
+    }
+
+    pub fn cancel(&self) {
+        self.inner.cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
+        let target = self.inner.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(target) = target {
+            target.cancel();
+        }
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancelled.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn guard(&self, target: Option<Arc<dyn Cancel>>) {
+        *self.inner.target.lock().unwrap_or_else(|e| e.into_inner()) = target;
     }
 }
 
@@ -165,6 +240,8 @@ pub struct LanedStateHandle {
     slot: Arc<Slot<CallResult>>,
     /// Symbols resolved for the next call only.
     resolved: Vec<(Symbol, i64)>,
+    /// Frames this clone fed its stream so far (pulsed models), for `finish`.
+    frames: usize,
     runner: LanedRunner,
 }
 
@@ -174,6 +251,7 @@ impl Clone for LanedStateHandle {
             stream: self.stream.clone(),
             slot: Arc::new(Slot::new()),
             resolved: vec![],
+            frames: self.frames,
             runner: self.runner.clone(),
         }
     }
@@ -181,29 +259,115 @@ impl Clone for LanedStateHandle {
 
 impl fmt::Debug for LanedStateHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LanedStateHandle(lane {})", self.stream.lane.0)
+        write!(f, "LanedStateHandle(lane {})", self.stream.grant.lane.0)
     }
 }
 
 impl LanedStateHandle {
     /// The lane this stream holds.
     pub fn lane(&self) -> usize {
-        self.stream.lane.0
+        self.stream.grant.lane.0
     }
 
     /// Run one call: one seat per row of the batched inputs (usually one).
     /// Inputs are checked against the model's facts first; a refused call
     /// hands its inputs back in the error.
     pub fn call(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
-        let core = &self.stream.core;
+        self.call_inner(inputs, None)
+    }
+
+    /// [`LanedStateHandle::call`], cancellable from another thread through
+    /// `token`.
+    pub fn call_with(&mut self, inputs: TVec<TValue>, token: &CancelToken) -> Result<TVec<TValue>, RunError> {
+        self.call_inner(inputs, Some(token))
+    }
+
+    fn call_inner(&mut self, inputs: TVec<TValue>, token: Option<&CancelToken>) -> Result<TVec<TValue>, RunError> {
+        let core = self.stream.core.clone();
         if core.shard.is_closed() {
             return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
         }
-        let checked = core.iface.check(inputs)?;
+        if let Some(token) = token {
+            // Guard first, then look: a cancel landing in between still
+            // reaches the slot.
+            token.guard(Some(self.slot.clone()));
+            if token.is_cancelled() {
+                token.guard(None);
+                return Err(RunError::with_inputs(RunErrorKind::Cancelled, inputs));
+            }
+        }
+        let checked = match core.iface.check(inputs) {
+            Ok(checked) => checked,
+            Err(e) => {
+                if let Some(token) = token {
+                    token.guard(None);
+                }
+                return Err(e);
+            }
+        };
+        let rows = checked.seats.len();
         let group = Group::new(checked.shared, std::mem::take(&mut self.resolved));
-        let call = Call { lane: self.stream.lane, seats: checked.seats, group, slot: self.slot.clone(), queued: Instant::now() };
+        let call = Call { stream: self.stream.grant, seats: checked.seats, group, slot: self.slot.clone(), queued: Instant::now() };
         core.shard.push(Request::Call(call));
-        core.shard.wait(&self.slot)?.into_outputs(&core.iface.batch_out)
+        let answer = match core.shard.wait(&self.slot, None) {
+            Wake::Value(answer) => answer,
+            _ => {
+                // Cancelled: drop the seats still queued; an answer that
+                // lands later is refused by the abandoned slot, which this
+                // handle replaces.
+                core.shard.push(Request::Cancel(self.slot.clone()));
+                core.shard.kick();
+                let landed = self.slot.abandon();
+                self.slot = Arc::new(Slot::new());
+                landed.unwrap_or_else(|| Err(RunError::new(RunErrorKind::Cancelled)))
+            }
+        };
+        if let Some(token) = token {
+            token.guard(None);
+        }
+        let outputs = answer?.into_outputs(&core.iface.batch_out)?;
+        if let Some(pulse) = &core.iface.pulse {
+            if rows >= 1 {
+                self.frames += pulse.pulse;
+            }
+        }
+        Ok(outputs)
+    }
+
+    /// End the stream: feed its last pulse (`last`, of which only the first
+    /// `real_frames` frames are signal; `None` when the stream ended on a
+    /// pulse boundary), with the model's stream symbol resolved to the
+    /// stream's true length, then pulses of silence until every output frame
+    /// is out (the model's `pulse.delay`). Returns the outputs of those
+    /// calls, in order; the lane then goes back (once the last clone is
+    /// dropped).
+    pub fn finish(mut self, last: Option<TVec<TValue>>, real_frames: usize) -> Result<Vec<TVec<TValue>>, RunError> {
+        let core = self.stream.core.clone();
+        let Some(pulse) = core.iface.pulse.clone() else {
+            return Err(RunError::new(RunErrorKind::Finish(
+                "the model carries no pulse properties (pulse.streaming_symbol, pulse.input_axes, pulse.delay): pulsify it with tract-pulse".into(),
+            )));
+        };
+        if real_frames > pulse.pulse || (last.is_none() && real_frames > 0) {
+            return Err(RunError::new(RunErrorKind::Finish(format!(
+                "the last pulse holds {real_frames} real frames; a pulse holds at most {} (and none without a last pulse)",
+                pulse.pulse
+            ))));
+        }
+        let total = self.frames + real_frames;
+        let mut fed = self.frames;
+        let mut outputs = vec![];
+        if let Some(last) = last {
+            self.resolve(&pulse.symbol, total as i64)?;
+            outputs.push(self.call(last)?);
+            fed += pulse.pulse;
+        }
+        while fed < total + pulse.delay {
+            self.resolve(&pulse.symbol, total as i64)?;
+            outputs.push(self.call(core.iface.silence().map_err(|e| RunError::new(RunErrorKind::Finish(e))) ?)?);
+            fed += pulse.pulse;
+        }
+        Ok(outputs)
     }
 
     /// Pin `symbol` to `value` for this handle's next call only (a stream's

@@ -21,6 +21,10 @@ struct Inbox {
     requests: Vec<Request>,
     /// Set once by `close`; afterwards the engine answers everything `Closed`.
     closed: bool,
+    /// Set once by `drain`; the worker then sets `drained` (and signals
+    /// `quiet`) when nothing is queued any more.
+    draining: bool,
+    drained: bool,
 }
 
 pub(crate) struct Shard {
@@ -39,6 +43,10 @@ pub(crate) struct Shard {
     worker: Mutex<Option<JoinHandle<()>>>,
     /// Whether calls resolving a symbol can be served (read-only).
     can_forget_symbols: bool,
+    /// Signalled (with the inbox lock) by the worker when a draining shard
+    /// has nothing queued.
+    quiet: Condvar,
+    idle_timeout: Option<Duration>,
 }
 
 /// Turns a combining caller runs for others after its own call is answered.
@@ -52,10 +60,9 @@ impl Shard {
     /// Build the state and reset every lane on the thread that will own it:
     /// the worker's in `Worker` mode, this one otherwise.
     pub fn start(inner: Arc<dyn Runnable>, iface: Arc<Interface>, config: &Resolved, metrics: Arc<Metrics>) -> Result<Arc<Shard>, NewRunnerError> {
-        let (max_lanes, max_seats) = (config.max_lanes, config.max_seats);
         match config.mode {
             Mode::Combining => {
-                let engine = Engine::start(inner, iface, max_lanes, max_seats, metrics)?;
+                let engine = Engine::start(inner, iface, config, metrics)?;
                 Ok(Arc::new(Shard::new(engine, config)))
             }
             Mode::Worker => {
@@ -68,7 +75,7 @@ impl Shard {
                 let thread = std::thread::Builder::new()
                     .name("laned-worker".into())
                     .spawn(move || {
-                        match Engine::start(inner, iface, max_lanes, max_seats, metrics) {
+                        match Engine::start(inner, iface, &config, metrics) {
                             Ok(engine) => {
                                 let shard = Arc::new(Shard::new(engine, &config));
                                 let _ = built.send(Ok(shard));
@@ -102,7 +109,9 @@ impl Shard {
     fn new(engine: Engine, config: &Resolved) -> Shard {
         let can_forget_symbols = engine.can_forget_symbols();
         Shard {
-            inbox: Mutex::new(Inbox { requests: Vec::new(), closed: false }),
+            inbox: Mutex::new(Inbox { requests: Vec::new(), closed: false, draining: false, drained: false }),
+            quiet: Condvar::new(),
+            idle_timeout: config.idle_timeout,
             arrived: Condvar::new(),
             engine: Mutex::new(engine),
             mode: config.mode,
@@ -133,20 +142,31 @@ impl Shard {
 
     /// Block until `slot` is answered: the worker serves it in `Worker` mode;
     /// in `Combining` mode this thread serves the state whenever it is free.
-    pub fn wait<T>(&self, slot: &Slot<T>) -> T {
+    /// Gives up at `deadline` (`Wake::TimedOut`) or when cancelled.
+    pub fn wait<T>(&self, slot: &Slot<T>, deadline: Option<Instant>) -> Wake<T> {
         loop {
-            if self.mode == Mode::Combining && !slot.is_filled() {
-                self.combine(&|| slot.is_filled(), true);
+            let mut until = deadline;
+            if self.mode == Mode::Combining {
+                if !slot.is_filled() {
+                    self.combine(&|| slot.is_filled(), true);
+                }
+                // Nobody else may be around to evict idle streams or admit
+                // waiters: look again now and then.
+                if self.idle_timeout.is_some() {
+                    let tick = Instant::now() + Duration::from_millis(5);
+                    until = Some(deadline.map_or(tick, |d| d.min(tick)));
+                }
             }
-            match slot.wait() {
-                Wake::Value(v) => return v,
+            match slot.wait_until(until) {
                 Wake::Promoted => continue,
+                Wake::TimedOut if deadline.is_none_or(|d| Instant::now() < d) => continue,
+                other => return other,
             }
         }
     }
 
     /// Move every request of the inbox into the engine.
-    fn drain(&self, engine: &mut Engine) -> bool {
+    fn take_inbox(&self, engine: &mut Engine) -> bool {
         let requests = std::mem::take(&mut lock(&self.inbox).requests);
         let any = !requests.is_empty();
         for request in requests {
@@ -167,7 +187,7 @@ impl Shard {
         // full turn have lingered already.
         let deadline = engine.oldest_arrival().unwrap_or_else(Instant::now) + self.linger;
         loop {
-            self.drain(engine);
+            self.take_inbox(engine);
             if engine.all_held_queued() {
                 return true;
             }
@@ -205,8 +225,9 @@ impl Shard {
             // then the oldest waiter takes over. Bounded, so our own caller
             // is never held for long.
             let mut extra = 0;
+            engine.evict_idle();
             loop {
-                self.drain(&mut engine);
+                self.take_inbox(&mut engine);
                 if !engine.has_queue() {
                     break;
                 }
@@ -251,10 +272,27 @@ impl Shard {
     fn work(&self) {
         let mut engine = lock(&self.engine);
         loop {
+            let next_eviction = engine.evict_idle();
             let (requests, closed) = {
                 let mut inbox = lock(&self.inbox);
                 while inbox.requests.is_empty() && !inbox.closed && !engine.has_queue() {
-                    inbox = self.arrived.wait(inbox).unwrap_or_else(|e| e.into_inner());
+                    if inbox.draining && engine.is_quiet() {
+                        inbox.drained = true;
+                        self.quiet.notify_all();
+                    }
+                    match next_eviction {
+                        None => inbox = self.arrived.wait(inbox).unwrap_or_else(|e| e.into_inner()),
+                        Some(due) => {
+                            let now = Instant::now();
+                            if due <= now {
+                                break;
+                            }
+                            inbox = self.arrived.wait_timeout(inbox, due - now).unwrap_or_else(|e| e.into_inner()).0;
+                        }
+                    }
+                }
+                if inbox.draining {
+                    engine.start_draining();
                 }
                 (std::mem::take(&mut inbox.requests), inbox.closed)
             };
@@ -269,6 +307,34 @@ impl Shard {
             }
             if engine.has_queue() && self.linger(&mut engine) {
                 engine.turn();
+            }
+        }
+    }
+
+    /// Stop taking new streams and calls, and return once everything queued
+    /// has been answered.
+    pub fn drain(&self) {
+        lock(&self.inbox).draining = true;
+        self.arrived.notify_all();
+        match self.mode {
+            Mode::Worker => {
+                let mut inbox = lock(&self.inbox);
+                // The worker sets `drained` once it took the draining flag in
+                // and nothing is queued.
+                while !inbox.drained && !inbox.closed {
+                    inbox = self.quiet.wait(inbox).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            Mode::Combining => {
+                let mut engine = lock(&self.engine);
+                engine.start_draining();
+                loop {
+                    self.take_inbox(&mut engine);
+                    if !engine.has_queue() {
+                        break;
+                    }
+                    engine.turn();
+                }
             }
         }
     }
@@ -306,8 +372,8 @@ impl Shard {
 /// Answer a request pushed after the close.
 fn refuse(request: Request) {
     match request {
-        Request::Spawn(slot) => slot.fill(Err(crate::err::SpawnError::Closed)),
+        Request::Spawn { slot, .. } => slot.fill(Err(crate::err::SpawnError::Closed)),
         Request::Call(call) => call.slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
-        Request::Release(_) => (),
+        Request::Release(_) | Request::Cancel(_) => (),
     }
 }

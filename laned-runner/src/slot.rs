@@ -1,12 +1,15 @@
-//! A one-value answer channel, reused by a handle from call to call, which can
-//! also be *promoted*: told that its waiter should take over running turns
-//! (combining mode).
+//! A one-value answer channel, which can also be *promoted* (told that its
+//! waiter should take over running turns, in combining mode), *cancelled*
+//! (its waiter should give up) and *abandoned* (its waiter gave up: a late
+//! answer is refused and handed back to whoever offered it).
 
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
-/// Who may touch it: the waiter (one thread: the handle's caller) waits and
-/// takes; whoever answers (the worker or a combining caller) fills or
-/// promotes. Both sides go through `inner`.
+/// Who may touch it: the waiter (one thread: the handle's or spawner's
+/// caller) waits, takes and abandons; whoever answers (the worker or a
+/// combining caller) offers or promotes; a [`CancelToken`](crate::CancelToken)
+/// cancels. All go through `inner`.
 pub(crate) struct Slot<T> {
     inner: Mutex<Inner<T>>,
     cv: Condvar,
@@ -17,34 +20,54 @@ struct Inner<T> {
     /// Set by a combiner leaving while this call is still queued; consumed by
     /// the waiter, which then tries to take the state over.
     promoted: bool,
+    /// Set by a cancel token; consumed by the waiter.
+    cancelled: bool,
+    /// Set by the waiter once it gave up: no value is accepted any more.
+    abandoned: bool,
 }
 
 pub(crate) enum Wake<T> {
     Value(T),
     Promoted,
+    Cancelled,
+    TimedOut,
 }
 
 impl<T> Slot<T> {
     pub fn new() -> Slot<T> {
-        Slot { inner: Mutex::new(Inner { value: None, promoted: false }), cv: Condvar::new() }
+        Slot { inner: Mutex::new(Inner { value: None, promoted: false, cancelled: false, abandoned: false }), cv: Condvar::new() }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<T>> {
-        // A panic never happens while this lock is held; recover anyway.
+        // Nothing panics while this lock is held; recover anyway.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn fill(&self, value: T) {
+    /// Hand the waiter its answer; refused (and handed back) once the waiter
+    /// gave up.
+    pub fn offer(&self, value: T) -> Result<(), T> {
         let mut inner = self.lock();
+        if inner.abandoned {
+            return Err(value);
+        }
         inner.value = Some(value);
         drop(inner);
         self.cv.notify_one();
+        Ok(())
+    }
+
+    /// [`Slot::offer`] for answers nobody needs back.
+    pub fn fill(&self, value: T) {
+        let _ = self.offer(value);
     }
 
     pub fn promote(&self) {
-        let mut inner = self.lock();
-        inner.promoted = true;
-        drop(inner);
+        self.lock().promoted = true;
+        self.cv.notify_one();
+    }
+
+    pub fn cancel(&self) {
+        self.lock().cancelled = true;
         self.cv.notify_one();
     }
 
@@ -52,19 +75,52 @@ impl<T> Slot<T> {
         self.lock().value.is_some()
     }
 
-    /// Block until a value lands or the slot is promoted.
-    pub fn wait(&self) -> Wake<T> {
+    /// Give up waiting: from now on offers are refused. Returns the answer
+    /// if it landed first.
+    pub fn abandon(&self) -> Option<T> {
+        let mut inner = self.lock();
+        inner.abandoned = true;
+        inner.value.take()
+    }
+
+    /// Block until a value lands, the slot is promoted or cancelled, or
+    /// `deadline` passes.
+    pub fn wait_until(&self, deadline: Option<Instant>) -> Wake<T> {
         let mut inner = self.lock();
         loop {
             if let Some(v) = inner.value.take() {
                 inner.promoted = false;
                 return Wake::Value(v);
             }
+            if inner.cancelled {
+                inner.cancelled = false;
+                return Wake::Cancelled;
+            }
             if inner.promoted {
                 inner.promoted = false;
                 return Wake::Promoted;
             }
-            inner = self.cv.wait(inner).unwrap_or_else(|e| e.into_inner());
+            match deadline {
+                None => inner = self.cv.wait(inner).unwrap_or_else(|e| e.into_inner()),
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Wake::TimedOut;
+                    }
+                    inner = self.cv.wait_timeout(inner, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+                }
+            }
         }
+    }
+}
+
+/// What a cancel token can reach: the slot of the call it guards.
+pub(crate) trait Cancel: Send + Sync {
+    fn cancel(&self);
+}
+
+impl<T: Send> Cancel for Slot<T> {
+    fn cancel(&self) {
+        Slot::cancel(self)
     }
 }

@@ -47,7 +47,7 @@ fn a_wide_call_is_answered_stacked() {
     let f = small_tdnn();
     for mode in MODES {
         let r = runner(&f, 4, mode, Duration::ZERO);
-        let mut h = r.spawn_stream().unwrap();
+        let mut h = r.try_spawn().unwrap();
         let out = h.call(f.inputs(3, 5)).unwrap();
         assert_eq!(out[0].shape(), &[3, 32, 4]);
         let m = r.metrics();
@@ -62,7 +62,7 @@ fn a_call_wider_than_the_free_lanes_is_split() {
     let f = small_tdnn();
     for mode in MODES {
         let r = runner(&f, 1, mode, Duration::ZERO);
-        let mut h = r.spawn_stream().unwrap();
+        let mut h = r.try_spawn().unwrap();
         let out = h.call(f.inputs(3, 5)).unwrap();
         assert_eq!(out[0].shape(), &[3, 32, 4]);
         let m = r.metrics();
@@ -76,7 +76,7 @@ fn a_linger_ends_once_every_held_lane_is_queued() {
     let f = small_tdnn();
     for mode in MODES {
         let r = runner(&f, 3, mode, Duration::from_secs(3600));
-        let handles = (0..3).map(|s| (r.spawn_stream().unwrap(), f.inputs(1, s))).collect();
+        let handles = (0..3).map(|s| (r.try_spawn().unwrap(), f.inputs(1, s))).collect();
         for out in call_all(handles) {
             out.unwrap();
         }
@@ -97,12 +97,12 @@ fn shared_inputs_group_seats_into_turns() {
     };
     for mode in MODES {
         let r = runner(&f, 2, mode, Duration::from_secs(3600));
-        let handles = vec![(r.spawn_stream().unwrap(), with_gain(1, 0.5)), (r.spawn_stream().unwrap(), with_gain(2, 0.5))];
+        let handles = vec![(r.try_spawn().unwrap(), with_gain(1, 0.5)), (r.try_spawn().unwrap(), with_gain(2, 0.5))];
         assert!(call_all(handles).iter().all(|o| o.is_ok()));
         assert_eq!((r.metrics().turns, r.metrics().seats), (1, 2), "{mode:?}: agreeing seats share a turn");
 
         let r = runner(&f, 2, mode, Duration::from_millis(200));
-        let handles = vec![(r.spawn_stream().unwrap(), with_gain(1, 0.5)), (r.spawn_stream().unwrap(), with_gain(2, 2.0))];
+        let handles = vec![(r.try_spawn().unwrap(), with_gain(1, 0.5)), (r.try_spawn().unwrap(), with_gain(2, 2.0))];
         let outs = call_all(handles);
         assert_eq!(*outs[0].as_ref().unwrap()[0], *solo(&f, with_gain(1, 0.5))[0]);
         assert_eq!(*outs[1].as_ref().unwrap()[0], *solo(&f, with_gain(2, 2.0))[0]);
@@ -117,7 +117,7 @@ fn resolved_symbols_hold_for_one_call_and_split_turns() {
     let f = small_tdnn();
     for mode in MODES {
         let r = runner(&f, 2, mode, Duration::from_millis(200));
-        let (mut a, mut b) = (r.spawn_stream().unwrap(), r.spawn_stream().unwrap());
+        let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
         a.resolve(&f.stream, 5).unwrap();
         b.resolve(&f.stream, 7).unwrap();
         let outs = call_all_keep(vec![(a, f.inputs(1, 1)), (b, f.inputs(1, 2))]);
@@ -130,7 +130,7 @@ fn resolved_symbols_hold_for_one_call_and_split_turns() {
         assert!(outs.iter().all(|o| o.is_ok()));
         assert_eq!(r.metrics().turns, 3, "{mode:?}: nothing resolved, one shared turn");
 
-        let mut c = r.spawn_stream().unwrap();
+        let mut c = r.try_spawn().unwrap();
         let err = c.resolve(r.batch_symbol(), 3).unwrap_err();
         assert_eq!(err.to_string(), "cannot resolve the symbol: B is the batch symbol, which stands for the turn's occupancy, not for one stream");
     }
@@ -145,13 +145,13 @@ fn a_bad_input_fails_its_own_call_only() {
         let r = runner(&f, 2, mode, Duration::from_millis(100));
         let bad = tvec!(Tensor::zero::<f32>(&[1, 39, 4]).unwrap().into_tvalue());
         let good = f.inputs(1, 9);
-        let outs = call_all(vec![(r.spawn_stream().unwrap(), bad.clone()), (r.spawn_stream().unwrap(), good.clone())]);
+        let outs = call_all(vec![(r.try_spawn().unwrap(), bad.clone()), (r.try_spawn().unwrap(), good.clone())]);
         let err = outs[0].clone().unwrap_err();
         assert_eq!(err.to_string(), "input 0 (\"features\") is F32 [1, 39, 4], the model wants F32 [B, 40, 4]");
         assert_eq!(err.into_inputs().unwrap()[0], bad[0], "a refused call gets its inputs back");
         assert_eq!(*outs[1].as_ref().unwrap()[0], *solo(&f, good)[0]);
 
-        let mut h = r.spawn_stream().unwrap();
+        let mut h = r.try_spawn().unwrap();
         let err = h.call(tvec!()).unwrap_err();
         assert_eq!(err.to_string(), "the call feeds 0 inputs, the model takes 1");
         let err = h.call(tvec!(Tensor::zero::<i32>(&[1, 40, 4]).unwrap().into_tvalue())).unwrap_err();
@@ -168,7 +168,7 @@ fn batched_inputs_must_agree_on_rows() {
     let r = runner(&f, 2, Mode::Worker, Duration::ZERO);
     let mut inputs = f.inputs(2, 1);
     inputs[1] = f.inputs(1, 1)[1].clone();
-    let err = r.spawn_stream().unwrap().call(inputs).unwrap_err();
+    let err = r.try_spawn().unwrap().call(inputs).unwrap_err();
     assert_eq!(err.to_string(), "input 1 (\"right\") feeds 1 rows on axis 0, the batched inputs before it feed 2");
 }
 
@@ -179,7 +179,7 @@ fn a_panicking_turn_fails_its_seats_only() {
     let f = fixtures::panicking().unwrap();
     for mode in MODES {
         let r = runner(&f, 3, mode, Duration::from_secs(3600));
-        let (a, b, mut c) = (r.spawn_stream().unwrap(), r.spawn_stream().unwrap(), r.spawn_stream().unwrap());
+        let (a, b, mut c) = (r.try_spawn().unwrap(), r.try_spawn().unwrap(), r.try_spawn().unwrap());
         let mut poisoned = f.inputs(1, 1);
         poisoned[0] = Tensor::from_shape(&[1, 40, 4], &[fixtures::POISON; 160]).unwrap().into_tvalue();
         // All three held lanes queue a seat, so the three share one turn.
@@ -197,7 +197,7 @@ fn a_panicking_turn_fails_its_seats_only() {
         assert!(c.call(f.inputs(1, 4)).is_err());
         drop((a2, b2, c));
         // The runner keeps serving: a new stream gets exactly its solo run.
-        let mut d = r.spawn_stream().unwrap();
+        let mut d = r.try_spawn().unwrap();
         assert_eq!(*d.call(f.inputs(1, 5)).unwrap()[0], *solo(&f, f.inputs(1, 5))[0]);
         assert_eq!(r.metrics().failed_turns, 1);
         assert_eq!(r.metrics().failed_seats, 3 + 3);
@@ -210,7 +210,7 @@ fn a_stream_outside_a_failed_turn_keeps_its_state() {
     let f = fixtures::panicking().unwrap();
     for mode in MODES {
         let r = runner(&f, 2, mode, Duration::ZERO);
-        let (mut a, mut c) = (r.spawn_stream().unwrap(), r.spawn_stream().unwrap());
+        let (mut a, mut c) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
         let solo_state = f.runnable().unwrap();
         let mut c_solo = solo_state.spawn().unwrap();
         for t in 0..3 {
@@ -232,7 +232,7 @@ fn dropping_the_runner_answers_queued_calls() {
     let f = small_tdnn();
     for mode in MODES {
         let r = runner(&f, 2, mode, Duration::from_secs(3600));
-        let (mut a, mut b) = (r.spawn_stream().unwrap(), r.spawn_stream().unwrap());
+        let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
         let inputs = f.inputs(1, 1);
         let queued = thread::spawn(move || a.call(inputs));
         thread::sleep(Duration::from_millis(50));
@@ -254,9 +254,9 @@ fn a_clone_dropped_while_its_twin_calls_loses_nothing() {
     let f = small_tdnn();
     for mode in MODES {
         let r = runner(&f, 2, mode, Duration::from_millis(100));
-        let a = r.spawn_stream().unwrap();
+        let a = r.try_spawn().unwrap();
         let twin = a.clone();
-        let b = r.spawn_stream().unwrap();
+        let b = r.try_spawn().unwrap();
         let (ia, ib) = (f.inputs(1, 1), f.inputs(1, 2));
         let mut a_moved = a;
         let t = thread::spawn(move || (a_moved.call(ia), a_moved));
@@ -278,15 +278,15 @@ fn the_last_handle_dropped_gives_the_lane_back() {
     let f = small_tdnn();
     for mode in MODES {
         let r = runner(&f, 1, mode, Duration::ZERO);
-        let a = r.spawn_stream().unwrap();
-        let err = r.spawn_stream().unwrap_err();
+        let a = r.try_spawn().unwrap();
+        let err = r.try_spawn().unwrap_err();
         assert_eq!(err, SpawnError::Full { lanes: 1, waiting: 0 });
         assert_eq!(err.to_string(), "every one of the 1 lanes is taken (0 streams waiting for one)");
         let clone = a.clone();
         drop(a);
-        assert!(r.spawn_stream().is_err(), "{mode:?}: a clone still holds the lane");
+        assert!(r.try_spawn().is_err(), "{mode:?}: a clone still holds the lane");
         drop(clone);
-        let mut b = r.spawn_stream().unwrap();
+        let mut b = r.try_spawn().unwrap();
         assert_eq!(*b.call(f.inputs(1, 3)).unwrap()[0], *solo(&f, f.inputs(1, 3))[0]);
     }
 }

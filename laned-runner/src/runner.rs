@@ -115,6 +115,14 @@ impl LanedRunner {
         self.core.metrics.snapshot()
     }
 
+    /// A clone that does not keep the runner open: once every other clone is
+    /// dropped, the runner closes (answering everyone) and spawns or calls
+    /// through this one fail as closed. For threads that serve streams but
+    /// should not decide the runner's life (an accept loop, say).
+    pub fn detached(&self) -> LanedRunner {
+        LanedRunner { core: self.core.clone(), _owner: None }
+    }
+
     /// What the runner has served so far.
     pub fn metrics(&self) -> Snapshot {
         self.core.metrics.snapshot()

@@ -43,7 +43,9 @@ pub struct MemoConfig {
 impl MemoConfig {
     /// Keep at most `shapes_per_key` entries (at least 1) per key.
     pub fn new(shapes_per_key: usize) -> MemoConfig {
-        MemoConfig { shapes_per_key: shapes_per_key.max(1) }
+        MemoConfig {
+            shapes_per_key: shapes_per_key.max(1),
+        }
     }
 
     pub fn shapes_per_key(&self) -> usize {
@@ -79,14 +81,27 @@ pub struct Memo<K, Q, V> {
 
 impl<K: Hash + Eq + Clone, Q: PartialEq + Clone, V> Memo<K, Q, V> {
     pub fn new(config: MemoConfig) -> Memo<K, Q, V> {
-        Memo { entries: HashMap::new(), config, clock: 0, builds: 0 }
+        Memo {
+            entries: HashMap::new(),
+            config,
+            clock: 0,
+            builds: 0,
+        }
     }
 
     /// The entry built for exactly `shape` and `kernel` under `key`, built by
     /// `build` on a miss (evicting the least recently used entry of `key`
     /// when it holds the bound already).
-    pub fn get_or_build(&mut self, key: &K, shape: &[usize], kernel: &Q, build: impl FnOnce(&[usize], &Q) -> V) -> &mut V {
-        match self.get_or_try_build(key, shape, kernel, |s, k| Ok::<V, std::convert::Infallible>(build(s, k))) {
+    pub fn get_or_build(
+        &mut self,
+        key: &K,
+        shape: &[usize],
+        kernel: &Q,
+        build: impl FnOnce(&[usize], &Q) -> V,
+    ) -> &mut V {
+        match self.get_or_try_build(key, shape, kernel, |s, k| {
+            Ok::<V, std::convert::Infallible>(build(s, k))
+        }) {
             Ok(v) => v,
             Err(never) => match never {},
         }
@@ -114,9 +129,16 @@ impl<K: Hash + Eq + Clone, Q: PartialEq + Clone, V> Memo<K, Q, V> {
             None => {
                 let value = build(shape, kernel)?;
                 self.builds += 1;
-                let entry = Entry { shape: shape.to_vec(), kernel: kernel.clone(), value, used: clock };
+                let entry = Entry {
+                    shape: shape.to_vec(),
+                    kernel: kernel.clone(),
+                    value,
+                    used: clock,
+                };
                 if entries.len() >= bound {
-                    let lru = (0..entries.len()).min_by_key(|&i| entries[i].used).expect("bound is at least 1");
+                    let lru = (0..entries.len())
+                        .min_by_key(|&i| entries[i].used)
+                        .expect("bound is at least 1");
                     entries[lru] = entry;
                     lru
                 } else {
@@ -136,7 +158,10 @@ impl<K: Hash + Eq + Clone, Q: PartialEq + Clone, V> Memo<K, Q, V> {
 
     /// The `(shape, kernel)` pairs kept for `key`, in no particular order.
     pub fn shapes_for(&self, key: &K) -> Vec<(&[usize], &Q)> {
-        self.entries.get(key).map(|v| v.iter().map(|e| (&*e.shape, &e.kernel)).collect()).unwrap_or_default()
+        self.entries
+            .get(key)
+            .map(|v| v.iter().map(|e| (&*e.shape, &e.kernel)).collect())
+            .unwrap_or_default()
     }
 
     /// Entries built since the memo was made: the misses.

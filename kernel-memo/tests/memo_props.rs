@@ -36,11 +36,19 @@ fn check(bound: usize, lookups: &[Lookup]) -> Result<(), TestCaseError> {
             }
         }
         prop_assert!(memo.len_for(key) <= bound);
-        let mut ours: Vec<(Vec<usize>, u8)> = memo.shapes_for(key).into_iter().map(|(s, k)| (s.to_vec(), *k)).collect();
+        let mut ours: Vec<(Vec<usize>, u8)> = memo
+            .shapes_for(key)
+            .into_iter()
+            .map(|(s, k)| (s.to_vec(), *k))
+            .collect();
         let mut theirs = list.clone();
         ours.sort();
         theirs.sort();
-        prop_assert_eq!(ours, theirs, "the memo keeps other entries than least-recently-used eviction would");
+        prop_assert_eq!(
+            ours,
+            theirs,
+            "the memo keeps other entries than least-recently-used eviction would"
+        );
     }
     Ok(())
 }

@@ -68,11 +68,7 @@ pub enum SeatError {
     /// A seat sits in a lane no stream holds.
     NotTaken { seat: usize, lane: LaneId },
     /// One lane takes two seats of one turn.
-    Twice {
-        lane: LaneId,
-        first: usize,
-        second: usize,
-    },
+    Twice { lane: LaneId, first: usize, second: usize },
 }
 
 impl fmt::Display for SeatError {
@@ -81,11 +77,7 @@ impl fmt::Display for SeatError {
             SeatError::NotTaken { seat, lane } => {
                 write!(f, "seat {seat} sits in {lane}, which no stream holds")
             }
-            SeatError::Twice {
-                lane,
-                first,
-                second,
-            } => {
+            SeatError::Twice { lane, first, second } => {
                 write!(f, "{lane} takes seats {first} and {second} of one turn")
             }
         }

@@ -187,7 +187,8 @@ pub fn fill_into<S: QueuedSeat>(queue: &[S], table: &LaneTable, max_seats: usize
             break;
         }
         let seat = &queue[ix];
-        if seat.place() == 0 || out.slots[ix] != Slot::Waiting || seat.group() != group || !table.is_taken(seat.lane()) {
+        if seat.place() == 0 || out.slots[ix] != Slot::Waiting || seat.group() != group || !table.is_taken(seat.lane())
+        {
             continue;
         }
         let before_served = ix == 0 || queue[ix - 1].call() != seat.call() || out.slots[ix - 1] != Slot::Waiting;
@@ -247,10 +248,7 @@ mod tests {
     }
 
     fn seated_lanes(fill: &Fill) -> Vec<(usize, usize)> {
-        fill.seated()
-            .iter()
-            .map(|p| (p.queue_ix, p.lane.0))
-            .collect()
+        fill.seated().iter().map(|p| (p.queue_ix, p.lane.0)).collect()
     }
 
     #[test]

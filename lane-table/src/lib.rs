@@ -228,10 +228,7 @@ mod tests {
     fn gives_back_a_taken_lane_only_once() {
         let mut table = LaneTable::new(2).unwrap();
         let err = table.give_back(LaneId(0)).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "lane 0 of 2 is not taken, so it cannot be given back"
-        );
+        assert_eq!(err.to_string(), "lane 0 of 2 is not taken, so it cannot be given back");
         table.take();
         table.give_back(LaneId(0)).unwrap();
         assert!(table.give_back(LaneId(0)).is_err());
@@ -271,10 +268,7 @@ mod tests {
             "seat 1 sits in lane 1, which no stream holds"
         );
         assert_eq!(
-            table
-                .seat(&[LaneId(0), LaneId(2), LaneId(0)])
-                .unwrap_err()
-                .to_string(),
+            table.seat(&[LaneId(0), LaneId(2), LaneId(0)]).unwrap_err().to_string(),
             "lane 0 takes seats 0 and 2 of one turn"
         );
     }
@@ -285,10 +279,7 @@ mod tests {
         table.take();
         table.take();
         table.give_back(LaneId(0)).unwrap();
-        assert_eq!(
-            table.free_lanes().collect::<Vec<_>>(),
-            vec![LaneId(0), LaneId(2)]
-        );
+        assert_eq!(table.free_lanes().collect::<Vec<_>>(), vec![LaneId(0), LaneId(2)]);
         assert_eq!(table.taken_lanes().collect::<Vec<_>>(), vec![LaneId(1)]);
     }
 }

@@ -15,11 +15,7 @@ enum Op {
     /// its lane goes back.
     GiveBack(usize),
     /// The `n`th live stream calls with `width` seats of group `group`.
-    Call {
-        stream: usize,
-        width: usize,
-        group: u8,
-    },
+    Call { stream: usize, width: usize, group: u8 },
     /// A turn of at most `max_seats` is filled and completed.
     Turn { max_seats: usize },
 }
@@ -54,18 +50,10 @@ fn check(max_lanes: usize, ops: &[Op]) -> Result<(), TestCaseError> {
         let held: Vec<LaneId> = table.taken_lanes().collect();
         let mut expected: Vec<LaneId> = model.streams.values().copied().collect();
         expected.sort();
-        prop_assert_eq!(
-            &held,
-            &expected,
-            "the table and the model disagree on held lanes"
-        );
+        prop_assert_eq!(&held, &expected, "the table and the model disagree on held lanes");
         let mut distinct = expected.clone();
         distinct.dedup();
-        prop_assert_eq!(
-            distinct.len(),
-            expected.len(),
-            "a lane is held by two streams"
-        );
+        prop_assert_eq!(distinct.len(), expected.len(), "a lane is held by two streams");
     }
     // Every queued seat is eventually served, even by the narrowest turns.
     let bound = model.queue.len() + 1;
@@ -75,11 +63,7 @@ fn check(max_lanes: usize, ops: &[Op]) -> Result<(), TestCaseError> {
         }
         step(&mut table, &mut model, &Op::Turn { max_seats: 1 })?;
     }
-    prop_assert!(
-        model.queue.is_empty(),
-        "{} seats never served",
-        model.queue.len()
-    );
+    prop_assert!(model.queue.is_empty(), "{} seats never served", model.queue.len());
     Ok(())
 }
 
@@ -87,11 +71,7 @@ fn nth_stream(model: &Model, n: usize) -> Option<(u64, LaneId)> {
     if model.streams.is_empty() {
         return None;
     }
-    model
-        .streams
-        .iter()
-        .nth(n % model.streams.len())
-        .map(|(s, l)| (*s, *l))
+    model.streams.iter().nth(n % model.streams.len()).map(|(s, l)| (*s, *l))
 }
 
 fn step(table: &mut LaneTable, model: &mut Model, op: &Op) -> Result<(), TestCaseError> {
@@ -104,11 +84,7 @@ fn step(table: &mut LaneTable, model: &mut Model, op: &Op) -> Result<(), TestCas
                 .map(LaneId)
                 .find(|l| !model.streams.values().any(|h| h == l));
             let took = table.take();
-            prop_assert_eq!(
-                took,
-                lowest_free,
-                "take() must hand out the lowest free lane"
-            );
+            prop_assert_eq!(took, lowest_free, "take() must hand out the lowest free lane");
             if let Some(lane) = took {
                 model.streams.insert(model.next_stream, lane);
                 model.next_stream += 1;
@@ -122,11 +98,7 @@ fn step(table: &mut LaneTable, model: &mut Model, op: &Op) -> Result<(), TestCas
                 prop_assert!(table.give_back(lane).is_err(), "a lane was released twice");
             }
         }
-        Op::Call {
-            stream,
-            width,
-            group,
-        } => {
+        Op::Call { stream, width, group } => {
             if let Some((_, lane)) = nth_stream(model, *stream) {
                 let call = model.next_call;
                 model.next_call += 1;
@@ -166,11 +138,7 @@ fn turn(table: &mut LaneTable, model: &mut Model, max_seats: usize) -> Result<()
 
     // Progress: a non-empty queue seats its oldest seat.
     if !queue.is_empty() {
-        prop_assert_eq!(
-            seated.first().map(|p| p.queue_ix),
-            Some(0),
-            "the oldest seat waits"
-        );
+        prop_assert_eq!(seated.first().map(|p| p.queue_ix), Some(0), "the oldest seat waits");
     }
     prop_assert!(seated.len() <= max_seats.min(table.max_lanes()));
     // A remainder of a split call never sits in its caller's lane.
@@ -183,10 +151,7 @@ fn turn(table: &mut LaneTable, model: &mut Model, max_seats: usize) -> Result<()
     // One seat per lane; the seating is accepted by the table once borrowed
     // lanes are taken; borrowed lanes were free.
     for lane in fill.borrowed() {
-        prop_assert!(
-            free_before.contains(lane),
-            "borrowed {lane}, which was held"
-        );
+        prop_assert!(free_before.contains(lane), "borrowed {lane}, which was held");
         table.take_lane(*lane).unwrap();
     }
     let lanes: Vec<LaneId> = seated.iter().map(|p| p.lane).collect();
@@ -195,11 +160,7 @@ fn turn(table: &mut LaneTable, model: &mut Model, max_seats: usize) -> Result<()
     for (i, placed) in seated.iter().enumerate() {
         let seat = &queue[placed.queue_ix];
         // One group per turn.
-        prop_assert_eq!(
-            seat.group,
-            queue[seated[0].queue_ix].group,
-            "two groups share a turn"
-        );
+        prop_assert_eq!(seat.group, queue[seated[0].queue_ix].group, "two groups share a turn");
         // Leads (place 0) sit in their caller's lane; later seats borrow.
         let lead = seat.place == 0;
         prop_assert_eq!(placed.borrowed, !lead);
@@ -210,15 +171,17 @@ fn turn(table: &mut LaneTable, model: &mut Model, max_seats: usize) -> Result<()
         // queued, is seated too.
         let ix = placed.queue_ix;
         if ix > 0 && queue[ix - 1].call == seat.call {
-            prop_assert!(i > 0 && seated.iter().any(|p| p.queue_ix == ix - 1), "a call's seats overtook each other");
+            prop_assert!(
+                i > 0 && seated.iter().any(|p| p.queue_ix == ix - 1),
+                "a call's seats overtook each other"
+            );
         }
         // A stream's calls in order: no older call on this lane keeps its
         // lead queued (its remainder rows are independent of the stream).
         let lane = seat.lane;
-        let older_waits = fill
-            .waiting()
-            .iter()
-            .any(|&w| w < placed.queue_ix && queue[w].lane == lane && queue[w].call != seat.call && queue[w].place == 0);
+        let older_waits = fill.waiting().iter().any(|&w| {
+            w < placed.queue_ix && queue[w].lane == lane && queue[w].call != seat.call && queue[w].place == 0
+        });
         prop_assert!(!older_waits, "a call overtook an older call of its stream");
     }
 

@@ -133,11 +133,7 @@ impl HistogramSnapshot {
     }
 
     pub fn mean(&self) -> Duration {
-        if self.count == 0 {
-            Duration::ZERO
-        } else {
-            Duration::from_nanos(self.sum_ns / self.count)
-        }
+        Duration::from_nanos(self.sum_ns.checked_div(self.count).unwrap_or(0))
     }
 
     /// What was recorded after `earlier` (a snapshot of the same histogram).

@@ -64,9 +64,7 @@ impl Metrics {
         Metrics {
             turns: AtomicU64::new(0),
             seats: AtomicU64::new(0),
-            occupancy: (0..=max_occupancy.max(1))
-                .map(|_| AtomicU64::new(0))
-                .collect(),
+            occupancy: (0..=max_occupancy.max(1)).map(|_| AtomicU64::new(0)).collect(),
             queue_wait: AtomicHistogram::new(),
             turn_time: AtomicHistogram::new(),
             lanes_taken: AtomicU64::new(0),
@@ -128,11 +126,7 @@ impl Metrics {
 
     /// Everything recorded so far, as plain data.
     pub fn snapshot(&self) -> Snapshot {
-        let occupancy: Vec<u64> = self
-            .occupancy
-            .iter()
-            .map(|n| n.load(Ordering::Relaxed))
-            .collect();
+        let occupancy: Vec<u64> = self.occupancy.iter().map(|n| n.load(Ordering::Relaxed)).collect();
         Snapshot {
             turns: self.turns.load(Ordering::Relaxed),
             seats: self.seats.load(Ordering::Relaxed),
@@ -206,13 +200,9 @@ impl Snapshot {
             turn_time: self.turn_time.delta(&earlier.turn_time),
             lanes_taken: self.lanes_taken,
             admissions: self.admissions.saturating_sub(earlier.admissions),
-            admissions_waited: self
-                .admissions_waited
-                .saturating_sub(earlier.admissions_waited),
+            admissions_waited: self.admissions_waited.saturating_sub(earlier.admissions_waited),
             admission_wait: self.admission_wait.delta(&earlier.admission_wait),
-            admissions_refused: self
-                .admissions_refused
-                .saturating_sub(earlier.admissions_refused),
+            admissions_refused: self.admissions_refused.saturating_sub(earlier.admissions_refused),
             failed_seats: self.failed_seats.saturating_sub(earlier.failed_seats),
             failed_turns: self.failed_turns.saturating_sub(earlier.failed_turns),
         }
@@ -222,10 +212,7 @@ impl Snapshot {
     pub fn merge(&self, other: &Snapshot) -> Snapshot {
         let len = self.occupancy.len().max(other.occupancy.len());
         let occupancy = (0..len)
-            .map(|k| {
-                self.occupancy.get(k).copied().unwrap_or(0)
-                    + other.occupancy.get(k).copied().unwrap_or(0)
-            })
+            .map(|k| self.occupancy.get(k).copied().unwrap_or(0) + other.occupancy.get(k).copied().unwrap_or(0))
             .collect();
         Snapshot {
             turns: self.turns + other.turns,
@@ -282,10 +269,7 @@ mod tests {
         assert_eq!(s.turn_time.count, 3);
         assert_eq!(s.turn_time.max(), Duration::from_micros(300));
         assert_eq!(s.queue_wait.count, 3);
-        assert_eq!(
-            (s.admissions, s.admissions_waited, s.admissions_refused),
-            (2, 1, 1)
-        );
+        assert_eq!((s.admissions, s.admissions_waited, s.admissions_refused), (2, 1, 1));
         assert_eq!((s.failed_seats, s.failed_turns, s.lanes_taken), (2, 1, 3));
     }
 
@@ -304,10 +288,7 @@ mod tests {
         m.record_turn(1, Duration::from_micros(50));
         m.record_failed_seats(1);
         let d = m.snapshot().delta(&before);
-        assert_eq!(
-            (d.turns, d.seats, d.failed_seats, d.failed_turns),
-            (1, 1, 1, 0)
-        );
+        assert_eq!((d.turns, d.seats, d.failed_seats, d.failed_turns), (1, 1, 1, 0));
         assert_eq!(d.occupancy, vec![0, 1, 0, 0, 0]);
         assert_eq!(d.turn_time.count, 1);
         assert_eq!(d.lanes_taken, 3, "a gauge keeps its latest value");
@@ -343,10 +324,7 @@ mod tests {
         }
         let s = m.snapshot();
         assert_eq!(s.turns, 4000);
-        assert_eq!(
-            s.seats,
-            4 * (0..1000).map(|k| k % 8 + 1).sum::<usize>() as u64
-        );
+        assert_eq!(s.seats, 4 * (0..1000).map(|k| k % 8 + 1).sum::<usize>() as u64);
         assert_eq!(s.occupancy.iter().sum::<u64>(), 4000);
         assert_eq!(s.queue_wait.count, 4000);
     }

@@ -9,8 +9,7 @@ use crate::{HistogramSnapshot, Snapshot};
 /// Bucket bounds of the exported duration histograms, in seconds: fixed, so
 /// the series stay the same from one scrape to the next.
 const SECONDS: [f64; 17] = [
-    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
-    5e-2, 0.1, 1.0,
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 1.0,
 ];
 
 fn label_set(labels: &[(&str, &str)], extra: Option<(&str, String)>) -> String {
@@ -19,9 +18,7 @@ fn label_set(labels: &[(&str, &str)], extra: Option<(&str, String)>) -> String {
         .map(|(k, v)| {
             format!(
                 "{k}=\"{}\"",
-                v.replace('\\', "\\\\")
-                    .replace('"', "\\\"")
-                    .replace('\n', "\\n")
+                v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
             )
         })
         .collect();
@@ -40,25 +37,12 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
-fn scalar(
-    out: &mut String,
-    name: &str,
-    kind: &str,
-    help: &str,
-    labels: &[(&str, &str)],
-    value: u64,
-) {
+fn scalar(out: &mut String, name: &str, kind: &str, help: &str, labels: &[(&str, &str)], value: u64) {
     header(out, name, kind, help);
     let _ = writeln!(out, "{name}{} {value}", label_set(labels, None));
 }
 
-fn durations(
-    out: &mut String,
-    name: &str,
-    help: &str,
-    labels: &[(&str, &str)],
-    h: &HistogramSnapshot,
-) {
+fn durations(out: &mut String, name: &str, help: &str, labels: &[(&str, &str)], h: &HistogramSnapshot) {
     header(out, name, "histogram", help);
     for le in SECONDS {
         let n = h.count_at_most((le * 1e9) as u64);
@@ -74,12 +58,7 @@ fn durations(
         label_set(labels, Some(("le", "+Inf".into()))),
         h.count
     );
-    let _ = writeln!(
-        out,
-        "{name}_sum{} {}",
-        label_set(labels, None),
-        h.sum_ns as f64 / 1e9
-    );
+    let _ = writeln!(out, "{name}_sum{} {}", label_set(labels, None), h.sum_ns as f64 / 1e9);
     let _ = writeln!(out, "{name}_count{} {}", label_set(labels, None), h.count);
 }
 
@@ -218,9 +197,7 @@ mod tests {
         m.record_turn(1, Duration::from_micros(3));
         m.record_turn(3, Duration::from_millis(3));
         m.record_queue_wait(Duration::from_micros(20));
-        let text = m
-            .snapshot()
-            .to_prometheus(&[("runnable", "tdnn \"light\"")]);
+        let text = m.snapshot().to_prometheus(&[("runnable", "tdnn \"light\"")]);
         let l = "runnable=\"tdnn \\\"light\\\"\"";
         for line in [
             "# TYPE tract_autobatch_turns_total counter".to_string(),
@@ -236,19 +213,13 @@ mod tests {
             format!("tract_autobatch_queue_wait_seconds_bucket{{{l},le=\"0.000025\"}} 1"),
             format!("tract_autobatch_failed_turns_total{{{l}}} 0"),
         ] {
-            assert!(
-                text.lines().any(|x| x == line),
-                "missing {line:?} in\n{text}"
-            );
+            assert!(text.lines().any(|x| x == line), "missing {line:?} in\n{text}");
         }
     }
 
     #[test]
     fn renders_without_labels() {
         let text = Metrics::new(1).snapshot().to_prometheus(&[]);
-        assert!(
-            text.lines().any(|l| l == "tract_autobatch_lanes_taken 0"),
-            "{text}"
-        );
+        assert!(text.lines().any(|l| l == "tract_autobatch_lanes_taken 0"), "{text}");
     }
 }

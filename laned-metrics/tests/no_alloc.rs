@@ -36,12 +36,7 @@ fn recording_a_turn_allocates_nothing() {
         metrics.record_admission_waited(Duration::from_micros(k));
     }
     let after = ALLOCATIONS.load(Ordering::Relaxed);
-    assert_eq!(
-        after - before,
-        0,
-        "recording allocated {} times",
-        after - before
-    );
+    assert_eq!(after - before, 0, "recording allocated {} times", after - before);
     // The counting allocator does see allocations: the snapshot makes some.
     let _ = metrics.snapshot();
     assert!(ALLOCATIONS.load(Ordering::Relaxed) > after);

@@ -40,7 +40,10 @@ fn args() -> Result<Args, String> {
         quick: false,
         frame_ms: 2.5,
         real_time: true,
-        models: vec![("light".into(), TdnnConfig::light()), ("heavy".into(), TdnnConfig::heavy())],
+        models: vec![
+            ("light".into(), TdnnConfig::light()),
+            ("heavy".into(), TdnnConfig::heavy()),
+        ],
         streams: vec![1, 4, 16, 64],
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/laned-bench"),
     };
@@ -56,7 +59,10 @@ fn args() -> Result<Args, String> {
             },
             "--streams" => {
                 let list = it.next().ok_or("--streams needs a list")?;
-                a.streams = list.split(',').map(|s| s.trim().parse::<usize>().map_err(|e| format!("--streams {s:?}: {e}"))).collect::<Result<_, _>>()?;
+                a.streams = list
+                    .split(',')
+                    .map(|s| s.trim().parse::<usize>().map_err(|e| format!("--streams {s:?}: {e}")))
+                    .collect::<Result<_, _>>()?;
             }
             "--frame-ms" => {
                 let v = it.next().ok_or("--frame-ms needs a number")?;
@@ -84,7 +90,13 @@ enum System {
     OursCombining,
 }
 
-const SYSTEMS: [System; 5] = [System::Solo, System::Ideal, System::Tract, System::OursWorker, System::OursCombining];
+const SYSTEMS: [System; 5] = [
+    System::Solo,
+    System::Ideal,
+    System::Tract,
+    System::OursWorker,
+    System::OursCombining,
+];
 
 impl System {
     fn label(self) -> &'static str {
@@ -176,17 +188,34 @@ fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 fn ours(plan: &Arc<dyn Runnable>, n: usize, mode: Mode) -> TractResult<(Arc<dyn Runnable>, LanedRunner)> {
-    let runner = LanedRunner::new(plan.clone(), RunnerConfig::builder().max_lanes(n).mode(mode).linger(Duration::ZERO).build())?;
+    let runner = LanedRunner::new(
+        plan.clone(),
+        RunnerConfig::builder()
+            .max_lanes(n)
+            .mode(mode)
+            .linger(Duration::ZERO)
+            .build(),
+    )?;
     Ok((Arc::new(runner.clone()), runner))
 }
 
 /// One measurement of `system` with `n` streams; returns pulses/s and the
 /// mean occupancy where the system has turns.
-fn measure(system: System, fixture: &Fixture, plan: &Arc<dyn Runnable>, n: usize, d: Duration) -> TractResult<(f64, Option<f64>)> {
+fn measure(
+    system: System,
+    fixture: &Fixture,
+    plan: &Arc<dyn Runnable>,
+    n: usize,
+    d: Duration,
+) -> TractResult<(f64, Option<f64>)> {
     match system {
         System::Solo => Ok((load::solo_states(fixture, plan.clone(), n, d)?, None)),
         System::Ideal => Ok((load::ideal(fixture, plan.clone(), n, d)?, Some(n as f64))),
@@ -199,7 +228,11 @@ fn measure(system: System, fixture: &Fixture, plan: &Arc<dyn Runnable>, n: usize
             Ok((rate, Some((after.1 - before.1) as f64 / turns as f64)))
         }
         System::OursWorker | System::OursCombining => {
-            let mode = if system == System::OursWorker { Mode::Worker } else { Mode::Combining };
+            let mode = if system == System::OursWorker {
+                Mode::Worker
+            } else {
+                Mode::Combining
+            };
             let (runnable, runner) = ours(plan, n, mode)?;
             let before = runner.metrics();
             let rate = load::through(fixture, runnable, n, d)?;
@@ -220,7 +253,11 @@ fn main() -> TractResult<()> {
     let (seconds, repeats) = if args.quick { (0.25, 3) } else { (1.0, 5) };
     let d = Duration::from_secs_f64(seconds);
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let mut progress = Progress { done: 0, total: args.models.len() * args.streams.len() * SYSTEMS.len() * repeats, started: Instant::now() };
+    let mut progress = Progress {
+        done: 0,
+        total: args.models.len() * args.streams.len() * SYSTEMS.len() * repeats,
+        started: Instant::now(),
+    };
     let mut rows: Vec<ClosedLoop> = vec![];
     for (name, config) in &args.models {
         let fixture = fixtures::tdnn(*config)?;
@@ -254,32 +291,69 @@ fn main() -> TractResult<()> {
     }
     let mut real_time = vec![];
     if args.real_time {
-        let (name, config) = args.models.iter().find(|m| m.0 == "light").cloned().unwrap_or_else(|| args.models[0].clone());
+        let (name, config) = args
+            .models
+            .iter()
+            .find(|m| m.0 == "light")
+            .cloned()
+            .unwrap_or_else(|| args.models[0].clone());
         let fixture = fixtures::tdnn(config)?;
         let plan = fixture.runnable()?;
         let period = Duration::from_secs_f64(args.frame_ms * config.pulse as f64 / 1000.0);
         let budget = period / 2;
-        let probe_time = if args.quick { Duration::from_millis(600) } else { Duration::from_secs(2) };
+        let probe_time = if args.quick {
+            Duration::from_millis(600)
+        } else {
+            Duration::from_secs(2)
+        };
         let systems: Vec<(String, RtSystem)> = vec![
             ("tract LanedRunnable (defaults)".into(), RtSystem::Tract),
-            ("ours (worker, no linger)".into(), RtSystem::Ours(Mode::Worker, Duration::ZERO)),
-            (format!("ours (worker, linger {} µs)", (period / 20).as_micros()), RtSystem::Ours(Mode::Worker, period / 20)),
-            (format!("ours (worker, linger {} µs)", (period / 8).as_micros()), RtSystem::Ours(Mode::Worker, period / 8)),
-            ("ours (combining)".into(), RtSystem::Ours(Mode::Combining, Duration::ZERO)),
+            (
+                "ours (worker, no linger)".into(),
+                RtSystem::Ours(Mode::Worker, Duration::ZERO),
+            ),
+            (
+                format!("ours (worker, linger {} µs)", (period / 20).as_micros()),
+                RtSystem::Ours(Mode::Worker, period / 20),
+            ),
+            (
+                format!("ours (worker, linger {} µs)", (period / 8).as_micros()),
+                RtSystem::Ours(Mode::Worker, period / 8),
+            ),
+            (
+                "ours (combining)".into(),
+                RtSystem::Ours(Mode::Combining, Duration::ZERO),
+            ),
         ];
-        let mut progress = Progress { done: 0, total: systems.len(), started: Instant::now() };
+        let mut progress = Progress {
+            done: 0,
+            total: systems.len(),
+            started: Instant::now(),
+        };
         for (label, system) in systems {
             progress.step(&format!("real time {name}: capacity of {label}"));
-            real_time.push(capacity(&fixture, &plan, &name, &label, system, period, budget, probe_time)?);
+            real_time.push(capacity(
+                &fixture, &plan, &name, &label, system, period, budget, probe_time,
+            )?);
         }
     }
-    let report = Report { machine_cores: cores, quick: args.quick, seconds_per_run: seconds, repeats, closed_loop: rows, real_time };
+    let report = Report {
+        machine_cores: cores,
+        quick: args.quick,
+        seconds_per_run: seconds,
+        repeats,
+        closed_loop: rows,
+        real_time,
+    };
     std::fs::create_dir_all(&args.out)?;
     std::fs::write(args.out.join("report.json"), serde_json::to_string_pretty(&report)?)?;
     let md = markdown(&report);
     std::fs::write(args.out.join("report.md"), &md)?;
     for (name, _) in &args.models {
-        std::fs::write(args.out.join(format!("throughput-{name}.svg")), throughput_svg(&report, name))?;
+        std::fs::write(
+            args.out.join(format!("throughput-{name}.svg")),
+            throughput_svg(&report, name),
+        )?;
     }
     if !report.real_time.is_empty() {
         std::fs::write(args.out.join("latency-cdf.svg"), cdf_svg(&report.real_time))?;
@@ -298,7 +372,10 @@ enum RtSystem {
 fn rt_runnable(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractResult<Arc<dyn Runnable>> {
     Ok(match system {
         RtSystem::Tract => Arc::new(tract_core::lanes::LanedRunnable::wrap(plan.clone(), n)?),
-        RtSystem::Ours(mode, linger) => Arc::new(LanedRunner::new(plan.clone(), RunnerConfig::builder().max_lanes(n).mode(mode).linger(linger).build())?),
+        RtSystem::Ours(mode, linger) => Arc::new(LanedRunner::new(
+            plan.clone(),
+            RunnerConfig::builder().max_lanes(n).mode(mode).linger(linger).build(),
+        )?),
     })
 }
 
@@ -318,7 +395,13 @@ fn capacity(
     let mut probes: Vec<(Probe, load::Latencies)> = vec![];
     let mut probe = |n: usize| -> TractResult<bool> {
         let lat = load::real_time(fixture, rt_runnable(plan, system, n)?, n, period, probe_time, n as u64)?;
-        let p = Probe { streams: n, p50_us: lat.quantile_us(0.5), p99_us: lat.quantile_us(0.99), max_us: lat.quantile_us(1.0), pulses: lat.pulses };
+        let p = Probe {
+            streams: n,
+            p50_us: lat.quantile_us(0.5),
+            p99_us: lat.quantile_us(0.99),
+            max_us: lat.quantile_us(1.0),
+            pulses: lat.pulses,
+        };
         let ok = p.p99_us as u128 <= budget.as_micros();
         probes.push((p, lat));
         Ok(ok)
@@ -368,23 +451,52 @@ fn capacity(
 
 fn cdf_svg(rt: &[RealTime]) -> String {
     let (w, h, m) = (640.0, 400.0, 60.0);
-    let max_x = rt.iter().flat_map(|r| r.cdf_at_capacity_us.last().copied()).max().unwrap_or(1).max(1) as f64;
+    let max_x = rt
+        .iter()
+        .flat_map(|r| r.cdf_at_capacity_us.last().copied())
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
     let colors = ["#d62728", "#1f77b4", "#9467bd", "#17becf", "#2ca02c"];
     let mut svg = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
-    svg += &format!("<text x=\"{m}\" y=\"20\">latency CDF at each system's capacity (x: µs, up to {max_x:.0})</text>\n");
-    svg += &format!("<line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", h - m, w - m, h - m);
-    svg += &format!("<line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n", h - m);
+    svg +=
+        &format!("<text x=\"{m}\" y=\"20\">latency CDF at each system's capacity (x: µs, up to {max_x:.0})</text>\n");
+    svg += &format!(
+        "<line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
+        h - m,
+        w - m,
+        h - m
+    );
+    svg += &format!(
+        "<line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n",
+        h - m
+    );
     for (ix, r) in rt.iter().enumerate() {
         let n = r.cdf_at_capacity_us.len().max(1) as f64;
         let points: Vec<String> = r
             .cdf_at_capacity_us
             .iter()
             .enumerate()
-            .map(|(i, us)| format!("{:.1},{:.1}", m + *us as f64 / max_x * (w - 2.0 * m), h - m - (i + 1) as f64 / n * (h - 2.0 * m)))
+            .map(|(i, us)| {
+                format!(
+                    "{:.1},{:.1}",
+                    m + *us as f64 / max_x * (w - 2.0 * m),
+                    h - m - (i + 1) as f64 / n * (h - 2.0 * m)
+                )
+            })
             .collect();
         let color = colors[ix % colors.len()];
-        svg += &format!("<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n", points.join(" "));
-        svg += &format!("<text x=\"{}\" y=\"{}\" fill=\"{color}\">{} ({} streams)</text>\n", w - m - 260.0, h - m - 20.0 - 14.0 * ix as f64, r.system, r.capacity);
+        svg += &format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n",
+            points.join(" ")
+        );
+        svg += &format!(
+            "<text x=\"{}\" y=\"{}\" fill=\"{color}\">{} ({} streams)</text>\n",
+            w - m - 260.0,
+            h - m - 20.0 - 14.0 * ix as f64,
+            r.system,
+            r.capacity
+        );
     }
     svg + "</svg>\n"
 }
@@ -398,10 +510,16 @@ fn markdown(r: &Report) -> String {
     let mut models: Vec<&str> = r.closed_loop.iter().map(|c| c.model.as_str()).collect();
     models.dedup();
     for model in models {
-        out += &format!("## {model} TDNN\n\n| streams | system | pulses/s | spread | / ideal | occ |\n|---|---|---|---|---|---|\n");
+        out += &format!(
+            "## {model} TDNN\n\n| streams | system | pulses/s | spread | / ideal | occ |\n|---|---|---|---|---|---|\n"
+        );
         let rows: Vec<&ClosedLoop> = r.closed_loop.iter().filter(|c| c.model == model).collect();
         for row in &rows {
-            let ideal = rows.iter().find(|c| c.streams == row.streams && c.system == System::Ideal).map(|c| c.median).unwrap_or(f64::NAN);
+            let ideal = rows
+                .iter()
+                .find(|c| c.streams == row.streams && c.system == System::Ideal)
+                .map(|c| c.median)
+                .unwrap_or(f64::NAN);
             out += &format!(
                 "| {} | {} | {:.0} | {:.0}..{:.0} | {:.2} | {} |\n",
                 row.streams,
@@ -422,7 +540,10 @@ fn markdown(r: &Report) -> String {
         );
         for rt in &r.real_time {
             let at = rt.probes.iter().find(|p| p.streams == rt.capacity);
-            let ms = |us: Option<u64>| us.map(|u| format!("{:.2}", u as f64 / 1000.0)).unwrap_or_else(|| "-".into());
+            let ms = |us: Option<u64>| {
+                us.map(|u| format!("{:.2}", u as f64 / 1000.0))
+                    .unwrap_or_else(|| "-".into())
+            };
             out += &format!(
                 "| {} | {} | {} | {} | {} |\n",
                 rt.system,
@@ -455,19 +576,50 @@ fn throughput_svg(r: &Report, model: &str) -> String {
     let colors = ["#888888", "#000000", "#d62728", "#1f77b4", "#2ca02c"];
     let mut svg = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
     svg += &format!("<text x=\"{m}\" y=\"20\">{model} TDNN: pulses/s vs streams (closed loop)</text>\n");
-    svg += &format!("<line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", h - m, w - m, h - m);
-    svg += &format!("<line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n", h - m);
+    svg += &format!(
+        "<line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
+        h - m,
+        w - m,
+        h - m
+    );
+    svg += &format!(
+        "<line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n",
+        h - m
+    );
     for n in &streams {
-        svg += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{n}</text>\n", x_of(*n), h - m + 16.0);
+        svg += &format!(
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{n}</text>\n",
+            x_of(*n),
+            h - m + 16.0
+        );
     }
     for k in 0..=4 {
         let v = max_y * k as f64 / 4.0;
-        svg += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.0}k</text>\n", m - 4.0, y_of(v) + 4.0, v / 1000.0);
+        svg += &format!(
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.0}k</text>\n",
+            m - 4.0,
+            y_of(v) + 4.0,
+            v / 1000.0
+        );
     }
     for (ix, system) in SYSTEMS.iter().enumerate() {
-        let points: Vec<String> = rows.iter().filter(|c| c.system == *system).map(|c| format!("{:.1},{:.1}", x_of(c.streams), y_of(c.median))).collect();
-        svg += &format!("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n", colors[ix], points.join(" "));
-        svg += &format!("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", w - m - 150.0, m + 14.0 * ix as f64, colors[ix], system.label());
+        let points: Vec<String> = rows
+            .iter()
+            .filter(|c| c.system == *system)
+            .map(|c| format!("{:.1},{:.1}", x_of(c.streams), y_of(c.median)))
+            .collect();
+        svg += &format!(
+            "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n",
+            colors[ix],
+            points.join(" ")
+        );
+        svg += &format!(
+            "<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n",
+            w - m - 150.0,
+            m + 14.0 * ix as f64,
+            colors[ix],
+            system.label()
+        );
     }
     svg + "</svg>\n"
 }

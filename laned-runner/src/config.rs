@@ -59,33 +59,48 @@ pub struct RunnerConfig {
 
 impl Default for RunnerConfig {
     fn default() -> RunnerConfig {
-        RunnerConfig { max_lanes: 64, max_seats: None, linger_us: None, mode: Mode::Worker, max_waiting: 1024, idle_timeout_ms: None }
+        RunnerConfig {
+            max_lanes: 64,
+            max_seats: None,
+            linger_us: None,
+            mode: Mode::Worker,
+            max_waiting: 1024,
+            idle_timeout_ms: None,
+        }
     }
 }
 
 impl RunnerConfig {
     pub fn builder() -> RunnerConfigBuilder {
-        RunnerConfigBuilder { config: RunnerConfig::default() }
+        RunnerConfigBuilder {
+            config: RunnerConfig::default(),
+        }
     }
 
     /// The settings with the environment applied and checked.
     pub(crate) fn resolve(&self) -> Result<Resolved, NewRunnerError> {
         if self.max_lanes == 0 {
-            return Err(NewRunnerError::Config("max_lanes is 0: a laned state needs one lane at least".into()));
+            return Err(NewRunnerError::Config(
+                "max_lanes is 0: a laned state needs one lane at least".into(),
+            ));
         }
         let max_seats = match self.max_seats {
             Some(n) => n,
             None => env_knob("TRACT_MAX_SEATS")?.unwrap_or(256) as usize,
         };
         if max_seats == 0 {
-            return Err(NewRunnerError::Config("max_seats is 0: a turn seats one stream at least".into()));
+            return Err(NewRunnerError::Config(
+                "max_seats is 0: a turn seats one stream at least".into(),
+            ));
         }
         let linger_us = match self.linger_us {
             Some(us) => us,
             None => env_knob("TRACT_TURN_LINGER_US")?.unwrap_or(0),
         };
         if self.idle_timeout_ms == Some(0) {
-            return Err(NewRunnerError::Config("idle_timeout_ms is 0: every stream would be evicted at once".into()));
+            return Err(NewRunnerError::Config(
+                "idle_timeout_ms is 0: every stream would be evicted at once".into(),
+            ));
         }
         Ok(Resolved {
             max_waiting: self.max_waiting,

@@ -62,6 +62,8 @@ pub(crate) struct Grant {
 }
 
 /// What a handle asks of the engine.
+// `Call` is the common request and is moved, not boxed: no allocation per call.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Request {
     /// A new stream wants a lane, waiting for one in the admission queue
     /// when `wait` is set.
@@ -178,7 +180,11 @@ fn resettable(state: &mut Box<dyn State>, inner: &dyn Runnable, lanes: &[TractLa
                 }
             }
         }
-        return Err(NewRunnerError::Reset { node, op, cause: format!("{e:#}") });
+        return Err(NewRunnerError::Reset {
+            node,
+            op,
+            cause: format!("{e:#}"),
+        });
     }
     Ok(())
 }
@@ -195,13 +201,20 @@ impl Engine {
     ///
     /// The state has one lane more than `max_streams`: it is never given to a
     /// stream, so the later rows of a wide call always find a lane to borrow.
-    pub fn start(inner: Arc<dyn Runnable>, iface: Arc<Interface>, config: &crate::config::Resolved, metrics: Arc<Metrics>) -> Result<Engine, NewRunnerError> {
+    pub fn start(
+        inner: Arc<dyn Runnable>,
+        iface: Arc<Interface>,
+        config: &crate::config::Resolved,
+        metrics: Arc<Metrics>,
+    ) -> Result<Engine, NewRunnerError> {
         let (max_streams, max_seats) = (config.max_lanes, config.max_seats);
         let max_lanes = max_streams + 1;
         let mut state = inner.spawn().map_err(|e| NewRunnerError::Spawn(format!("{e:#}")))?;
         let every: Vec<TractLane> = (0..max_lanes).map(TractLane).collect();
         resettable(&mut state, &*inner, &every)?;
-        let symbols_at_spawn = state.downcast_ref::<TypedSimpleState>().map(|s| s.turn_state.resolved_symbols.clone());
+        let symbols_at_spawn = state
+            .downcast_ref::<TypedSimpleState>()
+            .map(|s| s.turn_state.resolved_symbols.clone());
         Ok(Engine {
             state: Some(state),
             inner,
@@ -301,7 +314,14 @@ impl Engine {
             self.grant(slot, None);
         } else if !wait {
             let waiting = self.waiting.len();
-            refuse(self, &slot, SpawnError::Full { lanes: self.max_streams, waiting });
+            refuse(
+                self,
+                &slot,
+                SpawnError::Full {
+                    lanes: self.max_streams,
+                    waiting,
+                },
+            );
         } else if self.waiting.len() >= self.max_waiting {
             let (waiting, max_waiting) = (self.waiting.len(), self.max_waiting);
             refuse(self, &slot, SpawnError::Busy { waiting, max_waiting });
@@ -338,7 +358,9 @@ impl Engine {
     /// Lanes freed: admit the oldest waiters.
     fn admit(&mut self) {
         while self.table.taken() < self.max_streams {
-            let Some((slot, since)) = self.waiting.pop_front() else { return };
+            let Some((slot, since)) = self.waiting.pop_front() else {
+                return;
+            };
             self.grant(slot, Some(since));
         }
     }
@@ -381,7 +403,12 @@ impl Engine {
     }
 
     fn cancel(&mut self, slot: &Arc<Slot<CallResult>>) {
-        let Some(id) = self.pending.iter().find(|(_, p)| Arc::ptr_eq(&p.slot, slot)).map(|(id, _)| *id) else {
+        let Some(id) = self
+            .pending
+            .iter()
+            .find(|(_, p)| Arc::ptr_eq(&p.slot, slot))
+            .map(|(id, _)| *id)
+        else {
             return;
         };
         self.pending.remove(&id);
@@ -463,9 +490,23 @@ impl Engine {
         let id = self.next_call;
         self.next_call += 1;
         let rows = call.seats.len();
-        self.pending.insert(id, Pending { slot: call.slot, served: (0..rows).map(|_| None).collect(), remaining: rows });
+        self.pending.insert(
+            id,
+            Pending {
+                slot: call.slot,
+                served: (0..rows).map(|_| None).collect(),
+                remaining: rows,
+            },
+        );
         for (place, inputs) in call.seats.into_iter().enumerate() {
-            self.queue.push(QSeat { call: id, place, lane: call.stream.lane, group: call.group.clone(), inputs, queued: call.queued });
+            self.queue.push(QSeat {
+                call: id,
+                place,
+                lane: call.stream.lane,
+                group: call.group.clone(),
+                inputs,
+                queued: call.queued,
+            });
             self.queued(call.stream.lane);
         }
     }
@@ -499,7 +540,8 @@ impl Engine {
         let seated = std::mem::take(&mut self.seated);
         for seat in &seated {
             self.unqueued(seat.lane);
-            self.metrics.record_queue_wait(started.saturating_duration_since(seat.queued));
+            self.metrics
+                .record_queue_wait(started.saturating_duration_since(seat.queued));
         }
         let borrowed: Vec<lane_table::LaneId> = self.fill.borrowed().to_vec();
         for lane in &borrowed {
@@ -528,9 +570,16 @@ impl Engine {
                     let one_row = self.pending.get(&seat.call).is_some_and(|p| p.served.len() == 1);
                     if one_row {
                         let pending = self.pending.remove(&seat.call).expect("present");
-                        pending.slot.fill(Ok(Answer::Row { turn: outputs.clone(), seat: ix }));
+                        pending.slot.fill(Ok(Answer::Row {
+                            turn: outputs.clone(),
+                            seat: ix,
+                        }));
                     } else {
-                        let row = Answer::Row { turn: outputs.clone(), seat: ix }.into_outputs(&self.iface.batch_out);
+                        let row = Answer::Row {
+                            turn: outputs.clone(),
+                            seat: ix,
+                        }
+                        .into_outputs(&self.iface.batch_out);
                         self.land(seat.call, seat.place, row.map_err(|e| e.to_string()));
                     }
                 }
@@ -560,7 +609,11 @@ impl Engine {
             Some(simple) => simple.reset_turn().is_ok(),
             None => false,
         };
-        let reset = if cleared { catch_unwind(AssertUnwindSafe(|| state.reset_lanes(lanes))) } else { Ok(Err(format_err!("cannot clear the turn"))) };
+        let reset = if cleared {
+            catch_unwind(AssertUnwindSafe(|| state.reset_lanes(lanes)))
+        } else {
+            Ok(Err(format_err!("cannot clear the turn")))
+        };
         if matches!(reset, Ok(Ok(()))) {
             for seat in seated {
                 if !borrowed.contains(&seat.lane) {
@@ -583,7 +636,12 @@ impl Engine {
     }
 
     /// Stack the seats' inputs, run the state once, slice the outputs back.
-    fn run_seated(&mut self, seated: &[QSeat], lanes: Vec<TractLane>, borrowed: &[lane_table::LaneId]) -> Result<TVec<TValue>, String> {
+    fn run_seated(
+        &mut self,
+        seated: &[QSeat],
+        lanes: Vec<TractLane>,
+        borrowed: &[lane_table::LaneId],
+    ) -> Result<TVec<TValue>, String> {
         let occupancy = seated.len();
         let group = seated[0].group.clone();
         let mut inputs: TVec<TValue> = TVec::with_capacity(self.iface.inputs.len());
@@ -596,7 +654,11 @@ impl Engine {
                 if occupancy == 1 {
                     inputs.push(seated[0].inputs[k].clone());
                 } else {
-                    inputs.push(self.stacker.stack(ix, seated.iter().map(|s| &*s.inputs[k])).map_err(|e| format!("stacking input {ix}: {e:#}"))?);
+                    inputs.push(
+                        self.stacker
+                            .stack(ix, seated.iter().map(|s| &*s.inputs[k]))
+                            .map_err(|e| format!("stacking input {ix}: {e:#}"))?,
+                    );
                 }
             } else {
                 inputs.push(group.shared()[shared_slot].clone());
@@ -606,7 +668,9 @@ impl Engine {
         let state = self.state.as_mut().expect("open engine has a state");
         if !borrowed.is_empty() {
             let borrowed: Vec<TractLane> = borrowed.iter().map(|l| tract_lane(*l)).collect();
-            state.reset_lanes(&borrowed).map_err(|e| format!("resetting borrowed lanes: {e:#}"))?;
+            state
+                .reset_lanes(&borrowed)
+                .map_err(|e| format!("resetting borrowed lanes: {e:#}"))?;
         }
         let seating = Seating::new(self.table.max_lanes(), lanes).map_err(|e| format!("{e:#}"))?;
         state.seat(seating).map_err(|e| format!("{e:#}"))?;
@@ -636,8 +700,13 @@ impl Engine {
             }
         };
         for (ix, output) in outputs.iter().enumerate() {
-            if self.iface.batch_out.get(ix).copied().unwrap_or(false) && (output.rank() == 0 || output.shape()[0] != occupancy) {
-                return Err(format!("the turn seats {occupancy}, output {ix} has shape {:?}", output.shape()));
+            if self.iface.batch_out.get(ix).copied().unwrap_or(false)
+                && (output.rank() == 0 || output.shape()[0] != occupancy)
+            {
+                return Err(format!(
+                    "the turn seats {occupancy}, output {ix} has shape {:?}",
+                    output.shape()
+                ));
             }
         }
         Ok(outputs)
@@ -645,7 +714,9 @@ impl Engine {
 
     /// One seat of call `id` landed; answer the call once all have.
     fn land(&mut self, id: u64, place: usize, outputs: Result<TVec<TValue>, String>) {
-        let Some(pending) = self.pending.get_mut(&id) else { return };
+        let Some(pending) = self.pending.get_mut(&id) else {
+            return;
+        };
         match outputs {
             Err(why) => {
                 let pending = self.pending.remove(&id).expect("present");

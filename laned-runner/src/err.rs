@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use tract_core::internal::{TVec, TValue};
+use tract_core::internal::{TValue, TVec};
 
 /// [`LanedRunner::new`](crate::LanedRunner::new) refused the model or the
 /// configuration.
@@ -19,7 +19,11 @@ pub enum NewRunnerError {
     Model(String),
     /// Resetting every lane once up front failed: an op state that cannot
     /// serve several streams.
-    Reset { node: Option<String>, op: Option<String>, cause: String },
+    Reset {
+        node: Option<String>,
+        op: Option<String>,
+        cause: String,
+    },
     /// The state could not be spawned, or the worker thread not started.
     Spawn(String),
 }
@@ -72,10 +76,16 @@ impl fmt::Display for SpawnError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SpawnError::Full { lanes, waiting } => {
-                write!(f, "every one of the {lanes} lanes is taken ({waiting} streams waiting for one)")
+                write!(
+                    f,
+                    "every one of the {lanes} lanes is taken ({waiting} streams waiting for one)"
+                )
             }
             SpawnError::Busy { waiting, max_waiting } => {
-                write!(f, "busy: {waiting} streams already wait for a lane (at most {max_waiting} may); retry later")
+                write!(
+                    f,
+                    "busy: {waiting} streams already wait for a lane (at most {max_waiting} may); retry later"
+                )
             }
             SpawnError::TimedOut { waited, lanes } => {
                 write!(f, "no lane of the {lanes} freed up within {waited:?}")
@@ -95,9 +105,19 @@ pub enum RunErrorKind {
     /// The call fed another number of inputs than the model takes.
     InputCount { got: usize, wanted: usize },
     /// An input does not match the model's fact for it.
-    Input { index: usize, name: String, got: String, wanted: String },
+    Input {
+        index: usize,
+        name: String,
+        got: String,
+        wanted: String,
+    },
     /// The batched inputs disagree on how many rows the call feeds.
-    Rows { index: usize, name: String, got: usize, first: usize },
+    Rows {
+        index: usize,
+        name: String,
+        got: usize,
+        first: usize,
+    },
     /// A symbol that cannot be resolved per stream.
     Symbol(String),
     /// The stream's state was lost in a failed turn: spawn a new stream.
@@ -122,51 +142,68 @@ pub enum RunErrorKind {
 /// closed runner), [`RunError::into_inputs`] hands its inputs back.
 #[derive(Debug, Clone)]
 pub struct RunError {
-    kind: RunErrorKind,
-    inputs: Option<TVec<TValue>>,
+    /// Boxed: errors are rare, and a small `Result` keeps the hot path lean.
+    inner: Box<(RunErrorKind, Option<TVec<TValue>>)>,
 }
 
 impl RunError {
     pub(crate) fn new(kind: RunErrorKind) -> RunError {
-        RunError { kind, inputs: None }
+        RunError {
+            inner: Box::new((kind, None)),
+        }
     }
 
     pub(crate) fn with_inputs(kind: RunErrorKind, inputs: TVec<TValue>) -> RunError {
-        RunError { kind, inputs: Some(inputs) }
+        RunError {
+            inner: Box::new((kind, Some(inputs))),
+        }
     }
 
     pub fn kind(&self) -> &RunErrorKind {
-        &self.kind
+        &self.inner.0
     }
 
     /// The inputs of a call refused before it was queued.
     pub fn into_inputs(self) -> Option<TVec<TValue>> {
-        self.inputs
+        self.inner.1
     }
 }
 
 impl PartialEq for RunError {
     fn eq(&self, other: &RunError) -> bool {
-        self.kind == other.kind
+        self.kind() == other.kind()
     }
 }
 
 impl fmt::Display for RunError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.kind {
+        match self.kind() {
             RunErrorKind::InputCount { got, wanted } => {
                 write!(f, "the call feeds {got} inputs, the model takes {wanted}")
             }
-            RunErrorKind::Input { index, name, got, wanted } => {
+            RunErrorKind::Input {
+                index,
+                name,
+                got,
+                wanted,
+            } => {
                 write!(f, "input {index} ({name:?}) is {got}, the model wants {wanted}")
             }
-            RunErrorKind::Rows { index, name, got, first } => write!(
+            RunErrorKind::Rows {
+                index,
+                name,
+                got,
+                first,
+            } => write!(
                 f,
                 "input {index} ({name:?}) feeds {got} rows on axis 0, the batched inputs before it feed {first}"
             ),
             RunErrorKind::Symbol(why) => write!(f, "cannot resolve the symbol: {why}"),
             RunErrorKind::Lost(why) => {
-                write!(f, "the stream lost its state in a failed turn ({why}); spawn a new stream")
+                write!(
+                    f,
+                    "the stream lost its state in a failed turn ({why}); spawn a new stream"
+                )
             }
             RunErrorKind::Turn(why) => write!(f, "the turn seating this call failed: {why}"),
             RunErrorKind::Evicted(why) => write!(f, "the stream was evicted ({why}); spawn a new stream"),

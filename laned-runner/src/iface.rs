@@ -38,14 +38,33 @@ pub(crate) struct PulseInfo {
 impl PulseInfo {
     fn of(inner: &dyn Runnable, inputs: &[Port]) -> Option<PulseInfo> {
         let props = inner.properties();
-        let name = props.get("pulse.streaming_symbol")?.try_as_plain_ram().ok()?.as_slice::<String>().ok()?.first()?.clone();
+        let name = props
+            .get("pulse.streaming_symbol")?
+            .try_as_plain_ram()
+            .ok()?
+            .as_slice::<String>()
+            .ok()?
+            .first()?
+            .clone();
         let symbol = inner.typed_model()?.symbols.get(&name)?;
         let axes = props.get("pulse.input_axes")?.cast_to::<i64>().ok()?.into_owned();
         let axes = axes.try_as_plain_ram().ok()?.as_slice::<i64>().ok()?.to_vec();
-        let (ix, axis) = axes.iter().enumerate().find(|(ix, a)| **a >= 0 && inputs.get(*ix).is_some_and(|p| p.batched))?;
+        let (ix, axis) = axes
+            .iter()
+            .enumerate()
+            .find(|(ix, a)| **a >= 0 && inputs.get(*ix).is_some_and(|p| p.batched))?;
         let pulse = inputs[ix].fact.shape.dims().get(*axis as usize)?.to_usize().ok()?;
         let delays = props.get("pulse.delay")?.cast_to::<i64>().ok()?.into_owned();
-        let delay = delays.try_as_plain_ram().ok()?.as_slice::<i64>().ok()?.iter().copied().max().unwrap_or(0).max(0) as usize;
+        let delay = delays
+            .try_as_plain_ram()
+            .ok()?
+            .as_slice::<i64>()
+            .ok()?
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .max(0) as usize;
         Some(PulseInfo { symbol, pulse, delay })
     }
 }
@@ -106,14 +125,24 @@ impl Interface {
         };
         let mut inputs = vec![];
         for ix in 0..inner.input_count() {
-            let fact = inner.input_fact(ix).map_err(|e| NewRunnerError::Model(format!("{e:#}")))?.clone();
+            let fact = inner
+                .input_fact(ix)
+                .map_err(|e| NewRunnerError::Model(format!("{e:#}")))?
+                .clone();
             let name = name_of(ix, true);
             note(format!("input {ix} ({name:?})"), &fact, &mut symbols);
-            inputs.push(Port { name, batched: false, fact });
+            inputs.push(Port {
+                name,
+                batched: false,
+                fact,
+            });
         }
         let mut out_facts = vec![];
         for ix in 0..inner.output_count() {
-            let fact = inner.output_fact(ix).map_err(|e| NewRunnerError::Model(format!("{e:#}")))?.clone();
+            let fact = inner
+                .output_fact(ix)
+                .map_err(|e| NewRunnerError::Model(format!("{e:#}")))?
+                .clone();
             note(format!("output {ix} ({:?})", name_of(ix, false)), &fact, &mut symbols);
             out_facts.push(fact);
         }
@@ -122,7 +151,11 @@ impl Interface {
         let batch = match symbols.len() {
             1 => symbols.remove(0),
             0 => {
-                let found = if elsewhere.is_empty() { "no input or output carries a symbol at all".to_string() } else { elsewhere.join(", ") };
+                let found = if elsewhere.is_empty() {
+                    "no input or output carries a symbol at all".to_string()
+                } else {
+                    elsewhere.join(", ")
+                };
                 return Err(NewRunnerError::BatchAxis(format!(
                     "a laned model carries its batch symbol on axis 0 of the tensors it batches, and {found}; move the batch to axis 0 with a graph edit (Batchify)"
                 )));
@@ -139,14 +172,26 @@ impl Interface {
         for port in &mut inputs {
             port.batched = batch_symbol(&port.fact).as_ref() == Some(&batch);
         }
-        let batch_out: Vec<bool> = out_facts.iter().map(|f| batch_symbol(f).as_ref() == Some(&batch)).collect();
+        let batch_out: Vec<bool> = out_facts
+            .iter()
+            .map(|f| batch_symbol(f).as_ref() == Some(&batch))
+            .collect();
         if !batch_out.iter().any(|b| *b) {
-            return Err(NewRunnerError::NoBatchedOutput { outputs: batch_out.len() });
+            return Err(NewRunnerError::NoBatchedOutput {
+                outputs: batch_out.len(),
+            });
         }
         let batched_inputs = (0..inputs.len()).filter(|ix| inputs[*ix].batched).collect();
         let shared_inputs = (0..inputs.len()).filter(|ix| !inputs[*ix].batched).collect();
         let pulse = PulseInfo::of(inner, &inputs);
-        Ok(Interface { batch, inputs, batch_out, batched_inputs, shared_inputs, pulse })
+        Ok(Interface {
+            batch,
+            inputs,
+            batch_out,
+            batched_inputs,
+            shared_inputs,
+            pulse,
+        })
     }
 
     /// One row of zeros for every input: a pulse of silence.
@@ -160,10 +205,18 @@ impl Interface {
                     .dims()
                     .iter()
                     .enumerate()
-                    .map(|(axis, d)| if axis == 0 && port.batched { Ok(1) } else { d.to_usize().map_err(|_| ()) })
+                    .map(|(axis, d)| {
+                        if axis == 0 && port.batched {
+                            Ok(1)
+                        } else {
+                            d.to_usize().map_err(|_| ())
+                        }
+                    })
                     .collect::<Result<TVec<usize>, ()>>()
                     .map_err(|_| format!("input {:?} has a symbolic dim, so silence has no shape", port.name))?;
-                Tensor::zero_dt(port.fact.datum_type, &shape).map(|t| t.into_tvalue()).map_err(|e| format!("{e:#}"))
+                Tensor::zero_dt(port.fact.datum_type, &shape)
+                    .map(|t| t.into_tvalue())
+                    .map_err(|e| format!("{e:#}"))
             })
             .collect()
     }
@@ -173,7 +226,10 @@ impl Interface {
     /// failure hands the inputs back inside the error.
     pub fn check(&self, inputs: TVec<TValue>) -> Result<Checked, RunError> {
         if inputs.len() != self.inputs.len() {
-            let kind = RunErrorKind::InputCount { got: inputs.len(), wanted: self.inputs.len() };
+            let kind = RunErrorKind::InputCount {
+                got: inputs.len(),
+                wanted: self.inputs.len(),
+            };
             return Err(RunError::with_inputs(kind, inputs));
         }
         let mut rows: Option<(usize, usize)> = None;
@@ -181,15 +237,21 @@ impl Interface {
             let fact = &port.fact;
             let mismatch = input.datum_type() != fact.datum_type
                 || input.rank() != fact.rank()
-                || fact.shape.dims().iter().zip(input.shape()).enumerate().any(|(axis, (want, got))| {
-                    if axis == 0 && port.batched {
-                        return *got == 0;
-                    }
-                    match want.to_usize() {
-                        Ok(want) => want != *got,
-                        Err(_) => false,
-                    }
-                });
+                || fact
+                    .shape
+                    .dims()
+                    .iter()
+                    .zip(input.shape())
+                    .enumerate()
+                    .any(|(axis, (want, got))| {
+                        if axis == 0 && port.batched {
+                            return *got == 0;
+                        }
+                        match want.to_usize() {
+                            Ok(want) => want != *got,
+                            Err(_) => false,
+                        }
+                    });
             if mismatch {
                 let kind = RunErrorKind::Input {
                     index,
@@ -204,7 +266,12 @@ impl Interface {
                 match rows {
                     None => rows = Some((got, index)),
                     Some((first, _)) if first != got => {
-                        let kind = RunErrorKind::Rows { index, name: port.name.clone(), got, first };
+                        let kind = RunErrorKind::Rows {
+                            index,
+                            name: port.name.clone(),
+                            got,
+                            first,
+                        };
                         return Err(RunError::with_inputs(kind, inputs));
                     }
                     _ => (),

@@ -51,7 +51,11 @@ pub struct LanedRunner {
 
 impl fmt::Debug for LanedRunner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LanedRunner({} lanes, {:?})", self.core.config.max_lanes, self.core.config.mode)
+        write!(
+            f,
+            "LanedRunner({} lanes, {:?})",
+            self.core.config.max_lanes, self.core.config.mode
+        )
     }
 }
 
@@ -65,8 +69,17 @@ impl LanedRunner {
         let iface = Arc::new(Interface::of(&*inner)?);
         let metrics = Arc::new(Metrics::new(config.max_seats));
         let shard = Shard::start(inner.clone(), iface.clone(), &config, metrics.clone())?;
-        let core = Arc::new(Core { inner, iface, shard, metrics, config });
-        Ok(LanedRunner { _owner: Some(Arc::new(Owner { core: core.clone() })), core })
+        let core = Arc::new(Core {
+            inner,
+            iface,
+            shard,
+            metrics,
+            config,
+        });
+        Ok(LanedRunner {
+            _owner: Some(Arc::new(Owner { core: core.clone() })),
+            core,
+        })
     }
 
     /// A new stream, holding a lane (reset) until its last handle is
@@ -85,7 +98,10 @@ impl LanedRunner {
 
     fn spawn_with(&self, wait: Option<Duration>) -> Result<LanedStateHandle, SpawnError> {
         let slot = Arc::new(Slot::new());
-        self.core.shard.push(Request::Spawn { slot: slot.clone(), wait: wait.is_some() });
+        self.core.shard.push(Request::Spawn {
+            slot: slot.clone(),
+            wait: wait.is_some(),
+        });
         let deadline = wait.map(|w| Instant::now() + w);
         let answer = match self.core.shard.wait(&slot, deadline) {
             Wake::Value(answer) => answer,
@@ -93,17 +109,26 @@ impl LanedRunner {
                 Some(answer) => answer,
                 None => {
                     self.core.metrics.record_admission_refused();
-                    Err(SpawnError::TimedOut { waited: wait.unwrap_or_default(), lanes: self.core.config.max_lanes })
+                    Err(SpawnError::TimedOut {
+                        waited: wait.unwrap_or_default(),
+                        lanes: self.core.config.max_lanes,
+                    })
                 }
             },
         };
         let grant = answer?;
         Ok(LanedStateHandle {
-            stream: Arc::new(Stream { grant, core: self.core.clone() }),
+            stream: Arc::new(Stream {
+                grant,
+                core: self.core.clone(),
+            }),
             slot: Arc::new(Slot::new()),
             resolved: vec![],
             frames: 0,
-            runner: LanedRunner { core: self.core.clone(), _owner: None },
+            runner: LanedRunner {
+                core: self.core.clone(),
+                _owner: None,
+            },
         })
     }
 
@@ -120,7 +145,10 @@ impl LanedRunner {
     /// through this one fail as closed. For threads that serve streams but
     /// should not decide the runner's life (an accept loop, say).
     pub fn detached(&self) -> LanedRunner {
-        LanedRunner { core: self.core.clone(), _owner: None }
+        LanedRunner {
+            core: self.core.clone(),
+            _owner: None,
+        }
     }
 
     /// What the runner has served so far.
@@ -315,7 +343,13 @@ impl LanedStateHandle {
         };
         let rows = checked.seats.len();
         let group = Group::new(checked.shared, std::mem::take(&mut self.resolved));
-        let call = Call { stream: self.stream.grant, seats: checked.seats, group, slot: self.slot.clone(), queued: Instant::now() };
+        let call = Call {
+            stream: self.stream.grant,
+            seats: checked.seats,
+            group,
+            slot: self.slot.clone(),
+            queued: Instant::now(),
+        };
         core.shard.push(Request::Call(call));
         let answer = match core.shard.wait(&self.slot, None) {
             Wake::Value(answer) => answer,
@@ -372,7 +406,13 @@ impl LanedStateHandle {
         }
         while fed < total + pulse.delay {
             self.resolve(&pulse.symbol, total as i64)?;
-            outputs.push(self.call(core.iface.silence().map_err(|e| RunError::new(RunErrorKind::Finish(e))) ?)?);
+            outputs.push(
+                self.call(
+                    core.iface
+                        .silence()
+                        .map_err(|e| RunError::new(RunErrorKind::Finish(e)))?,
+                )?,
+            );
             fed += pulse.pulse;
         }
         Ok(outputs)

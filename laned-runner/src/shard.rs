@@ -59,7 +59,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shard {
     /// Build the state and reset every lane on the thread that will own it:
     /// the worker's in `Worker` mode, this one otherwise.
-    pub fn start(inner: Arc<dyn Runnable>, iface: Arc<Interface>, config: &Resolved, metrics: Arc<Metrics>) -> Result<Arc<Shard>, NewRunnerError> {
+    pub fn start(
+        inner: Arc<dyn Runnable>,
+        iface: Arc<Interface>,
+        config: &Resolved,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Shard>, NewRunnerError> {
         match config.mode {
             Mode::Combining => {
                 let engine = Engine::start(inner, iface, config, metrics)?;
@@ -91,7 +96,9 @@ impl Shard {
                         }
                     })
                     .map_err(|e| NewRunnerError::Spawn(format!("starting the worker thread: {e}")))?;
-                let shard = ready.recv().map_err(|_| NewRunnerError::Spawn("the worker died starting".into()))?;
+                let shard = ready
+                    .recv()
+                    .map_err(|_| NewRunnerError::Spawn("the worker died starting".into()))?;
                 let shard = match shard {
                     Ok(shard) => shard,
                     Err(e) => {
@@ -109,7 +116,12 @@ impl Shard {
     fn new(engine: Engine, config: &Resolved) -> Shard {
         let can_forget_symbols = engine.can_forget_symbols();
         Shard {
-            inbox: Mutex::new(Inbox { requests: Vec::new(), closed: false, draining: false, drained: false }),
+            inbox: Mutex::new(Inbox {
+                requests: Vec::new(),
+                closed: false,
+                draining: false,
+                drained: false,
+            }),
             quiet: Condvar::new(),
             idle_timeout: config.idle_timeout,
             arrived: Condvar::new(),
@@ -287,7 +299,11 @@ impl Shard {
                             if due <= now {
                                 break;
                             }
-                            inbox = self.arrived.wait_timeout(inbox, due - now).unwrap_or_else(|e| e.into_inner()).0;
+                            inbox = self
+                                .arrived
+                                .wait_timeout(inbox, due - now)
+                                .unwrap_or_else(|e| e.into_inner())
+                                .0;
                         }
                     }
                 }
@@ -373,7 +389,9 @@ impl Shard {
 fn refuse(request: Request) {
     match request {
         Request::Spawn { slot, .. } => slot.fill(Err(crate::err::SpawnError::Closed)),
-        Request::Call(call) => call.slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
+        Request::Call(call) => call
+            .slot
+            .fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
         Request::Release(_) | Request::Cancel(_) => (),
     }
 }

@@ -35,7 +35,15 @@ pub(crate) enum Wake<T> {
 
 impl<T> Slot<T> {
     pub fn new() -> Slot<T> {
-        Slot { inner: Mutex::new(Inner { value: None, promoted: false, cancelled: false, abandoned: false }), cv: Condvar::new() }
+        Slot {
+            inner: Mutex::new(Inner {
+                value: None,
+                promoted: false,
+                cancelled: false,
+                abandoned: false,
+            }),
+            cv: Condvar::new(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<T>> {
@@ -107,7 +115,11 @@ impl<T> Slot<T> {
                     if now >= deadline {
                         return Wake::TimedOut;
                     }
-                    inner = self.cv.wait_timeout(inner, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+                    inner = self
+                        .cv
+                        .wait_timeout(inner, deadline - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
                 }
             }
         }

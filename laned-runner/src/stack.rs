@@ -24,25 +24,39 @@ impl Default for Stacker {
 impl Stacker {
     /// Keep `config.shapes_per_key()` turn shapes per input slot.
     pub fn new(config: MemoConfig) -> Stacker {
-        Stacker { buffers: Memo::new(config) }
+        Stacker {
+            buffers: Memo::new(config),
+        }
     }
 
     /// `rows` (each with 1 on axis 0, all of one shape and datum type)
     /// stacked on axis 0, for input slot `slot`.
-    pub fn stack<'a>(&mut self, slot: usize, rows: impl ExactSizeIterator<Item = &'a Tensor> + Clone) -> TractResult<TValue> {
+    pub fn stack<'a>(
+        &mut self,
+        slot: usize,
+        rows: impl ExactSizeIterator<Item = &'a Tensor> + Clone,
+    ) -> TractResult<TValue> {
         let count = rows.len();
-        let Some(first) = rows.clone().next() else { bail!("stacking no row for input {slot}") };
+        let Some(first) = rows.clone().next() else {
+            bail!("stacking no row for input {slot}")
+        };
         let dt = first.datum_type();
         if !dt.is_copy() {
             let rows: TVec<&Tensor> = rows.collect();
             return Ok(Tensor::stack_tensors(0, &rows)?.into_tvalue());
         }
-        ensure!(first.rank() > 0 && first.shape()[0] == 1, "input {slot}: a row has 1 on axis 0, got {:?}", first.shape());
+        ensure!(
+            first.rank() > 0 && first.shape()[0] == 1,
+            "input {slot}: a row has 1 on axis 0, got {:?}",
+            first.shape()
+        );
         let mut shape: TVec<usize> = first.shape().into();
         shape[0] = count;
-        let buffer = self.buffers.get_or_try_build(&slot, &shape, &(), |shape, _| -> TractResult<Arc<Tensor>> {
-            Ok(Arc::new(unsafe { Tensor::uninitialized_dt(dt, shape)? }))
-        })?;
+        let buffer = self
+            .buffers
+            .get_or_try_build(&slot, &shape, &(), |shape, _| -> TractResult<Arc<Tensor>> {
+                Ok(Arc::new(unsafe { Tensor::uninitialized_dt(dt, shape)? }))
+            })?;
         if Arc::get_mut(buffer).is_none() {
             // The previous turn's value of this shape is still held somewhere:
             // never write under it; take a fresh buffer instead.
@@ -52,9 +66,17 @@ impl Stacker {
         let row = first.len() * dt.size_of();
         let bytes = tensor.as_bytes_mut();
         for (seat, t) in rows.enumerate() {
-            ensure!(t.datum_type() == dt, "input {slot}: seat {seat} is {:?}, seat 0 {dt:?}", t.datum_type());
+            ensure!(
+                t.datum_type() == dt,
+                "input {slot}: seat {seat} is {:?}, seat 0 {dt:?}",
+                t.datum_type()
+            );
             let src = t.as_bytes();
-            ensure!(src.len() == row, "input {slot}: seat {seat} feeds {} bytes, seat 0 {row}", src.len());
+            ensure!(
+                src.len() == row,
+                "input {slot}: seat {seat} feeds {} bytes, seat 0 {row}",
+                src.len()
+            );
             bytes[seat * row..(seat + 1) * row].copy_from_slice(src);
         }
         Ok(TValue::from_const(buffer.clone()))

@@ -35,7 +35,9 @@ fn allocations_of(f: impl FnOnce()) -> usize {
 /// occupancies stay within the memo's bound; a held buffer is never written.
 #[test]
 fn a_steady_turn_allocates_nothing_to_stack() {
-    let rows: Vec<Tensor> = (0..5).map(|s| Tensor::from_shape(&[1, 40, 4], &vec![s as f32; 160]).unwrap()).collect();
+    let rows: Vec<Tensor> = (0..5)
+        .map(|s| Tensor::from_shape(&[1, 40, 4], &vec![s as f32; 160]).unwrap())
+        .collect();
     let mut stacker = Stacker::default();
     let first = allocations_of(|| drop(stacker.stack(0, rows[..3].iter()).unwrap()));
     assert!(first > 0, "the first turn builds its buffer (the allocator counts)");

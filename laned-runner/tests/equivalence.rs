@@ -33,7 +33,12 @@ fn seed_case() -> Schedule {
     Schedule {
         max_lanes: 4,
         streams: (0..8)
-            .map(|s| StreamPlan { seed: 100 + s, calls: vec![1; 6 + (s as usize % 3)], arrive: s as usize, end: None })
+            .map(|s| StreamPlan {
+                seed: 100 + s,
+                calls: vec![1; 6 + (s as usize % 3)],
+                arrive: s as usize,
+                end: None,
+            })
             .collect(),
         picks: vec![u64::MAX],
     }
@@ -64,10 +69,30 @@ fn every_fixture_both_modes_with_wide_calls_and_ends() {
     let schedule = Schedule {
         max_lanes: 3,
         streams: vec![
-            StreamPlan { seed: 1, calls: vec![1, 2, 1, 1], arrive: 0, end: None },
-            StreamPlan { seed: 2, calls: vec![1, 1, 1], arrive: 0, end: Some(9) },
-            StreamPlan { seed: 3, calls: vec![2, 1, 1, 1], arrive: 1, end: Some(11) },
-            StreamPlan { seed: 4, calls: vec![1, 1], arrive: 2, end: None },
+            StreamPlan {
+                seed: 1,
+                calls: vec![1, 2, 1, 1],
+                arrive: 0,
+                end: None,
+            },
+            StreamPlan {
+                seed: 2,
+                calls: vec![1, 1, 1],
+                arrive: 0,
+                end: Some(9),
+            },
+            StreamPlan {
+                seed: 3,
+                calls: vec![2, 1, 1, 1],
+                arrive: 1,
+                end: Some(11),
+            },
+            StreamPlan {
+                seed: 4,
+                calls: vec![1, 1],
+                arrive: 2,
+                end: None,
+            },
         ],
         picks: vec![u64::MAX],
     };

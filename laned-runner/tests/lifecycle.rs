@@ -13,7 +13,12 @@ use tract_core::internal::*;
 const MODES: [Mode; 2] = [Mode::Worker, Mode::Combining];
 
 fn small_tdnn() -> Fixture {
-    fixtures::tdnn(fixtures::TdnnConfig { width: 8, pulse: 4, layout: fixtures::Layout::Nchw }).unwrap()
+    fixtures::tdnn(fixtures::TdnnConfig {
+        width: 8,
+        pulse: 4,
+        layout: fixtures::Layout::Nchw,
+    })
+    .unwrap()
 }
 
 fn runner(f: &Fixture, config: laned_runner::RunnerConfigBuilder) -> LanedRunner {
@@ -52,7 +57,16 @@ fn waiting_spawns_get_lanes_first_come_first_served() {
             waiters.push(thread::spawn(move || {
                 let mut h = r2.spawn_timeout(Duration::from_secs(30)).unwrap();
                 order.lock().unwrap().push(w);
-                h.call(laned_testkit::fixtures::tdnn(fixtures::TdnnConfig { width: 8, pulse: 4, layout: fixtures::Layout::Nchw }).unwrap().inputs(1, w)).unwrap();
+                h.call(
+                    laned_testkit::fixtures::tdnn(fixtures::TdnnConfig {
+                        width: 8,
+                        pulse: 4,
+                        layout: fixtures::Layout::Nchw,
+                    })
+                    .unwrap()
+                    .inputs(1, w),
+                )
+                .unwrap();
             }));
             eventually("the waiter is queued", || waiting(&r) == w as usize + 1);
         }
@@ -93,8 +107,17 @@ fn a_full_admission_queue_refuses_as_busy() {
         let waiter = thread::spawn(move || r2.spawn_timeout(Duration::from_secs(30)).map(|_| ()));
         eventually("one waiter", || waiting(&r) == 1);
         let err = r.spawn_timeout(Duration::from_secs(30)).unwrap_err();
-        assert_eq!(err, SpawnError::Busy { waiting: 1, max_waiting: 1 });
-        assert_eq!(err.to_string(), "busy: 1 streams already wait for a lane (at most 1 may); retry later");
+        assert_eq!(
+            err,
+            SpawnError::Busy {
+                waiting: 1,
+                max_waiting: 1
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "busy: 1 streams already wait for a lane (at most 1 may); retry later"
+        );
         assert!(r.metrics().admissions_refused >= 1);
         drop(holder);
         waiter.join().unwrap().unwrap();
@@ -135,7 +158,11 @@ fn solo_end(f: &Fixture, seed: u64, pulses: usize, real: usize) -> Vec<TVec<TVal
     }
     while fed < total + f.delay {
         state.resolve_symbol(&f.stream, total as i64).unwrap();
-        outs.push(state.run(tvec!(Tensor::zero::<f32>(&f.inputs[0].shape).unwrap().into_tvalue())).unwrap());
+        outs.push(
+            state
+                .run(tvec!(Tensor::zero::<f32>(&f.inputs[0].shape).unwrap().into_tvalue()))
+                .unwrap(),
+        );
         fed += f.pulse;
     }
     outs
@@ -145,9 +172,19 @@ fn solo_end(f: &Fixture, seed: u64, pulses: usize, real: usize) -> Vec<TVec<TVal
 /// solo ending, the delay flushed; afterwards their lanes are free.
 #[test]
 fn streams_end_on_partial_pulses_with_their_delay_flushed() {
-    for f in [fixtures::strided().unwrap(), fixtures::edge_pad().unwrap(), small_tdnn()] {
+    for f in [
+        fixtures::strided().unwrap(),
+        fixtures::edge_pad().unwrap(),
+        small_tdnn(),
+    ] {
         for mode in MODES {
-            let r = runner(&f, RunnerConfig::builder().max_lanes(3).mode(mode).linger(Duration::from_millis(50)));
+            let r = runner(
+                &f,
+                RunnerConfig::builder()
+                    .max_lanes(3)
+                    .mode(mode)
+                    .linger(Duration::from_millis(50)),
+            );
             let ends = [(3usize, 1usize), (3, 3), (2, 0)];
             let threads: Vec<_> = ends
                 .iter()
@@ -177,7 +214,11 @@ fn streams_end_on_partial_pulses_with_their_delay_flushed() {
                 }
                 // Every output frame of the stream is out.
                 let frames: usize = got.iter().map(|o| o[0].shape()[2]).sum();
-                assert!(frames * (f.pulse / got[0][0].shape()[2]) >= pulses * f.pulse + real, "{}: {frames} frames out", f.name);
+                assert!(
+                    frames * (f.pulse / got[0][0].shape()[2]) >= pulses * f.pulse + real,
+                    "{}: {frames} frames out",
+                    f.name
+                );
             }
             eventually("every lane back", || r.metrics().lanes_taken == 0);
         }
@@ -193,7 +234,11 @@ fn finishing_a_stream_of_a_model_without_pulse_properties_is_refused() {
     let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(model).unwrap().into();
     let r = LanedRunner::new(plan, RunnerConfig::default()).unwrap();
     let err = r.try_spawn().unwrap().finish(None, 0).unwrap_err();
-    assert!(err.to_string().starts_with("cannot end the stream: the model carries no pulse properties"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("cannot end the stream: the model carries no pulse properties"),
+        "{err}"
+    );
 }
 
 /// A stream silent for longer than `idle_timeout` loses its lane to a
@@ -203,18 +248,31 @@ fn finishing_a_stream_of_a_model_without_pulse_properties_is_refused() {
 fn an_idle_stream_is_evicted_and_its_lane_reused() {
     let f = small_tdnn();
     for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().max_lanes(1).mode(mode).idle_timeout(Duration::from_millis(40)));
+        let r = runner(
+            &f,
+            RunnerConfig::builder()
+                .max_lanes(1)
+                .mode(mode)
+                .idle_timeout(Duration::from_millis(40)),
+        );
         let mut idle = r.try_spawn().unwrap();
         idle.call(f.inputs(1, 1)).unwrap();
         let mut next = r.spawn_timeout(Duration::from_secs(20)).unwrap();
         let err = idle.call(f.inputs(1, 2)).unwrap_err();
         assert!(matches!(err.kind(), RunErrorKind::Evicted(_)));
-        assert_eq!(err.to_string(), "the stream was evicted (it did not call for 40ms); spawn a new stream", "{mode:?}");
+        assert_eq!(
+            err.to_string(),
+            "the stream was evicted (it did not call for 40ms); spawn a new stream",
+            "{mode:?}"
+        );
         drop(idle);
         // The successor's lane is still its own: a fresh stream's output.
         let solo = f.runnable().unwrap().spawn().unwrap().run(f.inputs(1, 3)).unwrap();
         assert_eq!(*next.call(f.inputs(1, 3)).unwrap()[0], *solo[0]);
-        assert!(matches!(r.try_spawn(), Err(SpawnError::Full { .. })), "{mode:?}: a lane was released twice");
+        assert!(
+            matches!(r.try_spawn(), Err(SpawnError::Full { .. })),
+            "{mode:?}: a lane was released twice"
+        );
     }
 }
 
@@ -225,7 +283,13 @@ fn eviction_racing_a_call() {
     let f = small_tdnn();
     let solo = f.runnable().unwrap().spawn().unwrap().run(f.inputs(1, 5)).unwrap();
     for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().max_lanes(2).mode(mode).idle_timeout(Duration::from_millis(3)));
+        let r = runner(
+            &f,
+            RunnerConfig::builder()
+                .max_lanes(2)
+                .mode(mode)
+                .idle_timeout(Duration::from_millis(3)),
+        );
         let mut rng = Lcg(7);
         let (mut ran, mut evicted) = (0, 0);
         for _ in 0..40 {
@@ -258,7 +322,13 @@ fn a_queued_call_is_cancelled_from_another_thread() {
     let solo_first = f.runnable().unwrap().spawn().unwrap().run(f.inputs(1, 2)).unwrap();
     for mode in MODES {
         // Two held lanes and a long linger: a's call waits for b's.
-        let r = runner(&f, RunnerConfig::builder().max_lanes(2).mode(mode).linger(Duration::from_millis(300)));
+        let r = runner(
+            &f,
+            RunnerConfig::builder()
+                .max_lanes(2)
+                .mode(mode)
+                .linger(Duration::from_millis(300)),
+        );
         let (mut a, _b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
         let token = CancelToken::new();
         let t2 = token.clone();
@@ -279,10 +349,11 @@ fn a_queued_call_is_cancelled_from_another_thread() {
             // The caller itself lingers holding the state: the cancel finds
             // the seat already seated, which completes; either way the
             // answer is consistent with what ran.
-            Mode::Combining => match out {
-                Err(e) => assert_eq!(e.to_string(), "the call was cancelled"),
-                Ok(_) => {}
-            },
+            Mode::Combining => {
+                if let Err(e) = out {
+                    assert_eq!(e.to_string(), "the call was cancelled");
+                }
+            }
         }
         // A cancelled token refuses at once and hands the inputs back.
         let err = a.call_with(f.inputs(1, 9), &token).unwrap_err();
@@ -359,7 +430,13 @@ fn drain_finishes_the_queue_and_refuses_the_rest() {
 fn churn() {
     let f = small_tdnn();
     for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().max_lanes(3).mode(mode).idle_timeout(Duration::from_millis(20)));
+        let r = runner(
+            &f,
+            RunnerConfig::builder()
+                .max_lanes(3)
+                .mode(mode)
+                .idle_timeout(Duration::from_millis(20)),
+        );
         let deadline = Instant::now() + Duration::from_millis(1500);
         let workers: Vec<_> = (0..4u64)
             .map(|w| {
@@ -369,7 +446,9 @@ fn churn() {
                     let mut rng = Lcg(w + 1);
                     let mut checked = 0;
                     while Instant::now() < deadline {
-                        let Ok(mut h) = r.spawn_timeout(Duration::from_secs(10)) else { continue };
+                        let Ok(mut h) = r.spawn_timeout(Duration::from_secs(10)) else {
+                            continue;
+                        };
                         let mut solo = plan.spawn().unwrap();
                         let seed = rng.next();
                         let calls = 1 + rng.next() % 4;
@@ -398,7 +477,7 @@ fn churn() {
                                 }
                             }
                         }
-                        if intact && rng.next() % 2 == 0 {
+                        if intact && rng.next().is_multiple_of(2) {
                             let _ = h.finish(None, 0);
                         }
                     }

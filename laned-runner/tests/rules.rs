@@ -12,11 +12,20 @@ use tract_core::internal::*;
 const MODES: [Mode; 2] = [Mode::Worker, Mode::Combining];
 
 fn small_tdnn() -> Fixture {
-    fixtures::tdnn(fixtures::TdnnConfig { width: 8, pulse: 4, layout: fixtures::Layout::Nchw }).unwrap()
+    fixtures::tdnn(fixtures::TdnnConfig {
+        width: 8,
+        pulse: 4,
+        layout: fixtures::Layout::Nchw,
+    })
+    .unwrap()
 }
 
 fn runner(fixture: &Fixture, lanes: usize, mode: Mode, linger: Duration) -> LanedRunner {
-    let config = RunnerConfig::builder().max_lanes(lanes).mode(mode).linger(linger).build();
+    let config = RunnerConfig::builder()
+        .max_lanes(lanes)
+        .mode(mode)
+        .linger(linger)
+        .build();
     LanedRunner::new(fixture.runnable().unwrap(), config).unwrap()
 }
 
@@ -66,7 +75,11 @@ fn a_call_wider_than_the_free_lanes_is_split() {
         let out = h.call(f.inputs(3, 5)).unwrap();
         assert_eq!(out[0].shape(), &[3, 32, 4]);
         let m = r.metrics();
-        assert_eq!((m.turns, m.seats), (2, 3), "{mode:?}: row 0 + row 1 borrowed, then row 2 borrowed");
+        assert_eq!(
+            (m.turns, m.seats),
+            (2, 3),
+            "{mode:?}: row 0 + row 1 borrowed, then row 2 borrowed"
+        );
     }
 }
 
@@ -97,16 +110,30 @@ fn shared_inputs_group_seats_into_turns() {
     };
     for mode in MODES {
         let r = runner(&f, 2, mode, Duration::from_secs(3600));
-        let handles = vec![(r.try_spawn().unwrap(), with_gain(1, 0.5)), (r.try_spawn().unwrap(), with_gain(2, 0.5))];
+        let handles = vec![
+            (r.try_spawn().unwrap(), with_gain(1, 0.5)),
+            (r.try_spawn().unwrap(), with_gain(2, 0.5)),
+        ];
         assert!(call_all(handles).iter().all(|o| o.is_ok()));
-        assert_eq!((r.metrics().turns, r.metrics().seats), (1, 2), "{mode:?}: agreeing seats share a turn");
+        assert_eq!(
+            (r.metrics().turns, r.metrics().seats),
+            (1, 2),
+            "{mode:?}: agreeing seats share a turn"
+        );
 
         let r = runner(&f, 2, mode, Duration::from_millis(200));
-        let handles = vec![(r.try_spawn().unwrap(), with_gain(1, 0.5)), (r.try_spawn().unwrap(), with_gain(2, 2.0))];
+        let handles = vec![
+            (r.try_spawn().unwrap(), with_gain(1, 0.5)),
+            (r.try_spawn().unwrap(), with_gain(2, 2.0)),
+        ];
         let outs = call_all(handles);
         assert_eq!(*outs[0].as_ref().unwrap()[0], *solo(&f, with_gain(1, 0.5))[0]);
         assert_eq!(*outs[1].as_ref().unwrap()[0], *solo(&f, with_gain(2, 2.0))[0]);
-        assert_eq!((r.metrics().turns, r.metrics().seats), (2, 2), "{mode:?}: disagreeing seats take a turn each");
+        assert_eq!(
+            (r.metrics().turns, r.metrics().seats),
+            (2, 2),
+            "{mode:?}: disagreeing seats take a turn each"
+        );
     }
 }
 
@@ -145,17 +172,32 @@ fn a_bad_input_fails_its_own_call_only() {
         let r = runner(&f, 2, mode, Duration::from_millis(100));
         let bad = tvec!(Tensor::zero::<f32>(&[1, 39, 4]).unwrap().into_tvalue());
         let good = f.inputs(1, 9);
-        let outs = call_all(vec![(r.try_spawn().unwrap(), bad.clone()), (r.try_spawn().unwrap(), good.clone())]);
+        let outs = call_all(vec![
+            (r.try_spawn().unwrap(), bad.clone()),
+            (r.try_spawn().unwrap(), good.clone()),
+        ]);
         let err = outs[0].clone().unwrap_err();
-        assert_eq!(err.to_string(), "input 0 (\"features\") is F32 [1, 39, 4], the model wants F32 [B, 40, 4]");
-        assert_eq!(err.into_inputs().unwrap()[0], bad[0], "a refused call gets its inputs back");
+        assert_eq!(
+            err.to_string(),
+            "input 0 (\"features\") is F32 [1, 39, 4], the model wants F32 [B, 40, 4]"
+        );
+        assert_eq!(
+            err.into_inputs().unwrap()[0],
+            bad[0],
+            "a refused call gets its inputs back"
+        );
         assert_eq!(*outs[1].as_ref().unwrap()[0], *solo(&f, good)[0]);
 
         let mut h = r.try_spawn().unwrap();
         let err = h.call(tvec!()).unwrap_err();
         assert_eq!(err.to_string(), "the call feeds 0 inputs, the model takes 1");
-        let err = h.call(tvec!(Tensor::zero::<i32>(&[1, 40, 4]).unwrap().into_tvalue())).unwrap_err();
-        assert_eq!(err.to_string(), "input 0 (\"features\") is I32 [1, 40, 4], the model wants F32 [B, 40, 4]");
+        let err = h
+            .call(tvec!(Tensor::zero::<i32>(&[1, 40, 4]).unwrap().into_tvalue()))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "input 0 (\"features\") is I32 [1, 40, 4], the model wants F32 [B, 40, 4]"
+        );
         // The stream itself is fine afterwards.
         assert_eq!(*h.call(f.inputs(1, 9)).unwrap()[0], *solo(&f, f.inputs(1, 9))[0]);
     }
@@ -169,7 +211,10 @@ fn batched_inputs_must_agree_on_rows() {
     let mut inputs = f.inputs(2, 1);
     inputs[1] = f.inputs(1, 1)[1].clone();
     let err = r.try_spawn().unwrap().call(inputs).unwrap_err();
-    assert_eq!(err.to_string(), "input 1 (\"right\") feeds 1 rows on axis 0, the batched inputs before it feed 2");
+    assert_eq!(
+        err.to_string(),
+        "input 1 (\"right\") feeds 1 rows on axis 0, the batched inputs before it feed 2"
+    );
 }
 
 /// A panic inside a turn fails that turn's callers only: their streams are
@@ -181,12 +226,18 @@ fn a_panicking_turn_fails_its_seats_only() {
         let r = runner(&f, 3, mode, Duration::from_secs(3600));
         let (a, b, mut c) = (r.try_spawn().unwrap(), r.try_spawn().unwrap(), r.try_spawn().unwrap());
         let mut poisoned = f.inputs(1, 1);
-        poisoned[0] = Tensor::from_shape(&[1, 40, 4], &[fixtures::POISON; 160]).unwrap().into_tvalue();
+        poisoned[0] = Tensor::from_shape(&[1, 40, 4], &[fixtures::POISON; 160])
+            .unwrap()
+            .into_tvalue();
         // All three held lanes queue a seat, so the three share one turn.
         let (mut a2, mut b2) = (a.clone(), b.clone());
         let outs = call_all(vec![(a, poisoned), (b, f.inputs(1, 2)), (c.clone(), f.inputs(1, 3))]);
         let text = |o: &Result<TVec<TValue>, laned_runner::RunError>| o.as_ref().unwrap_err().to_string();
-        assert!(text(&outs[0]).starts_with("the turn seating this call failed: the model panicked: poisoned input"), "{}", text(&outs[0]));
+        assert!(
+            text(&outs[0]).starts_with("the turn seating this call failed: the model panicked: poisoned input"),
+            "{}",
+            text(&outs[0])
+        );
         assert_eq!(text(&outs[0]), text(&outs[1]));
         assert_eq!(text(&outs[0]), text(&outs[2]), "c shared the failed turn");
         // Later calls on the lost streams fail clearly.
@@ -214,13 +265,22 @@ fn a_stream_outside_a_failed_turn_keeps_its_state() {
         let solo_state = f.runnable().unwrap();
         let mut c_solo = solo_state.spawn().unwrap();
         for t in 0..3 {
-            assert_eq!(*c.call(f.inputs(1, 10 + t)).unwrap()[0], *c_solo.run(f.inputs(1, 10 + t)).unwrap()[0]);
+            assert_eq!(
+                *c.call(f.inputs(1, 10 + t)).unwrap()[0],
+                *c_solo.run(f.inputs(1, 10 + t)).unwrap()[0]
+            );
         }
         let mut poisoned = f.inputs(1, 1);
-        poisoned[0] = Tensor::from_shape(&[1, 40, 4], &[fixtures::POISON; 160]).unwrap().into_tvalue();
+        poisoned[0] = Tensor::from_shape(&[1, 40, 4], &[fixtures::POISON; 160])
+            .unwrap()
+            .into_tvalue();
         assert!(a.call(poisoned).is_err());
         for t in 3..6 {
-            assert_eq!(*c.call(f.inputs(1, 10 + t)).unwrap()[0], *c_solo.run(f.inputs(1, 10 + t)).unwrap()[0], "{mode:?} turn {t}");
+            assert_eq!(
+                *c.call(f.inputs(1, 10 + t)).unwrap()[0],
+                *c_solo.run(f.inputs(1, 10 + t)).unwrap()[0],
+                "{mode:?} turn {t}"
+            );
         }
     }
 }
@@ -281,7 +341,10 @@ fn the_last_handle_dropped_gives_the_lane_back() {
         let a = r.try_spawn().unwrap();
         let err = r.try_spawn().unwrap_err();
         assert_eq!(err, SpawnError::Full { lanes: 1, waiting: 0 });
-        assert_eq!(err.to_string(), "every one of the 1 lanes is taken (0 streams waiting for one)");
+        assert_eq!(
+            err.to_string(),
+            "every one of the 1 lanes is taken (0 streams waiting for one)"
+        );
         let clone = a.clone();
         drop(a);
         assert!(r.try_spawn().is_err(), "{mode:?}: a clone still holds the lane");
@@ -338,7 +401,10 @@ fn a_model_without_a_batched_output_is_refused() {
     only_const.select_output_outlets(&[k]).unwrap();
     let _ = plan;
     let err = new_error(only_const);
-    assert!(err.contains("none of the model's 1 outputs carries the batch symbol on axis 0"), "{err}");
+    assert!(
+        err.contains("none of the model's 1 outputs carries the batch symbol on axis 0"),
+        "{err}"
+    );
 }
 
 /// A state that cannot serve several streams (tract's Scan) is refused at

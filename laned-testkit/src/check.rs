@@ -13,7 +13,10 @@ use crate::drive::Observed;
 pub enum Tolerance {
     Exact,
     /// `|laned - solo| <= abs + rel * |solo|`.
-    Close { abs: f32, rel: f32 },
+    Close {
+        abs: f32,
+        rel: f32,
+    },
 }
 
 /// Where a stream first got something other than its solo run.
@@ -49,15 +52,34 @@ pub fn check(expected: &[Vec<TVec<TValue>>], observed: &Observed, tolerance: Tol
         detail,
     };
     if expected.len() != observed.outputs.len() {
-        return Err(mismatch(0, 0, 0, format!("{} streams expected, {} observed", expected.len(), observed.outputs.len())));
+        return Err(mismatch(
+            0,
+            0,
+            0,
+            format!(
+                "{} streams expected, {} observed",
+                expected.len(),
+                observed.outputs.len()
+            ),
+        ));
     }
     for (stream, (want, got)) in expected.iter().zip(&observed.outputs).enumerate() {
         if want.len() != got.len() {
-            return Err(mismatch(stream, got.len().min(want.len()), 0, format!("{} calls expected, {} answered", want.len(), got.len())));
+            return Err(mismatch(
+                stream,
+                got.len().min(want.len()),
+                0,
+                format!("{} calls expected, {} answered", want.len(), got.len()),
+            ));
         }
         for (call, (want, got)) in want.iter().zip(got).enumerate() {
             if want.len() != got.len() {
-                return Err(mismatch(stream, call, 0, format!("{} outputs expected, {} answered", want.len(), got.len())));
+                return Err(mismatch(
+                    stream,
+                    call,
+                    0,
+                    format!("{} outputs expected, {} answered", want.len(), got.len()),
+                ));
             }
             for (output, (want, got)) in want.iter().zip(got).enumerate() {
                 if let Some(detail) = differ(want, got, tolerance) {

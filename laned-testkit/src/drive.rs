@@ -54,7 +54,13 @@ fn row_of(fixture: &Fixture, inputs: &TVec<TValue>, row: usize) -> TractResult<T
     inputs
         .iter()
         .zip(&fixture.inputs)
-        .map(|(t, spec)| if spec.batched { Ok(t.slice(0, row, row + 1)?.into_tvalue()) } else { Ok(t.clone()) })
+        .map(|(t, spec)| {
+            if spec.batched {
+                Ok(t.slice(0, row, row + 1)?.into_tvalue())
+            } else {
+                Ok(t.clone())
+            }
+        })
         .collect()
 }
 
@@ -77,12 +83,25 @@ fn stack_rows(batched: &[bool], rows: Vec<TVec<TValue>>) -> TractResult<TVec<TVa
 
 /// The reference: each stream run alone on one unbatched state, each later
 /// row of a wide call on a fresh state of its own.
-pub fn solo(fixture: &Fixture, runnable: &Arc<dyn Runnable>, schedule: &Schedule) -> TractResult<Vec<Vec<TVec<TValue>>>> {
+pub fn solo(
+    fixture: &Fixture,
+    runnable: &Arc<dyn Runnable>,
+    schedule: &Schedule,
+) -> TractResult<Vec<Vec<TVec<TValue>>>> {
     let batched = batched_outputs(fixture);
-    schedule.streams.iter().map(|stream| solo_stream(fixture, runnable, stream, &batched)).collect()
+    schedule
+        .streams
+        .iter()
+        .map(|stream| solo_stream(fixture, runnable, stream, &batched))
+        .collect()
 }
 
-fn solo_stream(fixture: &Fixture, runnable: &Arc<dyn Runnable>, stream: &StreamPlan, batched: &[bool]) -> TractResult<Vec<TVec<TValue>>> {
+fn solo_stream(
+    fixture: &Fixture,
+    runnable: &Arc<dyn Runnable>,
+    stream: &StreamPlan,
+    batched: &[bool],
+) -> TractResult<Vec<TVec<TValue>>> {
     let mut state = runnable.spawn()?;
     let mut outputs = vec![];
     for (call, rows) in stream.calls.iter().enumerate() {
@@ -116,21 +135,35 @@ pub enum Sabotage {
 
 /// Run `schedule` by hand on one laned state of `runnable`: `seat()` and
 /// `reset_lanes()` called exactly as the schedule says. Deterministic.
-pub fn by_hand(fixture: &Fixture, runnable: &Arc<dyn Runnable>, schedule: &Schedule, sabotage: Sabotage) -> TractResult<Observed> {
+pub fn by_hand(
+    fixture: &Fixture,
+    runnable: &Arc<dyn Runnable>,
+    schedule: &Schedule,
+    sabotage: Sabotage,
+) -> TractResult<Observed> {
     let max_lanes = schedule.max_lanes;
     let batched = batched_outputs(fixture);
     let mut state = runnable.spawn()?;
     let every: Vec<LaneId> = (0..max_lanes).map(LaneId).collect();
     state.reset_lanes(&every)?;
     let n = schedule.streams.len();
-    let mut observed = Observed { outputs: vec![vec![]; n], turn_of: vec![vec![]; n], seatings: vec![] };
+    let mut observed = Observed {
+        outputs: vec![vec![]; n],
+        turn_of: vec![vec![]; n],
+        seatings: vec![],
+    };
     // Per stream: its lane once spawned, the next call, and whether it ended.
     let mut lane_of: Vec<Option<usize>> = vec![None; n];
     let mut next_call = vec![0usize; n];
     let mut taken = vec![false; max_lanes];
     let mut done = 0;
     let mut turn = 0;
-    let bound = 4 * schedule.streams.iter().map(|s| s.calls.len() + s.arrive + 1).sum::<usize>() + 16;
+    let bound = 4 * schedule
+        .streams
+        .iter()
+        .map(|s| s.calls.len() + s.arrive + 1)
+        .sum::<usize>()
+        + 16;
     while done < n {
         ensure!(turn < bound, "the schedule did not finish in {bound} turns");
         // Spawn arrivals in order while a lane (besides the borrowing one) is free.
@@ -145,14 +178,20 @@ pub fn by_hand(fixture: &Fixture, runnable: &Arc<dyn Runnable>, schedule: &Sched
                 lane_of[s] = Some(lane);
             }
         }
-        let live: Vec<usize> =
-            (0..n).filter(|s| lane_of[*s].is_some() && next_call[*s] < schedule.streams[*s].calls.len()).collect();
+        let live: Vec<usize> = (0..n)
+            .filter(|s| lane_of[*s].is_some() && next_call[*s] < schedule.streams[*s].calls.len())
+            .collect();
         if live.is_empty() {
             turn += 1;
             continue;
         }
         let pick = schedule.picks[turn % schedule.picks.len()];
-        let mut chosen: Vec<usize> = live.iter().enumerate().filter(|(i, _)| pick >> (i % 64) & 1 == 1).map(|(_, s)| *s).collect();
+        let mut chosen: Vec<usize> = live
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| pick >> (i % 64) & 1 == 1)
+            .map(|(_, s)| *s)
+            .collect();
         if chosen.is_empty() {
             chosen.push(live[0]);
         }
@@ -211,11 +250,24 @@ pub fn by_hand(fixture: &Fixture, runnable: &Arc<dyn Runnable>, schedule: &Sched
         // the first seat's value and only the seats agreeing with it.
         let agree: Vec<bool> = rows
             .iter()
-            .map(|r| fixture.inputs.iter().enumerate().all(|(ix, spec)| spec.batched || r[ix] == rows[0][ix]))
+            .map(|r| {
+                fixture
+                    .inputs
+                    .iter()
+                    .enumerate()
+                    .all(|(ix, spec)| spec.batched || r[ix] == rows[0][ix])
+            })
             .collect();
         if agree.iter().any(|a| !a) {
-            let keep_streams: Vec<usize> = seats.iter().zip(&agree).filter(|(_, a)| **a).map(|(s, _)| s.0).collect();
-            let keep: Vec<usize> = (0..seats.len()).filter(|i| keep_streams.contains(&seats[*i].0)).collect();
+            let keep_streams: Vec<usize> = seats
+                .iter()
+                .zip(&agree)
+                .filter(|(_, a)| **a)
+                .map(|(s, _)| s.0)
+                .collect();
+            let keep: Vec<usize> = (0..seats.len())
+                .filter(|i| keep_streams.contains(&seats[*i].0))
+                .collect();
             seats = keep.iter().map(|i| seats[*i]).collect();
             let rows_kept: Vec<TVec<TValue>> = keep.iter().map(|i| rows[*i].clone()).collect();
             turn_inputs = tvec!();
@@ -243,7 +295,13 @@ pub fn by_hand(fixture: &Fixture, runnable: &Arc<dyn Runnable>, schedule: &Sched
                 outputs
                     .iter()
                     .zip(&batched)
-                    .map(|(o, b)| if *b { Ok(o.slice(0, seat, seat + 1)?.into_tvalue()) } else { Ok(o.clone()) })
+                    .map(|(o, b)| {
+                        if *b {
+                            Ok(o.slice(0, seat, seat + 1)?.into_tvalue())
+                        } else {
+                            Ok(o.clone())
+                        }
+                    })
                     .collect::<TractResult<TVec<TValue>>>()
             })
             .collect::<TractResult<_>>()?;
@@ -276,7 +334,12 @@ pub fn by_hand(fixture: &Fixture, runnable: &Arc<dyn Runnable>, schedule: &Sched
 /// stream; the seating is whatever the runner finds queued. Stream `i`
 /// asks for its lane `arrive` steps of `stagger` after the start, retrying
 /// while every lane is taken.
-pub fn through_runner(fixture: &Fixture, runnable: Arc<dyn Runnable>, schedule: &Schedule, stagger: Duration) -> TractResult<Observed> {
+pub fn through_runner(
+    fixture: &Fixture,
+    runnable: Arc<dyn Runnable>,
+    schedule: &Schedule,
+    stagger: Duration,
+) -> TractResult<Observed> {
     let started = Instant::now();
     let threads: Vec<_> = schedule
         .streams
@@ -314,7 +377,10 @@ pub fn through_runner(fixture: &Fixture, runnable: Arc<dyn Runnable>, schedule: 
         .collect();
     let mut observed = Observed::default();
     for (s, t) in threads.into_iter().enumerate() {
-        let outputs = t.join().map_err(|_| format_err!("stream {s}'s thread panicked"))?.with_context(|| format!("stream {s}"))?;
+        let outputs = t
+            .join()
+            .map_err(|_| format_err!("stream {s}'s thread panicked"))?
+            .with_context(|| format!("stream {s}"))?;
         observed.outputs.push(outputs);
     }
     Ok(observed)

@@ -60,7 +60,7 @@ impl Fixture {
                     shape[0] = rows;
                     random_tensor(&shape, &mut rng).into_tvalue()
                 } else {
-                    let v = if rng.next() % 2 == 0 { 0.5 } else { 2.0 };
+                    let v = if rng.next().is_multiple_of(2) { 0.5 } else { 2.0 };
                     Tensor::from_shape(&spec.shape, &vec![v as f32; spec.shape.iter().product()])
                         .unwrap()
                         .into_tvalue()
@@ -92,12 +92,20 @@ pub struct TdnnConfig {
 impl TdnnConfig {
     /// The light TDNN of the reference figures: W = 64, pulse 4.
     pub fn light() -> TdnnConfig {
-        TdnnConfig { width: 64, pulse: 4, layout: Layout::Nchw }
+        TdnnConfig {
+            width: 64,
+            pulse: 4,
+            layout: Layout::Nchw,
+        }
     }
 
     /// The heavy TDNN of the reference figures: W = 256, pulse 16.
     pub fn heavy() -> TdnnConfig {
-        TdnnConfig { width: 256, pulse: 16, layout: Layout::Nchw }
+        TdnnConfig {
+            width: 256,
+            pulse: 16,
+            layout: Layout::Nchw,
+        }
     }
 
     pub fn with_layout(self, layout: Layout) -> TdnnConfig {
@@ -121,7 +129,13 @@ impl Builder {
         let model = TypedModel::default();
         let batch = model.symbols.sym("B");
         let stream = model.symbols.sym("S");
-        Builder { model, batch, stream, layout, seed: 1 }
+        Builder {
+            model,
+            batch,
+            stream,
+            layout,
+            seed: 1,
+        }
     }
 
     fn time_axis(&self) -> usize {
@@ -164,14 +178,20 @@ impl Builder {
         if let Some(mode) = mode {
             let mut pads = vec![(0, 0); 3];
             pads[self.time_axis()] = ((k - 1) * d, 0);
-            wire = self.model.wire_node(format!("{name}.pad"), Pad { pads, mode }, &[wire])?[0];
+            wire = self
+                .model
+                .wire_node(format!("{name}.pad"), Pad { pads, mode }, &[wire])?[0];
         }
         let mut rng = Lcg(self.next_seed());
         let scale = 1.0 / ((cin * k) as f32).sqrt();
         let weights: Vec<f32> = (0..cout * cin * k).map(|_| rng.uniform() * scale).collect();
-        let kernel = self.model.add_const(format!("{name}.kernel"), Tensor::from_shape(&[cout, cin, k], &weights)?)?;
+        let kernel = self
+            .model
+            .add_const(format!("{name}.kernel"), Tensor::from_shape(&[cout, cin, k], &weights)?)?;
         let bias: Vec<f32> = (0..cout).map(|_| rng.uniform() * 0.1).collect();
-        let bias = self.model.add_const(format!("{name}.bias"), Tensor::from_shape(&[cout], &bias)?)?;
+        let bias = self
+            .model
+            .add_const(format!("{name}.bias"), Tensor::from_shape(&[cout], &bias)?)?;
         let data_format = match self.layout {
             Layout::Nchw => DataFormat::NCHW,
             Layout::Nhwc => DataFormat::NHWC,
@@ -202,23 +222,12 @@ impl Builder {
         Some(PadMode::Constant(rctensor0(0f32)))
     }
 
-    fn finish(
-        mut self,
-        name: String,
-        what: &'static str,
-        outputs: &[OutletId],
-        pulse: usize,
-    ) -> TractResult<Fixture> {
+    fn finish(mut self, name: String, what: &'static str, outputs: &[OutletId], pulse: usize) -> TractResult<Fixture> {
         self.model.select_output_outlets(outputs)?;
         self.model.set_name(&name);
         let model = self.model.into_decluttered()?;
         let pulsed = PulsedModel::new(&model, self.stream.clone(), &pulse.to_dim())?;
-        let delay = pulsed
-            .output_fact(0)?
-            .stream
-            .as_ref()
-            .map(|s| s.delay)
-            .unwrap_or(0);
+        let delay = pulsed.output_fact(0)?.stream.as_ref().map(|s| s.delay).unwrap_or(0);
         let model = pulsed.into_typed()?;
         let mut inputs = vec![];
         for ix in 0..model.inputs.len() {
@@ -234,7 +243,16 @@ impl Builder {
                 .with_context(|| format!("input {ix} of {name} has a symbolic dim besides the batch: {fact:?}"))?;
             inputs.push(InputSpec { shape, batched });
         }
-        Ok(Fixture { name, what, model, batch: self.batch, stream: self.stream, pulse, delay, inputs })
+        Ok(Fixture {
+            name,
+            what,
+            model,
+            batch: self.batch,
+            stream: self.stream,
+            pulse,
+            delay,
+            inputs,
+        })
     }
 }
 
@@ -257,7 +275,12 @@ pub fn tdnn(config: TdnnConfig) -> TractResult<Fixture> {
         Layout::Nchw => "nchw",
         Layout::Nhwc => "nhwc",
     };
-    b.finish(format!("tdnn-w{w}-p{}-{layout}", config.pulse), "causal pad + conv TDNN", &[c4], config.pulse)
+    b.finish(
+        format!("tdnn-w{w}-p{}-{layout}", config.pulse),
+        "causal pad + conv TDNN",
+        &[c4],
+        config.pulse,
+    )
 }
 
 /// Dilated and strided convs, valid (unpadded): exercises Delay with overlap
@@ -268,7 +291,12 @@ pub fn strided() -> TractResult<Fixture> {
     let c1 = b.conv("conv1", x, FEATURES, 16, 3, 2, 1, None)?;
     let r1 = b.relu("relu1", c1)?;
     let c2 = b.conv("conv2", r1, 16, 8, 3, 1, 2, None)?;
-    b.finish("strided".into(), "dilated and strided valid convs (Delay with overlap, stride 2)", &[c2], 4)
+    b.finish(
+        "strided".into(),
+        "dilated and strided valid convs (Delay with overlap, stride 2)",
+        &[c2],
+        4,
+    )
 }
 
 /// A valid conv of 7 taps behind a pulse of 2: a Delay whose overlap is
@@ -277,7 +305,12 @@ pub fn wide_overlap() -> TractResult<Fixture> {
     let mut b = Builder::new(Layout::Nchw);
     let x = b.source("features", FEATURES)?;
     let c1 = b.conv("conv1", x, FEATURES, 8, 7, 1, 1, None)?;
-    b.finish("wide-overlap".into(), "a Delay whose overlap is wider than the pulse", &[c1], 2)
+    b.finish(
+        "wide-overlap".into(),
+        "a Delay whose overlap is wider than the pulse",
+        &[c1],
+        2,
+    )
 }
 
 /// A causal conv padded in edge mode: exercises PulsePad's per-lane memory of
@@ -328,14 +361,27 @@ pub fn two_in_two_out() -> TractResult<Fixture> {
     let c1 = b.conv("conv1", x, FEATURES, 8, 3, 1, 1, pad.clone())?;
     let sum = b.model.wire_node("sum", add(), &[x, y])?[0];
     let c2 = b.conv("conv2", sum, FEATURES, 4, 2, 2, 1, pad)?;
-    b.finish("two-in-two-out".into(), "two batched inputs and two outputs", &[c1, c2], 4)
+    b.finish(
+        "two-in-two-out".into(),
+        "two batched inputs and two outputs",
+        &[c1, c2],
+        4,
+    )
 }
 
 /// Every fixture the suites check, light sizes first.
 pub fn all() -> TractResult<Vec<Fixture>> {
     Ok(vec![
-        tdnn(TdnnConfig { width: 16, pulse: 4, layout: Layout::Nchw })?,
-        tdnn(TdnnConfig { width: 16, pulse: 4, layout: Layout::Nhwc })?,
+        tdnn(TdnnConfig {
+            width: 16,
+            pulse: 4,
+            layout: Layout::Nchw,
+        })?,
+        tdnn(TdnnConfig {
+            width: 16,
+            pulse: 4,
+            layout: Layout::Nhwc,
+        })?,
         strided()?,
         wide_overlap()?,
         edge_pad()?,
@@ -351,8 +397,12 @@ pub fn all() -> TractResult<Vec<Fixture>> {
 pub struct Lcg(pub u64);
 
 impl Lcg {
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         self.0 >> 17
     }
 
@@ -434,8 +484,18 @@ pub fn scan_cumsum() -> TractResult<TypedModel> {
         body,
         vec![InputMapping::Scan(ScanInfo { axis: 1, chunk: 1 }), InputMapping::State],
         vec![
-            OutputMapping { scan: None, full_dim_hint: None, last_value_slot: None, state: true },
-            OutputMapping { scan: Some((0, ScanInfo { axis: 1, chunk: 1 })), full_dim_hint: None, last_value_slot: None, state: false },
+            OutputMapping {
+                scan: None,
+                full_dim_hint: None,
+                last_value_slot: None,
+                state: true,
+            },
+            OutputMapping {
+                scan: Some((0, ScanInfo { axis: 1, chunk: 1 })),
+                full_dim_hint: None,
+                last_value_slot: None,
+                state: false,
+            },
         ],
         0,
     )?;

@@ -41,7 +41,12 @@ pub use drive::{by_hand, solo, through_runner, Observed, Sabotage};
 
 /// Run `schedule` by hand on one laned state of `fixture` and check every
 /// stream against its solo run.
-pub fn verify_by_hand(fixture: &fixtures::Fixture, schedule: &schedule::Schedule, sabotage: Sabotage, tolerance: Tolerance) -> TractResult<()> {
+pub fn verify_by_hand(
+    fixture: &fixtures::Fixture,
+    schedule: &schedule::Schedule,
+    sabotage: Sabotage,
+    tolerance: Tolerance,
+) -> TractResult<()> {
     let runnable = fixture.runnable()?;
     let expected = solo(fixture, &runnable, schedule)?;
     let observed = by_hand(fixture, &runnable, schedule, sabotage)?;

@@ -35,7 +35,8 @@ fn closed_loop<S: Send + 'static>(
     let ready = Arc::new(Barrier::new(n + 1));
     let threads: Vec<_> = (0..n)
         .map(|s| {
-            let (setup, step, stop, total, ready) = (setup.clone(), step.clone(), stop.clone(), total.clone(), ready.clone());
+            let (setup, step, stop, total, ready) =
+                (setup.clone(), step.clone(), stop.clone(), total.clone(), ready.clone());
             std::thread::spawn(move || -> TractResult<()> {
                 let state = setup(s);
                 ready.wait();
@@ -62,7 +63,11 @@ fn closed_loop<S: Send + 'static>(
     stop.store(true, Ordering::Relaxed);
     let mut result = Ok(());
     for t in threads {
-        if let Err(e) = t.join().map_err(|_| format_err!("a load thread panicked")).and_then(|r| r) {
+        if let Err(e) = t
+            .join()
+            .map_err(|_| format_err!("a load thread panicked"))
+            .and_then(|r| r)
+        {
             result = Err(e);
         }
     }
@@ -149,13 +154,22 @@ impl Latencies {
 /// `duration`. A pulse answered late delays the stream's next one (a real
 /// stream cannot send what it has not received the answer to), and its
 /// latency counts from when it was due.
-pub fn real_time(fixture: &Fixture, runnable: Arc<dyn Runnable>, n: usize, period: Duration, duration: Duration, seed: u64) -> TractResult<Latencies> {
+pub fn real_time(
+    fixture: &Fixture,
+    runnable: Arc<dyn Runnable>,
+    n: usize,
+    period: Duration,
+    duration: Duration,
+    seed: u64,
+) -> TractResult<Latencies> {
     let ready = Arc::new(Barrier::new(n + 1));
     let start_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
     let threads: Vec<_> = (0..n)
         .map(|s| {
-            let (runnable, fixture, ready, start_at) = (runnable.clone(), fixture.clone(), ready.clone(), start_at.clone());
-            let offset = Duration::from_nanos(Lcg(seed.wrapping_add(s as u64) | 1).next() % period.as_nanos().max(1) as u64);
+            let (runnable, fixture, ready, start_at) =
+                (runnable.clone(), fixture.clone(), ready.clone(), start_at.clone());
+            let offset =
+                Duration::from_nanos(Lcg(seed.wrapping_add(s as u64) | 1).next() % period.as_nanos().max(1) as u64);
             std::thread::spawn(move || -> TractResult<Vec<u64>> {
                 let handle = runnable.spawn();
                 let inputs = fixture.inputs(1, s as u64);
@@ -185,5 +199,8 @@ pub fn real_time(fixture: &Fixture, runnable: Arc<dyn Runnable>, n: usize, perio
         all.extend(t.join().map_err(|_| format_err!("a stream thread panicked"))??);
     }
     all.sort_unstable();
-    Ok(Latencies { pulses: all.len() as u64, sorted_us: all })
+    Ok(Latencies {
+        pulses: all.len() as u64,
+        sorted_us: all,
+    })
 }

@@ -52,7 +52,13 @@ pub struct ScheduleConfig {
 
 impl Default for ScheduleConfig {
     fn default() -> ScheduleConfig {
-        ScheduleConfig { max_streams: 6, max_calls: 5, max_lanes: 4, wide: true, ends: true }
+        ScheduleConfig {
+            max_streams: 6,
+            max_calls: 5,
+            max_lanes: 4,
+            wide: true,
+            ends: true,
+        }
     }
 }
 
@@ -60,26 +66,59 @@ impl Default for ScheduleConfig {
 pub fn schedule(config: ScheduleConfig) -> impl Strategy<Value = Schedule> {
     let stream = (
         any::<u64>(),
-        prop::collection::vec(if config.wide { prop_oneof![4 => Just(1usize), 1 => Just(2usize)].boxed() } else { Just(1usize).boxed() }, 1..=config.max_calls),
+        prop::collection::vec(
+            if config.wide {
+                prop_oneof![4 => Just(1usize), 1 => Just(2usize)].boxed()
+            } else {
+                Just(1usize).boxed()
+            },
+            1..=config.max_calls,
+        ),
         0..6usize,
-        if config.ends { prop::option::weighted(0.3, 1..64i64).boxed() } else { Just(None).boxed() },
+        if config.ends {
+            prop::option::weighted(0.3, 1..64i64).boxed()
+        } else {
+            Just(None).boxed()
+        },
     )
-        .prop_map(|(seed, calls, arrive, end)| StreamPlan { seed, calls, arrive, end });
-    (2..=config.max_lanes.max(2), prop::collection::vec(stream, 1..=config.max_streams), prop::collection::vec(any::<u64>(), 1..8))
-        .prop_map(|(max_lanes, streams, picks)| Schedule { max_lanes, streams, picks })
+        .prop_map(|(seed, calls, arrive, end)| StreamPlan {
+            seed,
+            calls,
+            arrive,
+            end,
+        });
+    (
+        2..=config.max_lanes.max(2),
+        prop::collection::vec(stream, 1..=config.max_streams),
+        prop::collection::vec(any::<u64>(), 1..8),
+    )
+        .prop_map(|(max_lanes, streams, picks)| Schedule {
+            max_lanes,
+            streams,
+            picks,
+        })
 }
 
 /// The cases a property test runs: `LANED_PROPTEST_CASES` (what `cargo xtask
 /// fuzz` sets), else `default`.
 pub fn cases(default: u32) -> u32 {
-    std::env::var("LANED_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var("LANED_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// A proptest config with [`cases`] cases, seeded from `LANED_PROPTEST_SEED`
 /// when set (so `cargo xtask fuzz --seed S` replays).
 pub fn proptest_config(default_cases: u32) -> ProptestConfig {
-    let mut config = ProptestConfig { cases: cases(default_cases), ..ProptestConfig::default() };
-    if let Some(seed) = std::env::var("LANED_PROPTEST_SEED").ok().and_then(|v| v.parse::<u64>().ok()) {
+    let mut config = ProptestConfig {
+        cases: cases(default_cases),
+        ..ProptestConfig::default()
+    };
+    if let Some(seed) = std::env::var("LANED_PROPTEST_SEED")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
         config.rng_seed = proptest::test_runner::RngSeed::Fixed(seed);
     }
     config

@@ -114,14 +114,7 @@ fn ci() -> bool {
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--", "--check"]);
     let mut clippy = cargo();
-    clippy.args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]);
+    clippy.args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]);
     let mut tests = cargo();
     tests.args(["nextest", "run", "--workspace"]);
     let mut doc = cargo();

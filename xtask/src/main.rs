@@ -19,7 +19,7 @@ tasks:
 criterion benches of the crates (cargo bench -p CRATE):
   lane-table               (none yet)
   laned-metrics            record: the cost of one turn's recording
-  laned-runner             turns: solo, ideal, tract's LanedRunnable, ours, light/heavy TDNN
+  laned-runner             turns: time per pulse, solo vs ideal vs tract vs ours, light TDNN
 ";
 
 fn main() {
@@ -101,7 +101,7 @@ fn fuzz(args: &[String]) -> bool {
         "laned-runner",
         "--",
         "--nocapture",
-        "prop",
+        "prop_",
     ]);
     command.env("LANED_PROPTEST_CASES", &cases);
     if let Some(seed) = seed {

@@ -14,10 +14,12 @@ use serde::Serialize;
 use tract_core::internal::*;
 
 const HELP: &str = "\
-laned-bench [--quick] [--model light|heavy|all] [--streams 1,4,16,64] [--frame-ms F] [--out DIR]
+laned-bench [--quick] [--model light|heavy|all|PATH [--pulse P] [--symbol S]] [--streams 1,4,16,64] [--frame-ms F] [--out DIR]
 
   --quick        short runs (under two minutes on 2 cores)
-  --model        which built-in TDNN(s) to measure (default: all)
+  --model        which built-in TDNN(s) to measure (default: all), or a streaming model
+                 in tract's NNEF format (batch symbol on axis 0), pulsified by --pulse
+                 frames (default 4) on --symbol (default S)
   --streams      stream counts of the closed-loop scenario
   --frame-ms     real-time scenario: milliseconds of signal per frame (default 2.5;
                  a pulse of 4 frames is then due every 10 ms)
@@ -26,11 +28,30 @@ laned-bench [--quick] [--model light|heavy|all] [--streams 1,4,16,64] [--frame-m
   --out          where the report goes (default: target/laned-bench)
 ";
 
+#[derive(Clone)]
+enum Source {
+    Tdnn(TdnnConfig),
+    File {
+        path: PathBuf,
+        symbol: String,
+        pulse: usize,
+    },
+}
+
+impl Source {
+    fn load(&self) -> TractResult<Fixture> {
+        match self {
+            Source::Tdnn(config) => fixtures::tdnn(*config),
+            Source::File { path, symbol, pulse } => Fixture::from_file(path, symbol, *pulse),
+        }
+    }
+}
+
 struct Args {
     quick: bool,
     frame_ms: f64,
     real_time: bool,
-    models: Vec<(String, TdnnConfig)>,
+    models: Vec<(String, Source)>,
     streams: Vec<usize>,
     out: PathBuf,
 }
@@ -41,22 +62,30 @@ fn args() -> Result<Args, String> {
         frame_ms: 2.5,
         real_time: true,
         models: vec![
-            ("light".into(), TdnnConfig::light()),
-            ("heavy".into(), TdnnConfig::heavy()),
+            ("light TDNN".into(), Source::Tdnn(TdnnConfig::light())),
+            ("heavy TDNN".into(), Source::Tdnn(TdnnConfig::heavy())),
         ],
         streams: vec![1, 4, 16, 64],
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/laned-bench"),
     };
+    let (mut pulse, mut symbol) = (4usize, "S".to_string());
+    let mut file: Option<PathBuf> = None;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--quick" => a.quick = true,
             "--model" => match it.next().as_deref() {
-                Some("light") => a.models.retain(|m| m.0 == "light"),
-                Some("heavy") => a.models.retain(|m| m.0 == "heavy"),
+                Some("light") => a.models.retain(|m| m.0.starts_with("light")),
+                Some("heavy") => a.models.retain(|m| m.0.starts_with("heavy")),
                 Some("all") => (),
-                other => return Err(format!("--model takes light, heavy or all, not {other:?}")),
+                Some(path) => file = Some(PathBuf::from(path)),
+                None => return Err("--model takes light, heavy, all or a path".into()),
             },
+            "--pulse" => {
+                let v = it.next().ok_or("--pulse needs a number")?;
+                pulse = v.parse().map_err(|e| format!("--pulse {v:?}: {e}"))?;
+            }
+            "--symbol" => symbol = it.next().ok_or("--symbol needs a name")?,
             "--streams" => {
                 let list = it.next().ok_or("--streams needs a list")?;
                 a.streams = list
@@ -76,6 +105,13 @@ fn args() -> Result<Args, String> {
             }
             other => return Err(format!("unknown argument {other:?}\n\n{HELP}")),
         }
+    }
+    if let Some(path) = file {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_else(|| "model".into());
+        a.models = vec![(name, Source::File { path, symbol, pulse })];
     }
     Ok(a)
 }
@@ -259,8 +295,8 @@ fn main() -> TractResult<()> {
         started: Instant::now(),
     };
     let mut rows: Vec<ClosedLoop> = vec![];
-    for (name, config) in &args.models {
-        let fixture = fixtures::tdnn(*config)?;
+    for (name, source) in &args.models {
+        let fixture = source.load()?;
         let plan = fixture.runnable()?;
         for &n in &args.streams {
             let mut runs: Vec<Vec<f64>> = vec![vec![]; SYSTEMS.len()];
@@ -291,15 +327,15 @@ fn main() -> TractResult<()> {
     }
     let mut real_time = vec![];
     if args.real_time {
-        let (name, config) = args
+        let (name, source) = args
             .models
             .iter()
-            .find(|m| m.0 == "light")
+            .find(|m| m.0.starts_with("light"))
             .cloned()
             .unwrap_or_else(|| args.models[0].clone());
-        let fixture = fixtures::tdnn(config)?;
+        let fixture = source.load()?;
         let plan = fixture.runnable()?;
-        let period = Duration::from_secs_f64(args.frame_ms * config.pulse as f64 / 1000.0);
+        let period = Duration::from_secs_f64(args.frame_ms * fixture.pulse as f64 / 1000.0);
         let budget = period / 2;
         let probe_time = if args.quick {
             Duration::from_millis(600)
@@ -351,7 +387,10 @@ fn main() -> TractResult<()> {
     std::fs::write(args.out.join("report.md"), &md)?;
     for (name, _) in &args.models {
         std::fs::write(
-            args.out.join(format!("throughput-{name}.svg")),
+            args.out.join(format!(
+                "throughput-{}.svg",
+                name.split_whitespace().next().unwrap_or("model")
+            )),
             throughput_svg(&report, name),
         )?;
     }
@@ -511,7 +550,7 @@ fn markdown(r: &Report) -> String {
     models.dedup();
     for model in models {
         out += &format!(
-            "## {model} TDNN\n\n| streams | system | pulses/s | spread | / ideal | occ |\n|---|---|---|---|---|---|\n"
+            "## {model}\n\n| streams | system | pulses/s | spread | / ideal | occ |\n|---|---|---|---|---|---|\n"
         );
         let rows: Vec<&ClosedLoop> = r.closed_loop.iter().filter(|c| c.model == model).collect();
         for row in &rows {
@@ -535,7 +574,7 @@ fn markdown(r: &Report) -> String {
     }
     if let Some(first) = r.real_time.first() {
         out += &format!(
-            "## real time ({} TDNN)\n\nEach stream sends one pulse every {:.1} ms from a random phase; capacity = most streams with p99 latency within {:.1} ms (doubling, then bisecting). Latencies at the capacity point.\n\n| system | capacity | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|\n",
+            "## real time ({})\n\nEach stream sends one pulse every {:.1} ms from a random phase; capacity = most streams with p99 latency within {:.1} ms (doubling, then bisecting). Latencies at the capacity point.\n\n| system | capacity | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|\n",
             first.model, first.period_ms, first.budget_ms
         );
         for rt in &r.real_time {
@@ -575,7 +614,7 @@ fn throughput_svg(r: &Report, model: &str) -> String {
     let y_of = |v: f64| h - m - v / max_y * (h - 2.0 * m);
     let colors = ["#888888", "#000000", "#d62728", "#1f77b4", "#2ca02c"];
     let mut svg = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
-    svg += &format!("<text x=\"{m}\" y=\"20\">{model} TDNN: pulses/s vs streams (closed loop)</text>\n");
+    svg += &format!("<text x=\"{m}\" y=\"20\">{model}: pulses/s vs streams (closed loop)</text>\n");
     svg += &format!(
         "<line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
         h - m,

@@ -222,17 +222,46 @@ impl Builder {
         Some(PadMode::Constant(rctensor0(0f32)))
     }
 
-    fn finish(mut self, name: String, what: &'static str, outputs: &[OutletId], pulse: usize) -> TractResult<Fixture> {
+    /// The model as built, before pulsification (the streaming symbol `S`
+    /// free).
+    fn streaming(mut self, name: &str, outputs: &[OutletId]) -> TractResult<TypedModel> {
         self.model.select_output_outlets(outputs)?;
-        self.model.set_name(&name);
-        let model = self.model.into_decluttered()?;
-        let pulsed = PulsedModel::new(&model, self.stream.clone(), &pulse.to_dim())?;
+        self.model.set_name(name);
+        Ok(self.model)
+    }
+
+    fn finish(self, name: String, what: &'static str, outputs: &[OutletId], pulse: usize) -> TractResult<Fixture> {
+        let stream = self.stream.clone();
+        let model = self.streaming(&name, outputs)?;
+        Fixture::pulsify(name, what, model, &stream, pulse)
+    }
+}
+
+impl Fixture {
+    /// `model` (a streaming model on `stream`, with its batch symbol on axis
+    /// 0 of its batched inputs) pulsified by `pulse` frames.
+    pub fn pulsify(
+        name: String,
+        what: &'static str,
+        model: TypedModel,
+        stream: &Symbol,
+        pulse: usize,
+    ) -> TractResult<Fixture> {
+        let model = model.into_decluttered()?;
+        let batch = (0..model.inputs.len())
+            .find_map(|ix| match model.input_fact(ix).ok()?.shape.dims().first() {
+                Some(TDim::Sym(s)) if s != stream => Some(s.clone()),
+                _ => None,
+            })
+            .with_context(|| format!("{name}: no input carries a batch symbol on axis 0"))?;
+        let pulsed = PulsedModel::new(&model, stream.clone(), &pulse.to_dim())
+            .with_context(|| format!("pulsifying {name} on {stream} by {pulse}"))?;
         let delay = pulsed.output_fact(0)?.stream.as_ref().map(|s| s.delay).unwrap_or(0);
         let model = pulsed.into_typed()?;
         let mut inputs = vec![];
         for ix in 0..model.inputs.len() {
             let fact = model.input_fact(ix)?;
-            let batched = matches!(fact.shape.dims().first(), Some(TDim::Sym(s)) if *s == self.batch);
+            let batched = matches!(fact.shape.dims().first(), Some(TDim::Sym(s)) if *s == batch);
             let shape = fact
                 .shape
                 .dims()
@@ -241,25 +270,51 @@ impl Builder {
                 .map(|(axis, d)| if axis == 0 && batched { Ok(1) } else { Ok(d.to_usize()?) })
                 .collect::<TractResult<Vec<usize>>>()
                 .with_context(|| format!("input {ix} of {name} has a symbolic dim besides the batch: {fact:?}"))?;
+            ensure!(
+                fact.datum_type == f32::datum_type(),
+                "input {ix} of {name} is {:?}; fixtures feed f32",
+                fact.datum_type
+            );
             inputs.push(InputSpec { shape, batched });
         }
         Ok(Fixture {
             name,
             what,
             model,
-            batch: self.batch,
-            stream: self.stream,
+            batch,
+            stream: stream.clone(),
             pulse,
             delay,
             inputs,
         })
     }
+
+    /// A user's model from a file in tract's NNEF format (`.nnef.tgz`, `.nnef.tar` or
+    /// a directory), streaming on the symbol named `stream`, pulsified by
+    /// `pulse` frames. Its batched inputs carry a batch symbol on axis 0.
+    pub fn from_file(path: &std::path::Path, stream: &str, pulse: usize) -> TractResult<Fixture> {
+        use tract_core::framework::Framework;
+        use tract_pulse::internal::tract_nnef;
+        let model = tract_nnef::nnef()
+            .model_for_path(path)
+            .with_context(|| format!("loading {} as NNEF", path.display()))?;
+        let symbol = model.symbols.sym(stream);
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_else(|| "model".into());
+        Fixture::pulsify(name, "a model loaded from a file", model, &symbol, pulse)
+    }
 }
 
-/// The causal pad + conv TDNN of the reference figures: convs k5/d1, k3/d2,
-/// k3/d4, k1 of widths W, W, W, 32 with ReLU between, on 40 features;
-/// exercises PulsePad and Delay lanes in a chain.
-pub fn tdnn(config: TdnnConfig) -> TractResult<Fixture> {
+/// The light TDNN as a streaming model, before pulsification: what a user
+/// would export (here, for the NNEF round trip of `Fixture::from_file`).
+pub fn tdnn_streaming(config: TdnnConfig) -> TractResult<TypedModel> {
+    let (b, outputs) = tdnn_builder(config)?;
+    b.streaming("tdnn", &outputs)
+}
+
+fn tdnn_builder(config: TdnnConfig) -> TractResult<(Builder, Vec<OutletId>)> {
     let mut b = Builder::new(config.layout);
     let w = config.width;
     let x = b.source("features", FEATURES)?;
@@ -271,16 +326,20 @@ pub fn tdnn(config: TdnnConfig) -> TractResult<Fixture> {
     let c3 = b.conv("conv3", r2, w, w, 3, 4, 1, pad.clone())?;
     let r3 = b.relu("relu3", c3)?;
     let c4 = b.conv("conv4", r3, w, 32, 1, 1, 1, pad)?;
+    Ok((b, vec![c4]))
+}
+
+/// The causal pad + conv TDNN of the reference figures: convs k5/d1, k3/d2,
+/// k3/d4, k1 of widths W, W, W, 32 with ReLU between, on 40 features;
+/// exercises PulsePad and Delay lanes in a chain.
+pub fn tdnn(config: TdnnConfig) -> TractResult<Fixture> {
+    let (b, outputs) = tdnn_builder(config)?;
     let layout = match config.layout {
         Layout::Nchw => "nchw",
         Layout::Nhwc => "nhwc",
     };
-    b.finish(
-        format!("tdnn-w{w}-p{}-{layout}", config.pulse),
-        "causal pad + conv TDNN",
-        &[c4],
-        config.pulse,
-    )
+    let name = format!("tdnn-w{}-p{}-{layout}", config.width, config.pulse);
+    b.finish(name, "causal pad + conv TDNN", &outputs, config.pulse)
 }
 
 /// Dilated and strided convs, valid (unpadded): exercises Delay with overlap

@@ -12,8 +12,9 @@ tasks:
   bench [--quick] [args]   side-by-side report: ours vs tract's LanedRunnable vs the
                            ideal loop vs a state per stream, on the built-in models
                            (laned-runner/examples/laned-bench.rs; --help for its flags)
-  fuzz [--cases N] [--seed S]
-                           the laned-testkit property tests with many cases
+  fuzz [--cases N] [--seed S] [--model PATH --pulse P [--symbol S]]
+                           the property tests with many cases (default 2000); with
+                           --model, the seating property on your NNEF model
   ci                       what CI runs: fmt check, clippy, the test suite, doc tests
 
 criterion benches of the crates (cargo bench -p CRATE):
@@ -79,30 +80,56 @@ fn bench(args: &[String]) -> bool {
 
 fn fuzz(args: &[String]) -> bool {
     let mut cases = "2000".to_string();
-    let mut seed = None;
+    let (mut seed, mut model, mut pulse, mut symbol) = (None, None, None, "S".to_string());
     let mut it = args.iter();
     while let Some(arg) = it.next() {
+        let value = it.next().cloned();
         match arg.as_str() {
-            "--cases" => cases = it.next().cloned().unwrap_or(cases),
-            "--seed" => seed = it.next().cloned(),
+            "--cases" => cases = value.unwrap_or(cases),
+            "--seed" => seed = value,
+            "--model" => model = value,
+            "--pulse" => pulse = value,
+            "--symbol" => symbol = value.unwrap_or(symbol),
             other => {
-                eprintln!("fuzz: unknown argument {other:?} (expected --cases N, --seed S)");
+                eprintln!("fuzz: unknown argument {other:?} (expected --cases N, --seed S, --model PATH --pulse P --symbol S)");
                 return false;
             }
         }
     }
     let mut command = cargo();
-    command.args([
-        "test",
-        "--release",
-        "-p",
-        "laned-testkit",
-        "-p",
-        "laned-runner",
-        "--",
-        "--nocapture",
-        "prop_",
-    ]);
+    match model {
+        // A user's model: the seating property on it alone.
+        Some(model) => {
+            let Some(pulse) = pulse else {
+                eprintln!("fuzz: --model needs --pulse P");
+                return false;
+            };
+            command.args([
+                "run",
+                "--release",
+                "-p",
+                "laned-testkit",
+                "--example",
+                "fuzz-model",
+                "--",
+            ]);
+            command.args([model.as_str(), "--pulse", pulse.as_str(), "--symbol", symbol.as_str()]);
+        }
+        // The built-in fixtures: every property test of the testkit and the runner.
+        None => {
+            command.args([
+                "test",
+                "--release",
+                "-p",
+                "laned-testkit",
+                "-p",
+                "laned-runner",
+                "--",
+                "--nocapture",
+                "prop_",
+            ]);
+        }
+    }
     command.env("LANED_PROPTEST_CASES", &cases);
     if let Some(seed) = seed {
         command.env("LANED_PROPTEST_SEED", seed);

@@ -25,14 +25,19 @@
 //!   use what it returns for that turn only. Never keep a store (or a pointer
 //!   into a buffer) across turns: the next turn may have another shape.
 //! - The kernel id must name everything the layout depends on: the kernel's
-//!   name *and* its mode/packing (two kernels of one name with different
-//!   packings have different store layouts).
+//!   name *and* its mode/packing and tile (`mr`, `nr` size the panels a
+//!   store walks). With the `linalg` feature (on by default), `linalg::KernelId`
+//!   takes all of them from a tract-linalg `MatMatMul`, and `linalg::StoreMemo`
+//!   hands out `OutputStore`s whose only per-turn change is the base pointer.
 //! - A bound of 1 is the seed's memo with the bug fixed: correct, but it
 //!   rebuilds on every alternation of occupancy. Keep the bound at the number
 //!   of occupancies the load really alternates between.
 
 use std::collections::HashMap;
 use std::hash::Hash;
+
+#[cfg(feature = "linalg")]
+pub mod linalg;
 
 /// How many shapes a memo keeps per key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,7 +18,7 @@ tasks:
   ci                       what CI runs: fmt check, clippy, the test suite, doc tests
 
 criterion benches of the crates (cargo bench -p CRATE):
-  lane-table               (none yet)
+  kernel-memo              memo: hit, miss, alternating occupancies (one-entry vs bounded)
   laned-metrics            record: the cost of one turn's recording
   laned-runner             turns: time per pulse, solo vs ideal vs tract vs ours, light TDNN
 ";

@@ -34,7 +34,7 @@ fn bench(c: &mut Criterion) {
         c.bench_function(name, |b| {
             b.iter(|| {
                 turn += 1;
-                let occupancy = if turn % 2 == 0 { 3 } else { 5 };
+                let occupancy = if turn.is_multiple_of(2) { 3 } else { 5 };
                 black_box(memo.get_or_build(&0, &[occupancy, 40, 4], &(), buffer).len())
             })
         });

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use kernel_memo::linalg::{Axes, KernelId, StoreMemo};
 use kernel_memo::MemoConfig;
 use tract_data::internal::*;
-use tract_linalg::mmm::{AsInputValue, FusedSpec, MMMInputFormat, MatMatMul, OutputStore};
+use tract_linalg::mmm::{AsInputValue, FusedSpec, MatMatMul, OutputStore};
 
 /// The f32 kernels this machine runs, with distinct tiles first.
 fn f32_kernels() -> Vec<Box<dyn MatMatMul>> {

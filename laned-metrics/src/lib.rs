@@ -47,6 +47,9 @@ pub struct Metrics {
     admissions_refused: AtomicU64,
     failed_seats: AtomicU64,
     failed_turns: AtomicU64,
+    policy_waits: AtomicHistogram,
+    deadline_misses: AtomicU64,
+    policy_changes: AtomicU64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -74,6 +77,9 @@ impl Metrics {
             admissions_refused: AtomicU64::new(0),
             failed_seats: AtomicU64::new(0),
             failed_turns: AtomicU64::new(0),
+            policy_waits: AtomicHistogram::new(),
+            deadline_misses: AtomicU64::new(0),
+            policy_changes: AtomicU64::new(0),
         }
     }
 
@@ -124,6 +130,21 @@ impl Metrics {
         self.failed_turns.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The turn policy chose to wait `wait` before a turn.
+    pub fn record_policy_wait(&self, wait: Duration) {
+        self.policy_waits.record(wait);
+    }
+
+    /// `seats` seats were answered later than their latency budget.
+    pub fn record_deadline_misses(&self, seats: usize) {
+        self.deadline_misses.fetch_add(seats as u64, Ordering::Relaxed);
+    }
+
+    /// The turn policy or `max_seats` was changed while serving.
+    pub fn record_policy_change(&self) {
+        self.policy_changes.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Everything recorded so far, as plain data.
     pub fn snapshot(&self) -> Snapshot {
         let occupancy: Vec<u64> = self.occupancy.iter().map(|n| n.load(Ordering::Relaxed)).collect();
@@ -140,6 +161,9 @@ impl Metrics {
             admissions_refused: self.admissions_refused.load(Ordering::Relaxed),
             failed_seats: self.failed_seats.load(Ordering::Relaxed),
             failed_turns: self.failed_turns.load(Ordering::Relaxed),
+            policy_waits: self.policy_waits.snapshot(),
+            deadline_misses: self.deadline_misses.load(Ordering::Relaxed),
+            policy_changes: self.policy_changes.load(Ordering::Relaxed),
         }
     }
 }
@@ -171,6 +195,15 @@ pub struct Snapshot {
     pub failed_seats: u64,
     /// Turns that failed as a whole.
     pub failed_turns: u64,
+    /// The waits the turn policy chose before turns.
+    #[serde(default)]
+    pub policy_waits: HistogramSnapshot,
+    /// Seats answered later than their latency budget.
+    #[serde(default)]
+    pub deadline_misses: u64,
+    /// Changes of the turn policy or `max_seats` while serving.
+    #[serde(default)]
+    pub policy_changes: u64,
 }
 
 impl Snapshot {
@@ -205,6 +238,9 @@ impl Snapshot {
             admissions_refused: self.admissions_refused.saturating_sub(earlier.admissions_refused),
             failed_seats: self.failed_seats.saturating_sub(earlier.failed_seats),
             failed_turns: self.failed_turns.saturating_sub(earlier.failed_turns),
+            policy_waits: self.policy_waits.delta(&earlier.policy_waits),
+            deadline_misses: self.deadline_misses.saturating_sub(earlier.deadline_misses),
+            policy_changes: self.policy_changes.saturating_sub(earlier.policy_changes),
         }
     }
 
@@ -227,6 +263,9 @@ impl Snapshot {
             admissions_refused: self.admissions_refused + other.admissions_refused,
             failed_seats: self.failed_seats + other.failed_seats,
             failed_turns: self.failed_turns + other.failed_turns,
+            policy_waits: self.policy_waits.merge(&other.policy_waits),
+            deadline_misses: self.deadline_misses + other.deadline_misses,
+            policy_changes: self.policy_changes + other.policy_changes,
         }
     }
 

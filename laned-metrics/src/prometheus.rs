@@ -182,6 +182,29 @@ pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
         labels,
         s.failed_turns,
     );
+    durations(
+        &mut out,
+        "tract_autobatch_policy_wait_seconds",
+        "Waits the turn policy chose before turns",
+        labels,
+        &s.policy_waits,
+    );
+    scalar(
+        &mut out,
+        "tract_autobatch_deadline_misses_total",
+        "counter",
+        "Seats answered later than their latency budget",
+        labels,
+        s.deadline_misses,
+    );
+    scalar(
+        &mut out,
+        "tract_autobatch_policy_changes_total",
+        "counter",
+        "Changes of the turn policy or max_seats while serving",
+        labels,
+        s.policy_changes,
+    );
     out
 }
 

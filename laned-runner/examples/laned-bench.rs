@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use laned_runner::{LanedRunner, Mode, RunnerConfig};
+use laned_runner::{LanedRunner, Mode, RunnerConfig, TurnPolicy};
 use laned_testkit::fixtures::{self, Fixture, TdnnConfig};
 use laned_testkit::load;
 use serde::Serialize;
@@ -25,6 +25,8 @@ laned-bench [--quick] [--model light|heavy|all|PATH [--pulse P] [--symbol S]] [-
                  a pulse of 4 frames is then due every 10 ms)
   --skip-real-time
                  closed loop only
+  --skip-closed-loop
+                 real time only
   --out          where the report goes (default: target/laned-bench)
 ";
 
@@ -98,6 +100,7 @@ fn args() -> Result<Args, String> {
                 a.frame_ms = v.parse().map_err(|e| format!("--frame-ms {v:?}: {e}"))?;
             }
             "--skip-real-time" => a.real_time = false,
+            "--skip-closed-loop" => a.streams.clear(),
             "--out" => a.out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
             "--help" | "-h" => {
                 print!("{HELP}");
@@ -360,6 +363,10 @@ fn main() -> TractResult<()> {
                 "ours (combining)".into(),
                 RtSystem::Ours(Mode::Combining, Duration::ZERO),
             ),
+            (
+                format!("ours (worker, latency budget {} ms)", budget.as_secs_f64() * 1000.0),
+                RtSystem::Budget(budget),
+            ),
         ];
         let mut progress = Progress {
             done: 0,
@@ -406,11 +413,20 @@ fn main() -> TractResult<()> {
 enum RtSystem {
     Tract,
     Ours(Mode, Duration),
+    /// Ours in worker mode under `TurnPolicy::LatencyBudget`, untuned.
+    Budget(Duration),
 }
 
 fn rt_runnable(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractResult<Arc<dyn Runnable>> {
     Ok(match system {
         RtSystem::Tract => Arc::new(tract_core::lanes::LanedRunnable::wrap(plan.clone(), n)?),
+        RtSystem::Budget(budget) => Arc::new(LanedRunner::new(
+            plan.clone(),
+            RunnerConfig::builder()
+                .max_lanes(n)
+                .policy(TurnPolicy::latency_budget(budget))
+                .build(),
+        )?),
         RtSystem::Ours(mode, linger) => Arc::new(LanedRunner::new(
             plan.clone(),
             RunnerConfig::builder().max_lanes(n).mode(mode).linger(linger).build(),

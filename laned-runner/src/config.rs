@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::err::NewRunnerError;
+use crate::policy::TurnPolicy;
 
 /// Who runs the turns.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,6 +50,10 @@ pub struct RunnerConfig {
     pub linger_us: Option<u64>,
     /// Who runs the turns.
     pub mode: Mode,
+    /// When a turn starts. `None`: `Linger` of `linger_us` when that is set
+    /// (or `TRACT_TURN_LINGER_US`), `Immediate` otherwise. Changeable while
+    /// serving (`LanedRunner::set_policy`).
+    pub policy: Option<TurnPolicy>,
     /// Streams that may wait for a lane (`spawn_timeout`); past it spawning
     /// is refused at once as busy.
     pub max_waiting: usize,
@@ -64,6 +69,7 @@ impl Default for RunnerConfig {
             max_seats: None,
             linger_us: None,
             mode: Mode::Worker,
+            policy: None,
             max_waiting: 1024,
             idle_timeout_ms: None,
         }
@@ -109,7 +115,11 @@ impl RunnerConfig {
             // The state has one lane more than the streams (see `Engine`), so
             // a turn can seat that many.
             max_seats: max_seats.min(self.max_lanes + 1),
-            linger: Duration::from_micros(linger_us),
+            policy: self.policy.unwrap_or(if linger_us == 0 {
+                TurnPolicy::Immediate
+            } else {
+                TurnPolicy::Linger { us: linger_us }
+            }),
             mode: self.mode,
         })
     }
@@ -133,7 +143,7 @@ pub(crate) struct Resolved {
     pub idle_timeout: Option<Duration>,
     pub max_lanes: usize,
     pub max_seats: usize,
-    pub linger: Duration,
+    pub policy: TurnPolicy,
     pub mode: Mode,
 }
 
@@ -161,6 +171,11 @@ impl RunnerConfigBuilder {
 
     pub fn mode(mut self, mode: Mode) -> Self {
         self.config.mode = mode;
+        self
+    }
+
+    pub fn policy(mut self, policy: TurnPolicy) -> Self {
+        self.config.policy = Some(policy);
         self
     }
 

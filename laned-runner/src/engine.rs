@@ -16,10 +16,19 @@ use tract_core::plan::Seating;
 
 use crate::err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
 use crate::iface::{Group, Interface};
+use crate::policy::{LearnedTurnTimes, QueueState, TurnPolicy};
 use crate::slot::Slot;
 use crate::stack::Stacker;
+use arc_swap::ArcSwap;
 
 pub(crate) type CallResult = Result<Answer, RunError>;
+
+/// The settings that can change while the runner serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Live {
+    pub policy: TurnPolicy,
+    pub max_seats: usize,
+}
 
 /// What a call is answered with. A one-row call gets the whole turn's
 /// outputs and its seat: its caller slices its own row, off the worker's
@@ -162,7 +171,13 @@ pub(crate) struct Engine {
     metrics: Arc<Metrics>,
     /// Streams held at most: one lane fewer than the state has.
     max_streams: usize,
-    max_seats: usize,
+    /// The policy and `max_seats`, changeable while serving: read once per
+    /// turn.
+    live: Arc<ArcSwap<Live>>,
+    /// Turn time by occupancy, learned from the turns run.
+    times: Arc<LearnedTurnTimes>,
+    /// The runner's start, for `Tick`.
+    epoch: Instant,
     closed: bool,
 }
 
@@ -206,8 +221,10 @@ impl Engine {
         iface: Arc<Interface>,
         config: &crate::config::Resolved,
         metrics: Arc<Metrics>,
+        live: Arc<ArcSwap<Live>>,
+        times: Arc<LearnedTurnTimes>,
     ) -> Result<Engine, NewRunnerError> {
-        let (max_streams, max_seats) = (config.max_lanes, config.max_seats);
+        let max_streams = config.max_lanes;
         let max_lanes = max_streams + 1;
         let mut state = inner.spawn().map_err(|e| NewRunnerError::Spawn(format!("{e:#}")))?;
         let every: Vec<TractLane> = (0..max_lanes).map(TractLane).collect();
@@ -241,7 +258,9 @@ impl Engine {
             symbols_at_spawn,
             metrics,
             max_streams,
-            max_seats,
+            live,
+            times,
+            epoch: Instant::now(),
             closed: false,
         })
     }
@@ -255,14 +274,25 @@ impl Engine {
         !self.queue.is_empty()
     }
 
-    /// Every held lane has a seat queued: nothing more can arrive for a turn.
-    pub fn all_held_queued(&self) -> bool {
-        self.lanes_queued >= self.table.taken()
+    /// What the turn policy sees of the queue.
+    pub fn queue_state(&self, max_seats: usize) -> Option<QueueState> {
+        let oldest = self.queue.first()?.queued;
+        Some(QueueState {
+            oldest,
+            queued: self.queue.len(),
+            held: self.table.taken(),
+            lanes_queued: self.lanes_queued,
+            max_seats,
+            epoch: self.epoch,
+        })
     }
 
-    /// When the oldest queued seat arrived.
-    pub fn oldest_arrival(&self) -> Option<Instant> {
-        self.queue.first().map(|s| s.queued)
+    pub fn times(&self) -> &LearnedTurnTimes {
+        &self.times
+    }
+
+    pub fn record_policy_wait(&self, wait: std::time::Duration) {
+        self.metrics.record_policy_wait(wait);
     }
 
     /// The slot of the oldest queued call, for a combiner handing over.
@@ -516,7 +546,8 @@ impl Engine {
         if self.queue.is_empty() || self.state.is_none() {
             return;
         }
-        fill_into(&self.queue, &self.table, self.max_seats, &mut self.fill);
+        let live = self.live.load();
+        fill_into(&self.queue, &self.table, live.max_seats, &mut self.fill);
         if self.fill.seated().is_empty() {
             return;
         }
@@ -548,7 +579,11 @@ impl Engine {
             let _ = self.table.take_lane(*lane);
         }
 
+        let ran = Instant::now();
         let result = self.run_seated(&seated, lanes.clone(), &borrowed);
+        if result.is_ok() {
+            self.times.record(seated.len(), ran.elapsed());
+        }
 
         for lane in &borrowed {
             let _ = self.table.give_back(*lane);
@@ -563,6 +598,16 @@ impl Engine {
         // Record before answering: a caller reading the metrics after its
         // answer sees its own turn counted.
         self.metrics.record_turn(occupancy, started.elapsed());
+        if let TurnPolicy::LatencyBudget { us } = live.policy {
+            let budget = std::time::Duration::from_micros(us);
+            let late = seated
+                .iter()
+                .filter(|s| now.saturating_duration_since(s.queued) > budget)
+                .count();
+            if late > 0 {
+                self.metrics.record_deadline_misses(late);
+            }
+        }
         match result {
             Ok(outputs) => {
                 let outputs = Arc::new(outputs);

@@ -36,6 +36,7 @@ mod config;
 mod engine;
 mod err;
 mod iface;
+pub mod policy;
 mod runner;
 mod shard;
 mod slot;
@@ -43,5 +44,6 @@ mod stack;
 
 pub use config::{Mode, RunnerConfig, RunnerConfigBuilder};
 pub use err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
+pub use policy::TurnPolicy;
 pub use runner::{CancelToken, LanedRunner, LanedStateHandle};
 pub use stack::Stacker;

@@ -9,11 +9,13 @@ use laned_metrics::{Metrics, Snapshot};
 use tract_core::internal::*;
 
 use crate::config::{Resolved, RunnerConfig};
-use crate::engine::{Call, CallResult, Grant, Request};
+use crate::engine::{Call, CallResult, Grant, Live, Request};
 use crate::err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
 use crate::iface::{Group, Interface};
+use crate::policy::{LearnedTurnTimes, TurnPolicy};
 use crate::shard::Shard;
 use crate::slot::{Cancel, Slot, Wake};
+use arc_swap::ArcSwap;
 
 /// What every clone of the runner and every handle share.
 pub(crate) struct Core {
@@ -22,6 +24,9 @@ pub(crate) struct Core {
     shard: Arc<Shard>,
     metrics: Arc<Metrics>,
     config: Resolved,
+    /// The live policy and `max_seats` (shared with the shard).
+    live: Arc<ArcSwap<Live>>,
+    times: Arc<LearnedTurnTimes>,
 }
 
 /// Closes the shard when the last owning [`LanedRunner`] goes: every waiting
@@ -67,14 +72,28 @@ impl LanedRunner {
     pub fn new(inner: Arc<dyn Runnable>, config: RunnerConfig) -> Result<LanedRunner, NewRunnerError> {
         let config = config.resolve()?;
         let iface = Arc::new(Interface::of(&*inner)?);
-        let metrics = Arc::new(Metrics::new(config.max_seats));
-        let shard = Shard::start(inner.clone(), iface.clone(), &config, metrics.clone())?;
+        let metrics = Arc::new(Metrics::new(config.max_lanes + 1));
+        let live = Arc::new(ArcSwap::from_pointee(Live {
+            policy: config.policy,
+            max_seats: config.max_seats,
+        }));
+        let times = Arc::new(LearnedTurnTimes::new(config.max_lanes + 1));
+        let shard = Shard::start(
+            inner.clone(),
+            iface.clone(),
+            &config,
+            metrics.clone(),
+            live.clone(),
+            times.clone(),
+        )?;
         let core = Arc::new(Core {
             inner,
             iface,
             shard,
             metrics,
             config,
+            live,
+            times,
         });
         Ok(LanedRunner {
             _owner: Some(Arc::new(Owner { core: core.clone() })),
@@ -162,7 +181,41 @@ impl LanedRunner {
 
     /// The widest turn, after the environment and the clamp to the lanes.
     pub fn max_seats(&self) -> usize {
-        self.core.config.max_seats
+        self.core.live.load().max_seats
+    }
+
+    /// The turn policy now in force.
+    pub fn policy(&self) -> TurnPolicy {
+        self.core.live.load().policy
+    }
+
+    /// Change the turn policy while serving. Queued calls are not lost: the
+    /// next turn is decided by the new policy (a waiting worker re-decides at
+    /// once). Counted in the metrics (`policy_changes`).
+    pub fn set_policy(&self, policy: TurnPolicy) {
+        let live = Live {
+            policy,
+            ..**self.core.live.load()
+        };
+        self.core.shard.set_live(live);
+        self.core.metrics.record_policy_change();
+    }
+
+    /// Change the widest turn while serving (clamped to the state's lanes,
+    /// 1 at least).
+    pub fn set_max_seats(&self, max_seats: usize) {
+        let max_seats = max_seats.clamp(1, self.core.config.max_lanes + 1);
+        let live = Live {
+            max_seats,
+            ..**self.core.live.load()
+        };
+        self.core.shard.set_live(live);
+        self.core.metrics.record_policy_change();
+    }
+
+    /// The turn time learned per occupancy: (occupancy, mean turn time).
+    pub fn turn_time_curve(&self) -> Vec<(usize, Duration)> {
+        self.core.times.curve()
     }
 
     pub fn mode(&self) -> crate::Mode {

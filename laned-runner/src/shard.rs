@@ -11,10 +11,12 @@ use laned_metrics::Metrics;
 use tract_core::internal::Runnable;
 
 use crate::config::{Mode, Resolved};
-use crate::engine::{Engine, Request};
+use crate::engine::{Engine, Live, Request};
 use crate::err::NewRunnerError;
 use crate::iface::Interface;
+use crate::policy::{decide, Decision, LearnedTurnTimes};
 use crate::slot::{Slot, Wake};
+use arc_swap::ArcSwap;
 
 /// Requests not yet seen by the engine.
 struct Inbox {
@@ -38,7 +40,9 @@ pub(crate) struct Shard {
     /// thread.
     engine: Mutex<Engine>,
     mode: Mode,
-    linger: Duration,
+    /// The policy and `max_seats`: written by `set_policy` (any thread),
+    /// read before each turn by whoever runs it.
+    live: Arc<ArcSwap<Live>>,
     /// The worker thread in `Worker` mode, joined by `close`.
     worker: Mutex<Option<JoinHandle<()>>>,
     /// Whether calls resolving a symbol can be served (read-only).
@@ -64,11 +68,13 @@ impl Shard {
         iface: Arc<Interface>,
         config: &Resolved,
         metrics: Arc<Metrics>,
+        live: Arc<ArcSwap<Live>>,
+        times: Arc<LearnedTurnTimes>,
     ) -> Result<Arc<Shard>, NewRunnerError> {
         match config.mode {
             Mode::Combining => {
-                let engine = Engine::start(inner, iface, config, metrics)?;
-                Ok(Arc::new(Shard::new(engine, config)))
+                let engine = Engine::start(inner, iface, config, metrics, live.clone(), times)?;
+                Ok(Arc::new(Shard::new(engine, config, live)))
             }
             Mode::Worker => {
                 // The engine is built on the worker, handed back through this
@@ -80,9 +86,9 @@ impl Shard {
                 let thread = std::thread::Builder::new()
                     .name("laned-worker".into())
                     .spawn(move || {
-                        match Engine::start(inner, iface, &config, metrics) {
+                        match Engine::start(inner, iface, &config, metrics, live.clone(), times) {
                             Ok(engine) => {
-                                let shard = Arc::new(Shard::new(engine, &config));
+                                let shard = Arc::new(Shard::new(engine, &config, live));
                                 let _ = built.send(Ok(shard));
                             }
                             Err(e) => {
@@ -113,7 +119,7 @@ impl Shard {
         }
     }
 
-    fn new(engine: Engine, config: &Resolved) -> Shard {
+    fn new(engine: Engine, config: &Resolved, live: Arc<ArcSwap<Live>>) -> Shard {
         let can_forget_symbols = engine.can_forget_symbols();
         Shard {
             inbox: Mutex::new(Inbox {
@@ -127,7 +133,7 @@ impl Shard {
             arrived: Condvar::new(),
             engine: Mutex::new(engine),
             mode: config.mode,
-            linger: config.linger,
+            live,
             worker: Mutex::new(None),
             can_forget_symbols,
         }
@@ -187,34 +193,45 @@ impl Shard {
         any
     }
 
-    /// Wait up to the linger for more seats, unless every held lane already
-    /// has one queued (then nothing more can come for this turn). Returns
-    /// false when the shard closed meanwhile: the turn must not run, its
-    /// seats are answered by the close.
-    fn linger(&self, engine: &mut Engine) -> bool {
-        if self.linger.is_zero() || engine.all_held_queued() {
-            return true;
-        }
-        // The linger runs from the oldest seat's arrival: seats left over by a
-        // full turn have lingered already.
-        let deadline = engine.oldest_arrival().unwrap_or_else(Instant::now) + self.linger;
+    /// Wait as the turn policy says before the next turn, taking requests
+    /// in meanwhile. Returns false when the shard closed meanwhile: the turn
+    /// must not run, its seats are answered by the close.
+    fn wait_for_turn(&self, engine: &mut Engine) -> bool {
+        let mut waited: Option<Instant> = None;
         loop {
             self.take_inbox(engine);
-            if engine.all_held_queued() {
+            let live = **self.live.load();
+            let Some(queue) = engine.queue_state(live.max_seats) else {
                 return true;
-            }
+            };
             let now = Instant::now();
-            if now >= deadline {
-                return true;
-            }
-            let inbox = lock(&self.inbox);
-            if inbox.closed {
-                return false;
-            }
-            if inbox.requests.is_empty() {
-                let _ = self.arrived.wait_timeout(inbox, deadline - now);
+            match decide(&live.policy, &queue, engine.times(), now) {
+                Decision::RunNow => {
+                    if let Some(since) = waited {
+                        engine.record_policy_wait(since.elapsed());
+                    }
+                    return true;
+                }
+                Decision::WaitUntil(until) => {
+                    waited.get_or_insert(now);
+                    let inbox = lock(&self.inbox);
+                    if inbox.closed {
+                        return false;
+                    }
+                    // A push or a policy change wakes us to decide again.
+                    if inbox.requests.is_empty() {
+                        let _ = self.arrived.wait_timeout(inbox, until.saturating_duration_since(now));
+                    }
+                }
             }
         }
+    }
+
+    /// A new policy or `max_seats`: wake whoever waits on the old one.
+    pub fn set_live(&self, live: Live) {
+        self.live.store(Arc::new(live));
+        let _inbox = lock(&self.inbox);
+        self.arrived.notify_all();
     }
 
     /// Combining mode: while `done` is false and the state is free, hold it
@@ -249,7 +266,7 @@ impl Shard {
                         break;
                     }
                 }
-                if !self.linger(&mut engine) {
+                if !self.wait_for_turn(&mut engine) {
                     break;
                 }
                 engine.turn();
@@ -321,7 +338,7 @@ impl Shard {
             if closed {
                 return;
             }
-            if engine.has_queue() && self.linger(&mut engine) {
+            if engine.has_queue() && self.wait_for_turn(&mut engine) {
                 engine.turn();
             }
         }

@@ -1,0 +1,330 @@
+//! The turn policy: when to run the next turn, decided from plain data (the
+//! queue's state, a model of turn time by occupancy, the time now), so that
+//! it is testable with a synthetic clock and no thread.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// When a turn starts once a seat is queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TurnPolicy {
+    /// At once, with whatever is queued.
+    Immediate,
+    /// Wait up to `us` microseconds after the oldest queued seat arrived, and
+    /// start early once every held lane has a seat queued (nothing more can
+    /// come) or the turn is full. tract's knob, with the early close.
+    Linger { us: u64 },
+    /// Every seat answered within `us` microseconds of its arrival: start at
+    /// the latest instant that still meets the oldest seat's deadline, given
+    /// the learned turn time; at once when nothing more can come or the turn
+    /// is full, and at once (like `Immediate`) when the budget is below the
+    /// turn time.
+    LatencyBudget { us: u64 },
+    /// Turns at fixed instants, every `period_us` microseconds since the
+    /// runner started, for streams that all send at the same cadence.
+    Tick { period_us: u64 },
+}
+
+impl TurnPolicy {
+    pub fn linger(d: Duration) -> TurnPolicy {
+        TurnPolicy::Linger {
+            us: d.as_micros() as u64,
+        }
+    }
+
+    pub fn latency_budget(d: Duration) -> TurnPolicy {
+        TurnPolicy::LatencyBudget {
+            us: d.as_micros() as u64,
+        }
+    }
+
+    pub fn tick(period: Duration) -> TurnPolicy {
+        TurnPolicy::Tick {
+            period_us: period.as_micros().max(1) as u64,
+        }
+    }
+}
+
+/// What the policy sees of the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueState {
+    /// When the oldest queued seat arrived.
+    pub oldest: Instant,
+    /// Seats queued.
+    pub queued: usize,
+    /// Lanes held by streams.
+    pub held: usize,
+    /// Held lanes with a seat queued.
+    pub lanes_queued: usize,
+    /// The widest turn.
+    pub max_seats: usize,
+    /// The runner's start: `Tick` counts its periods from it.
+    pub epoch: Instant,
+}
+
+impl QueueState {
+    /// Nothing more can join the next turn: every held lane has a seat
+    /// queued, or the turn is full.
+    pub fn full(&self) -> bool {
+        self.lanes_queued >= self.held || self.queued >= self.max_seats
+    }
+}
+
+/// A model of how long a turn of a given occupancy takes.
+pub trait TurnTimes {
+    /// `None` while nothing is known.
+    fn estimate(&self, occupancy: usize) -> Option<Duration>;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    RunNow,
+    WaitUntil(Instant),
+}
+
+/// The decision for the queue in `q` at `now`.
+pub fn decide(policy: &TurnPolicy, q: &QueueState, times: &dyn TurnTimes, now: Instant) -> Decision {
+    let at = |t: Instant| {
+        if now >= t {
+            Decision::RunNow
+        } else {
+            Decision::WaitUntil(t)
+        }
+    };
+    match *policy {
+        TurnPolicy::Immediate => Decision::RunNow,
+        TurnPolicy::Linger { us } => {
+            if q.full() {
+                Decision::RunNow
+            } else {
+                at(q.oldest + Duration::from_micros(us))
+            }
+        }
+        TurnPolicy::LatencyBudget { us } => {
+            if q.full() {
+                return Decision::RunNow;
+            }
+            // The turn cannot be wider than the held lanes and max_seats:
+            // budget for that one.
+            let widest = q.held.min(q.max_seats).max(1);
+            let Some(turn) = times.estimate(widest) else {
+                return Decision::RunNow;
+            };
+            let budget = Duration::from_micros(us);
+            match budget.checked_sub(turn) {
+                Some(slack) => at(q.oldest + slack),
+                None => Decision::RunNow,
+            }
+        }
+        TurnPolicy::Tick { period_us } => {
+            let period = Duration::from_micros(period_us.max(1));
+            let since = q.oldest.saturating_duration_since(q.epoch);
+            let ticks = since.as_nanos().div_ceil(period.as_nanos());
+            at(q.epoch + period * ticks as u32)
+        }
+    }
+}
+
+/// Turn time by occupancy, learned online: an exponential moving average
+/// (weight 1/8) per exact occupancy, interpolated linearly from the nearest
+/// known occupancy where one was never seen. Lock-free: the engine records,
+/// anyone reads.
+#[derive(Debug)]
+pub struct LearnedTurnTimes {
+    /// Nanoseconds per occupancy; 0 while unknown.
+    ewma_ns: Box<[AtomicU64]>,
+}
+
+impl LearnedTurnTimes {
+    pub fn new(max_occupancy: usize) -> LearnedTurnTimes {
+        LearnedTurnTimes {
+            ewma_ns: (0..=max_occupancy.max(1)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    pub fn record(&self, occupancy: usize, took: Duration) {
+        let Some(slot) = self.ewma_ns.get(occupancy) else {
+            return;
+        };
+        let ns = took.as_nanos().max(1) as u64;
+        let old = slot.load(Ordering::Relaxed);
+        let new = if old == 0 { ns } else { (old * 7 + ns) / 8 };
+        slot.store(new.max(1), Ordering::Relaxed);
+    }
+
+    /// The learned points, as (occupancy, turn time).
+    pub fn curve(&self) -> Vec<(usize, Duration)> {
+        self.ewma_ns
+            .iter()
+            .enumerate()
+            .filter_map(|(k, ns)| {
+                let ns = ns.load(Ordering::Relaxed);
+                (ns > 0).then(|| (k, Duration::from_nanos(ns)))
+            })
+            .collect()
+    }
+}
+
+impl TurnTimes for LearnedTurnTimes {
+    fn estimate(&self, occupancy: usize) -> Option<Duration> {
+        let known = |k: usize| {
+            self.ewma_ns
+                .get(k)
+                .map(|n| n.load(Ordering::Relaxed))
+                .filter(|n| *n > 0)
+        };
+        if let Some(ns) = known(occupancy) {
+            return Some(Duration::from_nanos(ns));
+        }
+        // The nearest known occupancy, scaled linearly.
+        let len = self.ewma_ns.len();
+        for d in 1..len {
+            for k in [occupancy.checked_sub(d), Some(occupancy + d)].into_iter().flatten() {
+                if k > 0 {
+                    if let Some(ns) = known(k) {
+                        return Some(Duration::from_nanos(ns * occupancy.max(1) as u64 / k as u64));
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fixed turn-time model: `per_seat` per seat plus `base`.
+    struct Linear {
+        base: Duration,
+        per_seat: Duration,
+    }
+
+    impl TurnTimes for Linear {
+        fn estimate(&self, k: usize) -> Option<Duration> {
+            Some(self.base + self.per_seat * k as u32)
+        }
+    }
+
+    fn q(t0: Instant, queued: usize, held: usize, lanes_queued: usize) -> QueueState {
+        QueueState {
+            oldest: t0,
+            queued,
+            held,
+            lanes_queued,
+            max_seats: 64,
+            epoch: t0,
+        }
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn immediate_runs_at_once() {
+        let t0 = Instant::now();
+        let times = Linear { base: MS, per_seat: MS };
+        assert_eq!(
+            decide(&TurnPolicy::Immediate, &q(t0, 1, 8, 1), &times, t0),
+            Decision::RunNow
+        );
+    }
+
+    #[test]
+    fn linger_waits_from_the_oldest_seat_and_closes_early() {
+        let t0 = Instant::now();
+        let times = Linear { base: MS, per_seat: MS };
+        let p = TurnPolicy::linger(5 * MS);
+        assert_eq!(
+            decide(&p, &q(t0, 1, 8, 1), &times, t0 + MS),
+            Decision::WaitUntil(t0 + 5 * MS)
+        );
+        assert_eq!(decide(&p, &q(t0, 1, 8, 1), &times, t0 + 6 * MS), Decision::RunNow);
+        assert_eq!(
+            decide(&p, &q(t0, 8, 8, 8), &times, t0),
+            Decision::RunNow,
+            "every held lane queued"
+        );
+    }
+
+    /// The budget policy starts at the latest instant meeting the oldest
+    /// seat's deadline: never later (a deadline it could meet is met), never
+    /// earlier (the turn is as wide as the budget allows).
+    #[test]
+    fn latency_budget_starts_at_the_latest_instant_meeting_the_deadline() {
+        let t0 = Instant::now();
+        let times = Linear {
+            base: MS,
+            per_seat: Duration::from_micros(100),
+        };
+        let budget = 10 * MS;
+        let p = TurnPolicy::latency_budget(budget);
+        // 8 held lanes: the widest turn takes 1.8 ms; start by 8.2 ms.
+        let start = t0 + budget - times.estimate(8).unwrap();
+        for now in [t0, t0 + MS, t0 + 8 * MS] {
+            assert_eq!(decide(&p, &q(t0, 3, 8, 3), &times, now), Decision::WaitUntil(start));
+        }
+        assert_eq!(decide(&p, &q(t0, 3, 8, 3), &times, start), Decision::RunNow);
+        // Started then, the turn ends by the deadline.
+        assert!(start + times.estimate(8).unwrap() <= t0 + budget);
+        // Nothing more can come: run at once, however much budget is left.
+        assert_eq!(decide(&p, &q(t0, 8, 8, 8), &times, t0), Decision::RunNow);
+        let mut capped = q(t0, 4, 8, 4);
+        capped.max_seats = 4;
+        assert_eq!(decide(&p, &capped, &times, t0), Decision::RunNow, "the turn is full");
+    }
+
+    #[test]
+    fn latency_budget_below_the_turn_time_degrades_to_immediate() {
+        let t0 = Instant::now();
+        let times = Linear {
+            base: 5 * MS,
+            per_seat: MS,
+        };
+        let p = TurnPolicy::latency_budget(2 * MS);
+        assert_eq!(decide(&p, &q(t0, 1, 8, 1), &times, t0), Decision::RunNow);
+    }
+
+    #[test]
+    fn latency_budget_runs_at_once_while_it_knows_nothing() {
+        let t0 = Instant::now();
+        let p = TurnPolicy::latency_budget(10 * MS);
+        assert_eq!(
+            decide(&p, &q(t0, 1, 8, 1), &LearnedTurnTimes::new(8), t0),
+            Decision::RunNow
+        );
+    }
+
+    #[test]
+    fn tick_runs_at_fixed_instants() {
+        let t0 = Instant::now();
+        let times = Linear { base: MS, per_seat: MS };
+        let p = TurnPolicy::tick(4 * MS);
+        let mut state = q(t0, 1, 8, 1);
+        state.oldest = t0 + 5 * MS;
+        assert_eq!(
+            decide(&p, &state, &times, t0 + 5 * MS),
+            Decision::WaitUntil(t0 + 8 * MS)
+        );
+        assert_eq!(decide(&p, &state, &times, t0 + 8 * MS), Decision::RunNow);
+    }
+
+    #[test]
+    fn learned_times_average_and_interpolate() {
+        let t = LearnedTurnTimes::new(16);
+        assert_eq!(t.estimate(4), None);
+        t.record(4, Duration::from_micros(400));
+        assert_eq!(t.estimate(4), Some(Duration::from_micros(400)));
+        assert_eq!(
+            t.estimate(8),
+            Some(Duration::from_micros(800)),
+            "scaled from the nearest known"
+        );
+        t.record(4, Duration::from_micros(800));
+        assert_eq!(t.estimate(4), Some(Duration::from_micros(450)), "moves 1/8 of the way");
+        assert_eq!(t.curve(), vec![(4, Duration::from_micros(450))]);
+    }
+}

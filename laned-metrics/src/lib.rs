@@ -103,6 +103,11 @@ impl Metrics {
         self.lanes_taken.store(lanes as u64, Ordering::Relaxed);
     }
 
+    /// Streams holding a lane now (the gauge's last value).
+    pub fn lanes_taken(&self) -> u64 {
+        self.lanes_taken.load(Ordering::Relaxed)
+    }
+
     /// A stream got a lane at once.
     pub fn record_admission(&self) {
         self.admissions.fetch_add(1, Ordering::Relaxed);

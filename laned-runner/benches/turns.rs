@@ -75,7 +75,11 @@ fn bench(c: &mut Criterion) {
         });
         for mode in [Mode::Worker, Mode::Combining] {
             let ours: Arc<dyn Runnable> = Arc::new(
-                LanedRunner::new(plan.clone(), RunnerConfig::builder().max_lanes(n).mode(mode).build()).unwrap(),
+                LanedRunner::new(
+                    plan.clone(),
+                    RunnerConfig::builder().shards(1).max_lanes(n).mode(mode).build(),
+                )
+                .unwrap(),
             );
             group.bench_with_input(BenchmarkId::new(format!("ours {mode:?}"), n), &n, |b, &n| {
                 b.iter_custom(|iters| threads(n, iters, &|_| ours.spawn().unwrap(), &f))

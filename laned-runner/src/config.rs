@@ -38,8 +38,12 @@ pub enum Mode {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RunnerConfig {
-    /// Lanes of the state: the most streams held at once.
+    /// Lanes of each shard's state: the most streams a shard holds at once.
     pub max_lanes: usize,
+    /// Laned states (shards) behind the runner, each with its own lanes,
+    /// queue, turn policy and (in `Worker` mode) thread; the plan and
+    /// weights are shared. `None`: the machine's available parallelism.
+    pub shards: Option<usize>,
     /// The widest turn, clamped to the state's lanes (`max_lanes` plus the
     /// one kept for the later rows of wide calls). `None`:
     /// `TRACT_MAX_SEATS`, else 256.
@@ -66,6 +70,7 @@ impl Default for RunnerConfig {
     fn default() -> RunnerConfig {
         RunnerConfig {
             max_lanes: 64,
+            shards: None,
             max_seats: None,
             linger_us: None,
             mode: Mode::Worker,
@@ -108,7 +113,16 @@ impl RunnerConfig {
                 "idle_timeout_ms is 0: every stream would be evicted at once".into(),
             ));
         }
+        let shards = self
+            .shards
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        if shards == 0 {
+            return Err(NewRunnerError::Config(
+                "shards is 0: a runner needs one laned state at least".into(),
+            ));
+        }
         Ok(Resolved {
+            shards,
             max_waiting: self.max_waiting,
             idle_timeout: self.idle_timeout_ms.map(Duration::from_millis),
             max_lanes: self.max_lanes,
@@ -139,6 +153,7 @@ fn env_knob(name: &str) -> Result<Option<u64>, NewRunnerError> {
 /// The configuration as the runner uses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Resolved {
+    pub shards: usize,
     pub max_waiting: usize,
     pub idle_timeout: Option<Duration>,
     pub max_lanes: usize,
@@ -156,6 +171,11 @@ pub struct RunnerConfigBuilder {
 impl RunnerConfigBuilder {
     pub fn max_lanes(mut self, lanes: usize) -> Self {
         self.config.max_lanes = lanes;
+        self
+    }
+
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.config.shards = Some(shards);
         self
     }
 

@@ -4,7 +4,7 @@
 //! its lock) touches any of it: taking a lane resets it, and a reset writes
 //! the state.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,6 +14,7 @@ use laned_metrics::Metrics;
 use tract_core::internal::*;
 use tract_core::plan::Seating;
 
+use crate::admission::Admission;
 use crate::err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
 use crate::iface::{Group, Interface};
 use crate::policy::{LearnedTurnTimes, QueueState, TurnPolicy};
@@ -74,9 +75,12 @@ pub(crate) struct Grant {
 // `Call` is the common request and is moved, not boxed: no allocation per call.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Request {
-    /// A new stream wants a lane, waiting for one in the admission queue
-    /// when `wait` is set.
-    Spawn { slot: Arc<Slot<SpawnResult>>, wait: bool },
+    /// A new stream wants a lane (`waited`: how long it waited in the
+    /// runner's admission queue, for the metrics).
+    Spawn {
+        slot: Arc<Slot<SpawnResult>>,
+        waited: Option<std::time::Duration>,
+    },
     /// A stream wants one or several seats.
     Call(Call),
     /// The last handle of a stream was dropped: its lane goes back.
@@ -156,9 +160,8 @@ pub(crate) struct Engine {
     /// Streams that lost their lane to eviction, and why, until released.
     evicted: HashMap<u64, String>,
     next_stream: u64,
-    /// Spawners waiting for a lane, oldest first.
-    waiting: VecDeque<(Arc<Slot<SpawnResult>>, Instant)>,
-    max_waiting: usize,
+    /// The runner's admission queue, told when a lane frees up.
+    admission: Arc<Admission>,
     idle_timeout: Option<std::time::Duration>,
     /// No new stream or call is taken; what is queued is finished.
     draining: bool,
@@ -223,6 +226,7 @@ impl Engine {
         metrics: Arc<Metrics>,
         live: Arc<ArcSwap<Live>>,
         times: Arc<LearnedTurnTimes>,
+        admission: Arc<Admission>,
     ) -> Result<Engine, NewRunnerError> {
         let max_streams = config.max_lanes;
         let max_lanes = max_streams + 1;
@@ -250,8 +254,7 @@ impl Engine {
             last_active: vec![Instant::now(); max_lanes],
             evicted: HashMap::new(),
             next_stream: 0,
-            waiting: VecDeque::new(),
-            max_waiting: config.max_waiting,
+            admission,
             idle_timeout: config.idle_timeout,
             draining: false,
             stacker: Stacker::default(),
@@ -319,50 +322,35 @@ impl Engine {
 
     pub fn accept(&mut self, request: Request) {
         match request {
-            Request::Spawn { slot, wait } => self.spawn(slot, wait),
+            Request::Spawn { slot, waited } => self.spawn(slot, waited),
             Request::Call(call) => self.enqueue(call),
             Request::Release(grant) => self.release(grant),
             Request::Cancel(slot) => self.cancel(&slot),
         }
     }
 
-    fn spawn(&mut self, slot: Arc<Slot<SpawnResult>>, wait: bool) {
-        let refuse = |engine: &mut Engine, slot: &Slot<SpawnResult>, e: SpawnError| {
-            if matches!(e, SpawnError::Full { .. } | SpawnError::Busy { .. }) {
-                engine.metrics.record_admission_refused();
-            }
-            slot.fill(Err(e));
-        };
+    /// A lane for a new stream, or `Full` at once: waiting for a lane is
+    /// the runner's admission queue, which spans every shard.
+    fn spawn(&mut self, slot: Arc<Slot<SpawnResult>>, waited: Option<std::time::Duration>) {
         if self.closed {
-            return refuse(self, &slot, SpawnError::Closed);
+            return slot.fill(Err(SpawnError::Closed));
         }
         if self.draining {
-            return refuse(self, &slot, SpawnError::Draining);
+            return slot.fill(Err(SpawnError::Draining));
         }
-        // First come, first served: nobody overtakes a waiting spawner.
-        if self.waiting.is_empty() && self.table.taken() < self.max_streams {
-            self.grant(slot, None);
-        } else if !wait {
-            let waiting = self.waiting.len();
-            refuse(
-                self,
-                &slot,
-                SpawnError::Full {
-                    lanes: self.max_streams,
-                    waiting,
-                },
-            );
-        } else if self.waiting.len() >= self.max_waiting {
-            let (waiting, max_waiting) = (self.waiting.len(), self.max_waiting);
-            refuse(self, &slot, SpawnError::Busy { waiting, max_waiting });
+        if self.table.taken() < self.max_streams {
+            self.grant(slot, waited);
         } else {
-            self.waiting.push_back((slot, Instant::now()));
+            slot.fill(Err(SpawnError::Full {
+                lanes: self.max_streams,
+                waiting: 0,
+            }));
         }
     }
 
     /// Hand a free lane (reset) to a spawner; if it gave up meanwhile, the
     /// lane goes back and the next waiter is tried.
-    fn grant(&mut self, slot: Arc<Slot<SpawnResult>>, waited_since: Option<Instant>) {
+    fn grant(&mut self, slot: Arc<Slot<SpawnResult>>, waited: Option<std::time::Duration>) {
         let Some(lane) = self.table.take() else { return };
         let state = self.state.as_mut().expect("open engine has a state");
         if let Err(e) = state.reset_lanes(&[tract_lane(lane)]) {
@@ -378,28 +366,11 @@ impl Engine {
         }
         self.owner[lane.0] = Some(stream);
         self.last_active[lane.0] = Instant::now();
-        match waited_since {
-            Some(since) => self.metrics.record_admission_waited(since.elapsed()),
+        match waited {
+            Some(wait) => self.metrics.record_admission_waited(wait),
             None => self.metrics.record_admission(),
         }
         self.metrics.set_lanes_taken(self.table.taken());
-    }
-
-    /// Lanes freed: admit the oldest waiters.
-    fn admit(&mut self) {
-        while self.table.taken() < self.max_streams {
-            let Some((slot, since)) = self.waiting.pop_front() else {
-                return;
-            };
-            self.grant(slot, Some(since));
-        }
-    }
-
-    /// Refuse every waiting spawner with `e`.
-    fn refuse_waiting(&mut self, e: SpawnError) {
-        for (slot, _) in self.waiting.drain(..) {
-            slot.fill(Err(e.clone()));
-        }
     }
 
     /// Free `lane`: its queued seats go (nobody waits for them), its marks
@@ -421,7 +392,8 @@ impl Engine {
         self.owner[lane.0] = None;
         let _ = self.table.give_back(lane);
         self.metrics.set_lanes_taken(self.table.taken());
-        self.admit();
+        // Spawners waiting (on any shard's lane) try again.
+        self.admission.lane_freed();
     }
 
     fn release(&mut self, grant: Grant) {
@@ -477,10 +449,9 @@ impl Engine {
         next
     }
 
-    /// Take no new stream or call from now on; waiting spawners are refused.
+    /// Take no new stream or call from now on.
     pub fn start_draining(&mut self) {
         self.draining = true;
-        self.refuse_waiting(SpawnError::Draining);
     }
 
     /// Nothing queued, nothing waiting for an answer.
@@ -792,7 +763,6 @@ impl Engine {
     /// Answer everything with `Closed` and drop the state on this thread.
     pub fn close(&mut self) {
         self.closed = true;
-        self.refuse_waiting(SpawnError::Closed);
         for (_, pending) in self.pending.drain() {
             pending.slot.fill(Err(RunError::new(RunErrorKind::Closed)));
         }

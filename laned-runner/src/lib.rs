@@ -32,6 +32,7 @@
 //! of failing; a turn that errors or panics fails its own seats only (their
 //! streams are told their state was lost), and the runner keeps serving.
 
+mod admission;
 mod config;
 mod engine;
 mod err;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use laned_metrics::{Metrics, Snapshot};
 use tract_core::internal::*;
 
+use crate::admission::{Admission, Turn};
 use crate::config::{Resolved, RunnerConfig};
 use crate::engine::{Call, CallResult, Grant, Live, Request};
 use crate::err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
@@ -21,23 +22,74 @@ use arc_swap::ArcSwap;
 pub(crate) struct Core {
     inner: Arc<dyn Runnable>,
     iface: Arc<Interface>,
-    shard: Arc<Shard>,
-    metrics: Arc<Metrics>,
+    /// The laned states; a stream stays on the shard it was placed on.
+    shards: Vec<Arc<Shard>>,
+    /// Per shard.
+    metrics: Vec<Arc<Metrics>>,
+    times: Vec<Arc<LearnedTurnTimes>>,
+    /// Spawners waiting for a lane on any shard.
+    admission: Arc<Admission>,
     config: Resolved,
-    /// The live policy and `max_seats` (shared with the shard).
+    /// The live policy and `max_seats` (shared with every shard).
     live: Arc<ArcSwap<Live>>,
-    times: Arc<LearnedTurnTimes>,
 }
 
-/// Closes the shard when the last owning [`LanedRunner`] goes: every waiting
-/// caller is answered, the worker joined. Handles do not own the runner.
+impl Core {
+    /// Shards in placement order: most free lanes first, lowest index on ties.
+    fn placement(&self) -> Vec<usize> {
+        let mut order: Vec<(u64, usize)> = self
+            .metrics
+            .iter()
+            .enumerate()
+            .map(|(ix, m)| (m.lanes_taken(), ix))
+            .collect();
+        order.sort();
+        order.into_iter().map(|(_, ix)| ix).collect()
+    }
+
+    /// A lane on the first shard in placement order that has one.
+    fn try_shards(&self, waited: Option<Duration>) -> Result<(usize, Grant), SpawnError> {
+        let slot = Arc::new(Slot::new());
+        for ix in self.placement() {
+            self.shards[ix].push(Request::Spawn {
+                slot: slot.clone(),
+                waited,
+            });
+            match self.shards[ix].wait(&slot, None) {
+                Wake::Value(Ok(grant)) => return Ok((ix, grant)),
+                Wake::Value(Err(SpawnError::Full { .. })) => continue,
+                Wake::Value(Err(e)) => return Err(e),
+                _ => continue,
+            }
+        }
+        Err(SpawnError::Full {
+            lanes: self.total_lanes(),
+            waiting: self.admission.waiting(),
+        })
+    }
+
+    fn total_lanes(&self) -> usize {
+        self.config.max_lanes * self.shards.len()
+    }
+
+    fn close(&self) {
+        self.admission.refuse(SpawnError::Closed);
+        for shard in &self.shards {
+            shard.close();
+        }
+    }
+}
+
+/// Closes every shard when the last owning [`LanedRunner`] goes: every
+/// waiting caller is answered, the workers joined. Handles do not own the
+/// runner.
 struct Owner {
     core: Arc<Core>,
 }
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        self.core.shard.close();
+        self.core.close();
     }
 }
 
@@ -72,28 +124,49 @@ impl LanedRunner {
     pub fn new(inner: Arc<dyn Runnable>, config: RunnerConfig) -> Result<LanedRunner, NewRunnerError> {
         let config = config.resolve()?;
         let iface = Arc::new(Interface::of(&*inner)?);
-        let metrics = Arc::new(Metrics::new(config.max_lanes + 1));
         let live = Arc::new(ArcSwap::from_pointee(Live {
             policy: config.policy,
             max_seats: config.max_seats,
         }));
-        let times = Arc::new(LearnedTurnTimes::new(config.max_lanes + 1));
-        let shard = Shard::start(
-            inner.clone(),
-            iface.clone(),
-            &config,
-            metrics.clone(),
-            live.clone(),
-            times.clone(),
-        )?;
+        let admission = Arc::new(Admission::new(config.max_waiting));
+        let (mut shards, mut metrics, mut times): (Vec<Arc<Shard>>, Vec<Arc<Metrics>>, Vec<Arc<LearnedTurnTimes>>) =
+            (vec![], vec![], vec![]);
+        for index in 0..config.shards {
+            let m = Arc::new(Metrics::new(config.max_lanes + 1));
+            let t = Arc::new(LearnedTurnTimes::new(config.max_lanes + 1));
+            // A shard failing to start closes those already started (their
+            // workers joined, states dropped on their own threads).
+            let shard = match Shard::start(
+                inner.clone(),
+                iface.clone(),
+                &config,
+                m.clone(),
+                live.clone(),
+                t.clone(),
+                admission.clone(),
+                index,
+            ) {
+                Ok(shard) => shard,
+                Err(e) => {
+                    for shard in &shards {
+                        shard.close();
+                    }
+                    return Err(e);
+                }
+            };
+            shards.push(shard);
+            metrics.push(m);
+            times.push(t);
+        }
         let core = Arc::new(Core {
             inner,
             iface,
-            shard,
+            shards,
             metrics,
+            times,
+            admission,
             config,
             live,
-            times,
         });
         Ok(LanedRunner {
             _owner: Some(Arc::new(Owner { core: core.clone() })),
@@ -116,47 +189,103 @@ impl LanedRunner {
     }
 
     fn spawn_with(&self, wait: Option<Duration>) -> Result<LanedStateHandle, SpawnError> {
-        let slot = Arc::new(Slot::new());
-        self.core.shard.push(Request::Spawn {
-            slot: slot.clone(),
-            wait: wait.is_some(),
-        });
-        let deadline = wait.map(|w| Instant::now() + w);
-        let answer = match self.core.shard.wait(&slot, deadline) {
-            Wake::Value(answer) => answer,
-            _ => match slot.abandon() {
-                Some(answer) => answer,
-                None => {
-                    self.core.metrics.record_admission_refused();
-                    Err(SpawnError::TimedOut {
-                        waited: wait.unwrap_or_default(),
-                        lanes: self.core.config.max_lanes,
-                    })
+        let core = &self.core;
+        // First come, first served: nobody overtakes a waiting spawner.
+        let (shard, grant) = match (wait, core.admission.waiting()) {
+            (None, 0) => core.try_shards(None).inspect_err(|e| {
+                if matches!(e, SpawnError::Full { .. }) {
+                    core.metrics[0].record_admission_refused();
                 }
-            },
+            })?,
+            (None, waiting) => {
+                core.metrics[0].record_admission_refused();
+                return Err(SpawnError::Full {
+                    lanes: core.total_lanes(),
+                    waiting,
+                });
+            }
+            (Some(wait), _) => self.wait_for_lane(wait)?,
         };
-        let grant = answer?;
         Ok(LanedStateHandle {
             stream: Arc::new(Stream {
                 grant,
-                core: self.core.clone(),
+                shard,
+                core: core.clone(),
             }),
             slot: Arc::new(Slot::new()),
             resolved: vec![],
             frames: 0,
             runner: LanedRunner {
-                core: self.core.clone(),
+                core: core.clone(),
                 _owner: None,
             },
         })
     }
 
-    /// Refuse new streams and calls, finish everything queued, close the
-    /// runner, and return the final metrics.
+    /// Wait in the admission queue for a lane on any shard.
+    fn wait_for_lane(&self, wait: Duration) -> Result<(usize, Grant), SpawnError> {
+        let core = &self.core;
+        let since = Instant::now();
+        let deadline = since + wait;
+        let ticket = core.admission.enter().inspect_err(|e| {
+            if matches!(e, SpawnError::Busy { .. }) {
+                core.metrics[0].record_admission_refused();
+            }
+        })?;
+        // In combining mode nobody else may be around to evict idle streams:
+        // look after them now and then while waiting.
+        let tick = (core.config.mode == crate::Mode::Combining && core.config.idle_timeout.is_some())
+            .then(|| Duration::from_millis(5));
+        loop {
+            let seen = core.admission.freed();
+            if core.admission.at_front(&ticket) {
+                match core.try_shards(Some(since.elapsed())) {
+                    Ok(placed) => {
+                        core.admission.leave(ticket);
+                        return Ok(placed);
+                    }
+                    Err(SpawnError::Full { .. }) => (),
+                    Err(e) => {
+                        core.admission.leave(ticket);
+                        return Err(e);
+                    }
+                }
+            }
+            match core.admission.wait_turn(&ticket, seen, deadline, tick) {
+                Turn::Try => {
+                    if tick.is_some() {
+                        for shard in &core.shards {
+                            shard.kick();
+                        }
+                    }
+                }
+                Turn::Leave(e) => {
+                    core.admission.leave(ticket);
+                    let e = match e {
+                        SpawnError::TimedOut { .. } => {
+                            core.metrics[0].record_admission_refused();
+                            SpawnError::TimedOut {
+                                waited: wait,
+                                lanes: core.total_lanes(),
+                            }
+                        }
+                        other => other,
+                    };
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Refuse new streams and calls, finish everything queued on every
+    /// shard, close the runner, and return the final metrics.
     pub fn drain(&self) -> Snapshot {
-        self.core.shard.drain();
-        self.core.shard.close();
-        self.core.metrics.snapshot()
+        self.core.admission.refuse(SpawnError::Draining);
+        for shard in &self.core.shards {
+            shard.drain();
+        }
+        self.core.close();
+        self.metrics()
     }
 
     /// A clone that does not keep the runner open: once every other clone is
@@ -170,11 +299,27 @@ impl LanedRunner {
         }
     }
 
-    /// What the runner has served so far.
+    /// What the runner has served so far, every shard together.
     pub fn metrics(&self) -> Snapshot {
-        self.core.metrics.snapshot()
+        let shards = self.shard_metrics();
+        let mut total = shards[0].clone();
+        for s in &shards[1..] {
+            total = total.merge(s);
+        }
+        total
     }
 
+    /// What each shard has served (occupancy per shard shows imbalance).
+    pub fn shard_metrics(&self) -> Vec<Snapshot> {
+        self.core.metrics.iter().map(|m| m.snapshot()).collect()
+    }
+
+    /// Laned states behind the runner.
+    pub fn shards(&self) -> usize {
+        self.core.shards.len()
+    }
+
+    /// Lanes of each shard.
     pub fn max_lanes(&self) -> usize {
         self.core.config.max_lanes
     }
@@ -197,8 +342,10 @@ impl LanedRunner {
             policy,
             ..**self.core.live.load()
         };
-        self.core.shard.set_live(live);
-        self.core.metrics.record_policy_change();
+        for shard in &self.core.shards {
+            shard.set_live(live);
+        }
+        self.core.metrics[0].record_policy_change();
     }
 
     /// Change the widest turn while serving (clamped to the state's lanes,
@@ -209,13 +356,16 @@ impl LanedRunner {
             max_seats,
             ..**self.core.live.load()
         };
-        self.core.shard.set_live(live);
-        self.core.metrics.record_policy_change();
+        for shard in &self.core.shards {
+            shard.set_live(live);
+        }
+        self.core.metrics[0].record_policy_change();
     }
 
-    /// The turn time learned per occupancy: (occupancy, mean turn time).
+    /// The turn time learned per occupancy on the first shard: (occupancy,
+    /// mean turn time).
     pub fn turn_time_curve(&self) -> Vec<(usize, Duration)> {
-        self.core.times.curve()
+        self.core.times[0].curve()
     }
 
     pub fn mode(&self) -> crate::Mode {
@@ -267,13 +417,21 @@ impl Runnable for LanedRunner {
 /// dropped sends the lane back.
 struct Stream {
     grant: Grant,
+    /// The shard the stream was placed on, for its whole life.
+    shard: usize,
     core: Arc<Core>,
+}
+
+impl Stream {
+    fn shard(&self) -> &Shard {
+        &self.core.shards[self.shard]
+    }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        self.core.shard.push(Request::Release(self.grant));
-        self.core.shard.kick();
+        self.shard().push(Request::Release(self.grant));
+        self.shard().kick();
     }
 }
 
@@ -353,7 +511,12 @@ impl fmt::Debug for LanedStateHandle {
 }
 
 impl LanedStateHandle {
-    /// The lane this stream holds.
+    /// The shard this stream was placed on (for its whole life).
+    pub fn shard(&self) -> usize {
+        self.stream.shard
+    }
+
+    /// The lane this stream holds on its shard.
     pub fn lane(&self) -> usize {
         self.stream.grant.lane.0
     }
@@ -373,7 +536,7 @@ impl LanedStateHandle {
 
     fn call_inner(&mut self, inputs: TVec<TValue>, token: Option<&CancelToken>) -> Result<TVec<TValue>, RunError> {
         let core = self.stream.core.clone();
-        if core.shard.is_closed() {
+        if self.stream.shard().is_closed() {
             return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
         }
         if let Some(token) = token {
@@ -403,15 +566,15 @@ impl LanedStateHandle {
             slot: self.slot.clone(),
             queued: Instant::now(),
         };
-        core.shard.push(Request::Call(call));
-        let answer = match core.shard.wait(&self.slot, None) {
+        self.stream.shard().push(Request::Call(call));
+        let answer = match self.stream.shard().wait(&self.slot, None) {
             Wake::Value(answer) => answer,
             _ => {
                 // Cancelled: drop the seats still queued; an answer that
                 // lands later is refused by the abandoned slot, which this
                 // handle replaces.
-                core.shard.push(Request::Cancel(self.slot.clone()));
-                core.shard.kick();
+                self.stream.shard().push(Request::Cancel(self.slot.clone()));
+                self.stream.shard().kick();
                 let landed = self.slot.abandon();
                 self.slot = Arc::new(Slot::new());
                 landed.unwrap_or_else(|| Err(RunError::new(RunErrorKind::Cancelled)))
@@ -481,7 +644,7 @@ impl LanedStateHandle {
                 "{symbol} is the batch symbol, which stands for the turn's occupancy, not for one stream"
             ))));
         }
-        if !core.shard.can_forget_symbols() {
+        if !self.stream.shard().can_forget_symbols() {
             return Err(RunError::new(RunErrorKind::Symbol(
                 "this state cannot forget a resolved symbol after the turn".into(),
             )));

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use laned_metrics::Metrics;
 use tract_core::internal::Runnable;
 
+use crate::admission::Admission;
 use crate::config::{Mode, Resolved};
 use crate::engine::{Engine, Live, Request};
 use crate::err::NewRunnerError;
@@ -70,10 +71,12 @@ impl Shard {
         metrics: Arc<Metrics>,
         live: Arc<ArcSwap<Live>>,
         times: Arc<LearnedTurnTimes>,
+        admission: Arc<Admission>,
+        index: usize,
     ) -> Result<Arc<Shard>, NewRunnerError> {
         match config.mode {
             Mode::Combining => {
-                let engine = Engine::start(inner, iface, config, metrics, live.clone(), times)?;
+                let engine = Engine::start(inner, iface, config, metrics, live.clone(), times, admission)?;
                 Ok(Arc::new(Shard::new(engine, config, live)))
             }
             Mode::Worker => {
@@ -84,9 +87,9 @@ impl Shard {
                 let (go, shard_rx) = std::sync::mpsc::channel::<Arc<Shard>>();
                 let config = *config;
                 let thread = std::thread::Builder::new()
-                    .name("laned-worker".into())
+                    .name(format!("laned-worker-{index}"))
                     .spawn(move || {
-                        match Engine::start(inner, iface, &config, metrics, live.clone(), times) {
+                        match Engine::start(inner, iface, &config, metrics, live.clone(), times, admission) {
                             Ok(engine) => {
                                 let shard = Arc::new(Shard::new(engine, &config, live));
                                 let _ = built.send(Ok(shard));

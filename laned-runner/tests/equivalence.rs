@@ -10,10 +10,14 @@ use laned_testkit::{verify_runner, Tolerance};
 use proptest::prelude::*;
 use tract_core::internal::*;
 
-fn ours(mode: Mode) -> impl Fn(Arc<dyn Runnable>, usize) -> TractResult<Arc<dyn Runnable>> {
+fn ours(mode: Mode, shards: usize) -> impl Fn(Arc<dyn Runnable>, usize) -> TractResult<Arc<dyn Runnable>> {
     move |plan, lanes| {
         // The schedule's lanes include one for borrowing; the runner adds its own.
-        let config = RunnerConfig::builder().max_lanes(lanes - 1).mode(mode).build();
+        let config = RunnerConfig::builder()
+            .shards(shards)
+            .max_lanes(lanes - 1)
+            .mode(mode)
+            .build();
         Ok(Arc::new(LanedRunner::new(plan, config)?) as Arc<dyn Runnable>)
     }
 }
@@ -23,8 +27,21 @@ fn tracts(plan: Arc<dyn Runnable>, lanes: usize) -> TractResult<Arc<dyn Runnable
 }
 
 fn check(fixture: &Fixture, schedule: &Schedule, mode: Mode) -> Result<(), TestCaseError> {
-    verify_runner(fixture, schedule, &ours(mode), Tolerance::Exact)
-        .map_err(|e| TestCaseError::fail(format!("{} in {mode:?} mode: {e:#}", fixture.name)))
+    check_sharded(fixture, schedule, mode, 1)
+}
+
+fn check_sharded(fixture: &Fixture, schedule: &Schedule, mode: Mode, shards: usize) -> Result<(), TestCaseError> {
+    verify_runner(fixture, schedule, &ours(mode, shards), Tolerance::Exact)
+        .map_err(|e| TestCaseError::fail(format!("{} in {mode:?} mode, {shards} shards: {e:#}", fixture.name)))
+}
+
+/// The seed's case on three shards, both modes.
+#[test]
+fn seed_case_three_shards() {
+    let fixture = fixtures::tdnn(fixtures::TdnnConfig::light()).unwrap();
+    for mode in [Mode::Worker, Mode::Combining] {
+        check_sharded(&fixture, &seed_case(), mode, 3).unwrap();
+    }
 }
 
 /// The seed's case: a pulsed pad + conv served with a stream per thread,
@@ -108,6 +125,12 @@ proptest! {
     #[test]
     fn prop_runner_worker(fixture_ix in 0..8usize, schedule in schedule(ScheduleConfig::default())) {
         check(&fixtures::all().unwrap()[fixture_ix], &schedule, Mode::Worker)?;
+    }
+
+    #[test]
+    fn prop_runner_three_shards(fixture_ix in 0..8usize, schedule in schedule(ScheduleConfig::default()), combining in any::<bool>()) {
+        let mode = if combining { Mode::Combining } else { Mode::Worker };
+        check_sharded(&fixtures::all().unwrap()[fixture_ix], &schedule, mode, 3)?;
     }
 
     #[test]

@@ -48,7 +48,7 @@ fn waiting(r: &LanedRunner) -> usize {
 fn waiting_spawns_get_lanes_first_come_first_served() {
     let f = small_tdnn();
     for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().max_lanes(1).mode(mode));
+        let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(1).mode(mode));
         let holder = r.try_spawn().unwrap();
         let order = Arc::new(Mutex::new(vec![]));
         let mut waiters = vec![];
@@ -87,7 +87,7 @@ fn waiting_spawns_get_lanes_first_come_first_served() {
 fn a_spawn_times_out_and_leaks_nothing() {
     let f = small_tdnn();
     for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().max_lanes(1).mode(mode));
+        let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(1).mode(mode));
         let holder = r.try_spawn().unwrap();
         let err = r.spawn_timeout(Duration::from_millis(30)).unwrap_err();
         assert_eq!(err.to_string(), "no lane of the 1 freed up within 30ms");
@@ -101,7 +101,10 @@ fn a_spawn_times_out_and_leaks_nothing() {
 fn a_full_admission_queue_refuses_as_busy() {
     let f = small_tdnn();
     for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().max_lanes(1).max_waiting(1).mode(mode));
+        let r = runner(
+            &f,
+            RunnerConfig::builder().shards(1).max_lanes(1).max_waiting(1).mode(mode),
+        );
         let holder = r.try_spawn().unwrap();
         let r2 = r.clone();
         let waiter = thread::spawn(move || r2.spawn_timeout(Duration::from_secs(30)).map(|_| ()));
@@ -129,7 +132,7 @@ fn a_full_admission_queue_refuses_as_busy() {
 fn a_spawn_waiting_when_the_runner_is_dropped_is_answered() {
     let f = small_tdnn();
     for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().max_lanes(1).mode(mode));
+        let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(1).mode(mode));
         let _holder = r.try_spawn().unwrap();
         // The waiter does not own the runner, so dropping `r` closes it.
         let r2 = r.detached();
@@ -181,6 +184,7 @@ fn streams_end_on_partial_pulses_with_their_delay_flushed() {
             let r = runner(
                 &f,
                 RunnerConfig::builder()
+                    .shards(1)
                     .max_lanes(3)
                     .mode(mode)
                     .linger(Duration::from_millis(50)),
@@ -232,7 +236,7 @@ fn finishing_a_stream_of_a_model_without_pulse_properties_is_refused() {
     let x = model.add_source("x", f32::fact(dims!(b, 3))).unwrap();
     model.select_output_outlets(&[x]).unwrap();
     let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(model).unwrap().into();
-    let r = LanedRunner::new(plan, RunnerConfig::default()).unwrap();
+    let r = LanedRunner::new(plan, RunnerConfig::builder().shards(1).build()).unwrap();
     let err = r.try_spawn().unwrap().finish(None, 0).unwrap_err();
     assert!(
         err.to_string()
@@ -251,6 +255,7 @@ fn an_idle_stream_is_evicted_and_its_lane_reused() {
         let r = runner(
             &f,
             RunnerConfig::builder()
+                .shards(1)
                 .max_lanes(1)
                 .mode(mode)
                 .idle_timeout(Duration::from_millis(40)),
@@ -286,6 +291,7 @@ fn eviction_racing_a_call() {
         let r = runner(
             &f,
             RunnerConfig::builder()
+                .shards(1)
                 .max_lanes(2)
                 .mode(mode)
                 .idle_timeout(Duration::from_millis(3)),
@@ -325,6 +331,7 @@ fn a_queued_call_is_cancelled_from_another_thread() {
         let r = runner(
             &f,
             RunnerConfig::builder()
+                .shards(1)
                 .max_lanes(2)
                 .mode(mode)
                 .linger(Duration::from_millis(300)),
@@ -367,7 +374,7 @@ fn a_queued_call_is_cancelled_from_another_thread() {
 fn cancel_racing_seating() {
     let f = small_tdnn();
     for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().max_lanes(2).mode(mode));
+        let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(2).mode(mode));
         let mut rng = Lcg(11);
         for round in 0..40 {
             let mut h = r.try_spawn().unwrap();
@@ -396,7 +403,7 @@ fn cancel_racing_seating() {
 fn drain_finishes_the_queue_and_refuses_the_rest() {
     let f = small_tdnn();
     for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().max_lanes(4).mode(mode));
+        let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(4).mode(mode));
         let callers: Vec<_> = (0..4)
             .map(|s| {
                 let (mut h, f) = (r.try_spawn().unwrap(), f.clone());
@@ -429,10 +436,16 @@ fn drain_finishes_the_queue_and_refuses_the_rest() {
 #[test]
 fn churn() {
     let f = small_tdnn();
-    for mode in MODES {
+    for (mode, shards) in [
+        (Mode::Worker, 1),
+        (Mode::Combining, 1),
+        (Mode::Worker, 3),
+        (Mode::Combining, 3),
+    ] {
         let r = runner(
             &f,
             RunnerConfig::builder()
+                .shards(shards)
                 .max_lanes(3)
                 .mode(mode)
                 .idle_timeout(Duration::from_millis(20)),

@@ -27,7 +27,7 @@ fn live_policy_changes_under_load_lose_no_call() {
     for mode in [Mode::Worker, Mode::Combining] {
         let r = LanedRunner::new(
             f.runnable().unwrap(),
-            RunnerConfig::builder().max_lanes(6).mode(mode).build(),
+            RunnerConfig::builder().shards(1).max_lanes(6).mode(mode).build(),
         )
         .unwrap();
         let stop = Arc::new(AtomicBool::new(false));
@@ -78,7 +78,7 @@ fn a_latency_budget_learns_turn_times_and_widens_turns() {
     let occupancy = |policy: TurnPolicy| {
         let r = LanedRunner::new(
             f.runnable().unwrap(),
-            RunnerConfig::builder().max_lanes(4).policy(policy).build(),
+            RunnerConfig::builder().shards(1).max_lanes(4).policy(policy).build(),
         )
         .unwrap();
         // Streams calling at staggered instants: they rarely arrive together.

@@ -22,6 +22,7 @@ fn small_tdnn() -> Fixture {
 
 fn runner(fixture: &Fixture, lanes: usize, mode: Mode, linger: Duration) -> LanedRunner {
     let config = RunnerConfig::builder()
+        .shards(1)
         .max_lanes(lanes)
         .mode(mode)
         .linger(linger)
@@ -356,7 +357,9 @@ fn the_last_handle_dropped_gives_the_lane_back() {
 
 fn new_error(model: TypedModel) -> String {
     let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(model).unwrap().into();
-    LanedRunner::new(plan, RunnerConfig::default()).unwrap_err().to_string()
+    LanedRunner::new(plan, RunnerConfig::builder().shards(1).build())
+        .unwrap_err()
+        .to_string()
 }
 
 #[test]
@@ -413,7 +416,7 @@ fn a_model_without_a_batched_output_is_refused() {
 fn a_scan_is_refused_at_construction_naming_the_op() {
     for mode in MODES {
         let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(fixtures::scan_cumsum().unwrap()).unwrap().into();
-        let err = LanedRunner::new(plan, RunnerConfig::builder().mode(mode).build()).unwrap_err();
+        let err = LanedRunner::new(plan, RunnerConfig::builder().shards(1).mode(mode).build()).unwrap_err();
         assert!(matches!(err, NewRunnerError::Reset { .. }));
         let text = err.to_string();
         assert!(text.contains("at node \"scan\""), "{text}");

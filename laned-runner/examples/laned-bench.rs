@@ -127,14 +127,17 @@ enum System {
     Tract,
     OursWorker,
     OursCombining,
+    /// Ours in worker mode with a shard per core, the streams spread.
+    OursShards,
 }
 
-const SYSTEMS: [System; 5] = [
+const SYSTEMS: [System; 6] = [
     System::Solo,
     System::Ideal,
     System::Tract,
     System::OursWorker,
     System::OursCombining,
+    System::OursShards,
 ];
 
 impl System {
@@ -145,6 +148,7 @@ impl System {
             System::Tract => "tract LanedRunnable",
             System::OursWorker => "ours (worker)",
             System::OursCombining => "ours (combining)",
+            System::OursShards => "ours (worker, a shard per core)",
         }
     }
 }
@@ -234,11 +238,17 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
-fn ours(plan: &Arc<dyn Runnable>, n: usize, mode: Mode) -> TractResult<(Arc<dyn Runnable>, LanedRunner)> {
+fn ours(
+    plan: &Arc<dyn Runnable>,
+    n: usize,
+    mode: Mode,
+    shards: usize,
+) -> TractResult<(Arc<dyn Runnable>, LanedRunner)> {
     let runner = LanedRunner::new(
         plan.clone(),
         RunnerConfig::builder()
-            .max_lanes(n)
+            .shards(shards)
+            .max_lanes(n.div_ceil(shards))
             .mode(mode)
             .linger(Duration::ZERO)
             .build(),
@@ -266,13 +276,19 @@ fn measure(
             let turns = (after.0 - before.0).max(1);
             Ok((rate, Some((after.1 - before.1) as f64 / turns as f64)))
         }
-        System::OursWorker | System::OursCombining => {
-            let mode = if system == System::OursWorker {
-                Mode::Worker
-            } else {
-                Mode::Combining
+        System::OursWorker | System::OursCombining | System::OursShards => {
+            let (mode, shards) = match system {
+                System::OursWorker => (Mode::Worker, 1),
+                System::OursCombining => (Mode::Combining, 1),
+                _ => (
+                    Mode::Worker,
+                    std::thread::available_parallelism()
+                        .map(|c| c.get())
+                        .unwrap_or(1)
+                        .min(n),
+                ),
             };
-            let (runnable, runner) = ours(plan, n, mode)?;
+            let (runnable, runner) = ours(plan, n, mode, shards)?;
             let before = runner.metrics();
             let rate = load::through(fixture, runnable, n, d)?;
             let delta = runner.metrics().delta(&before);
@@ -423,13 +439,19 @@ fn rt_runnable(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractRes
         RtSystem::Budget(budget) => Arc::new(LanedRunner::new(
             plan.clone(),
             RunnerConfig::builder()
+                .shards(1)
                 .max_lanes(n)
                 .policy(TurnPolicy::latency_budget(budget))
                 .build(),
         )?),
         RtSystem::Ours(mode, linger) => Arc::new(LanedRunner::new(
             plan.clone(),
-            RunnerConfig::builder().max_lanes(n).mode(mode).linger(linger).build(),
+            RunnerConfig::builder()
+                .shards(1)
+                .max_lanes(n)
+                .mode(mode)
+                .linger(linger)
+                .build(),
         )?),
     })
 }
@@ -628,7 +650,7 @@ fn throughput_svg(r: &Report, model: &str) -> String {
         m + ix * (w - 2.0 * m) / ((streams.len().max(2) - 1) as f64)
     };
     let y_of = |v: f64| h - m - v / max_y * (h - 2.0 * m);
-    let colors = ["#888888", "#000000", "#d62728", "#1f77b4", "#2ca02c"];
+    let colors = ["#888888", "#000000", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e"];
     let mut svg = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
     svg += &format!("<text x=\"{m}\" y=\"20\">{model}: pulses/s vs streams (closed loop)</text>\n");
     svg += &format!(

@@ -219,15 +219,16 @@ impl Engine {
     ///
     /// The state has one lane more than `max_streams`: it is never given to a
     /// stream, so the later rows of a wide call always find a lane to borrow.
-    pub fn start(
-        inner: Arc<dyn Runnable>,
-        iface: Arc<Interface>,
-        config: &crate::config::Resolved,
-        metrics: Arc<Metrics>,
-        live: Arc<ArcSwap<Live>>,
-        times: Arc<LearnedTurnTimes>,
-        admission: Arc<Admission>,
-    ) -> Result<Engine, NewRunnerError> {
+    pub fn start(parts: crate::shard::Parts, config: &crate::config::Resolved) -> Result<Engine, NewRunnerError> {
+        let crate::shard::Parts {
+            inner,
+            iface,
+            metrics,
+            live,
+            times,
+            admission,
+            ..
+        } = parts;
         let max_streams = config.max_lanes;
         let max_lanes = max_streams + 1;
         let mut state = inner.spawn().map_err(|e| NewRunnerError::Spawn(format!("{e:#}")))?;
@@ -376,16 +377,9 @@ impl Engine {
     /// Free `lane`: its queued seats go (nobody waits for them), its marks
     /// are cleared, it goes back to the table and waiters are admitted.
     fn free_lane(&mut self, lane: lane_table::LaneId) {
-        let mut ix = 0;
-        while ix < self.queue.len() {
-            if self.queue[ix].lane == lane {
-                let seat = self.queue.remove(ix);
-                if let Some(pending) = self.pending.remove(&seat.call) {
-                    pending.slot.fill(Err(RunError::new(RunErrorKind::Cancelled)));
-                }
-                self.unqueued(lane);
-            } else {
-                ix += 1;
+        for seat in self.unqueue_where(|seat| seat.lane == lane) {
+            if let Some(pending) = self.pending.remove(&seat.call) {
+                pending.slot.fill(Err(RunError::new(RunErrorKind::Cancelled)));
             }
         }
         self.lost[lane.0] = None;
@@ -414,15 +408,24 @@ impl Engine {
             return;
         };
         self.pending.remove(&id);
+        self.unqueue_where(|seat| seat.call == id);
+    }
+
+    /// Take the queued seats matching `which` out of the queue, oldest
+    /// first, keeping the per-lane counts right.
+    fn unqueue_where(&mut self, which: impl Fn(&QSeat) -> bool) -> Vec<QSeat> {
+        let mut removed = vec![];
         let mut ix = 0;
         while ix < self.queue.len() {
-            if self.queue[ix].call == id {
+            if which(&self.queue[ix]) {
                 let seat = self.queue.remove(ix);
                 self.unqueued(seat.lane);
+                removed.push(seat);
             } else {
                 ix += 1;
             }
         }
+        removed
     }
 
     /// Evict the streams idle for longer than the timeout (none with a seat
@@ -737,15 +740,7 @@ impl Engine {
             Err(why) => {
                 let pending = self.pending.remove(&id).expect("present");
                 // Drop the call's seats still queued.
-                let mut ix = 0;
-                while ix < self.queue.len() {
-                    if self.queue[ix].call == id {
-                        let seat = self.queue.remove(ix);
-                        self.unqueued(seat.lane);
-                    } else {
-                        ix += 1;
-                    }
-                }
+                self.unqueue_where(|seat| seat.call == id);
                 pending.slot.fill(Err(RunError::new(RunErrorKind::Turn(why))));
             }
             Ok(outputs) => {

@@ -14,7 +14,7 @@ use crate::engine::{Call, CallResult, Grant, Live, Request};
 use crate::err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
 use crate::iface::{Group, Interface};
 use crate::policy::{LearnedTurnTimes, TurnPolicy};
-use crate::shard::Shard;
+use crate::shard::{Parts, Shard};
 use crate::slot::{Cancel, Slot, Wake};
 use arc_swap::ArcSwap;
 
@@ -129,34 +129,31 @@ impl LanedRunner {
             max_seats: config.max_seats,
         }));
         let admission = Arc::new(Admission::new(config.max_waiting));
-        let (mut shards, mut metrics, mut times): (Vec<Arc<Shard>>, Vec<Arc<Metrics>>, Vec<Arc<LearnedTurnTimes>>) =
-            (vec![], vec![], vec![]);
+        let mut shards: Vec<Arc<Shard>> = vec![];
+        let (mut metrics, mut times) = (vec![], vec![]);
         for index in 0..config.shards {
-            let m = Arc::new(Metrics::new(config.max_lanes + 1));
-            let t = Arc::new(LearnedTurnTimes::new(config.max_lanes + 1));
+            let parts = Parts {
+                inner: inner.clone(),
+                iface: iface.clone(),
+                metrics: Arc::new(Metrics::new(config.max_lanes + 1)),
+                live: live.clone(),
+                times: Arc::new(LearnedTurnTimes::new(config.max_lanes + 1)),
+                admission: admission.clone(),
+                index,
+            };
+            metrics.push(parts.metrics.clone());
+            times.push(parts.times.clone());
             // A shard failing to start closes those already started (their
             // workers joined, states dropped on their own threads).
-            let shard = match Shard::start(
-                inner.clone(),
-                iface.clone(),
-                &config,
-                m.clone(),
-                live.clone(),
-                t.clone(),
-                admission.clone(),
-                index,
-            ) {
-                Ok(shard) => shard,
+            match Shard::start(parts, &config) {
+                Ok(shard) => shards.push(shard),
                 Err(e) => {
                     for shard in &shards {
                         shard.close();
                     }
                     return Err(e);
                 }
-            };
-            shards.push(shard);
-            metrics.push(m);
-            times.push(t);
+            }
         }
         let core = Arc::new(Core {
             inner,

@@ -54,6 +54,21 @@ pub(crate) struct Shard {
     idle_timeout: Option<Duration>,
 }
 
+/// What a shard is built from: the runner's shared parts and its own.
+pub(crate) struct Parts {
+    pub inner: Arc<dyn Runnable>,
+    pub iface: Arc<Interface>,
+    /// This shard's counters.
+    pub metrics: Arc<Metrics>,
+    /// The live policy, shared by every shard.
+    pub live: Arc<ArcSwap<Live>>,
+    /// This shard's learned turn times.
+    pub times: Arc<LearnedTurnTimes>,
+    /// The runner's admission queue, shared by every shard.
+    pub admission: Arc<Admission>,
+    pub index: usize,
+}
+
 /// Turns a combining caller runs for others after its own call is answered.
 const EXTRA_TURNS: usize = 4;
 
@@ -64,19 +79,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shard {
     /// Build the state and reset every lane on the thread that will own it:
     /// the worker's in `Worker` mode, this one otherwise.
-    pub fn start(
-        inner: Arc<dyn Runnable>,
-        iface: Arc<Interface>,
-        config: &Resolved,
-        metrics: Arc<Metrics>,
-        live: Arc<ArcSwap<Live>>,
-        times: Arc<LearnedTurnTimes>,
-        admission: Arc<Admission>,
-        index: usize,
-    ) -> Result<Arc<Shard>, NewRunnerError> {
+    pub fn start(parts: Parts, config: &Resolved) -> Result<Arc<Shard>, NewRunnerError> {
+        let (index, live) = (parts.index, parts.live.clone());
         match config.mode {
             Mode::Combining => {
-                let engine = Engine::start(inner, iface, config, metrics, live.clone(), times, admission)?;
+                let engine = Engine::start(parts, config)?;
                 Ok(Arc::new(Shard::new(engine, config, live)))
             }
             Mode::Worker => {
@@ -89,7 +96,7 @@ impl Shard {
                 let thread = std::thread::Builder::new()
                     .name(format!("laned-worker-{index}"))
                     .spawn(move || {
-                        match Engine::start(inner, iface, &config, metrics, live.clone(), times, admission) {
+                        match Engine::start(parts, &config) {
                             Ok(engine) => {
                                 let shard = Arc::new(Shard::new(engine, &config, live));
                                 let _ = built.send(Ok(shard));

@@ -12,15 +12,6 @@ use tract_core::internal::*;
 
 const MODES: [Mode; 2] = [Mode::Worker, Mode::Combining];
 
-fn small_tdnn() -> Fixture {
-    fixtures::tdnn(fixtures::TdnnConfig {
-        width: 8,
-        pulse: 4,
-        layout: fixtures::Layout::Nchw,
-    })
-    .unwrap()
-}
-
 fn runner(f: &Fixture, config: laned_runner::RunnerConfigBuilder) -> LanedRunner {
     LanedRunner::new(f.runnable().unwrap(), config.build()).unwrap()
 }
@@ -46,7 +37,7 @@ fn waiting(r: &LanedRunner) -> usize {
 /// the waits.
 #[test]
 fn waiting_spawns_get_lanes_first_come_first_served() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(1).mode(mode));
         let holder = r.try_spawn().unwrap();
@@ -85,7 +76,7 @@ fn waiting_spawns_get_lanes_first_come_first_served() {
 /// lost: it goes to the next stream.
 #[test]
 fn a_spawn_times_out_and_leaks_nothing() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(1).mode(mode));
         let holder = r.try_spawn().unwrap();
@@ -99,7 +90,7 @@ fn a_spawn_times_out_and_leaks_nothing() {
 /// Past `max_waiting`, spawning is refused at once with a distinct "busy".
 #[test]
 fn a_full_admission_queue_refuses_as_busy() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(
             &f,
@@ -130,7 +121,7 @@ fn a_full_admission_queue_refuses_as_busy() {
 /// A spawn waiting when the runner is dropped is answered, not left hanging.
 #[test]
 fn a_spawn_waiting_when_the_runner_is_dropped_is_answered() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(1).mode(mode));
         let _holder = r.try_spawn().unwrap();
@@ -178,7 +169,7 @@ fn streams_end_on_partial_pulses_with_their_delay_flushed() {
     for f in [
         fixtures::strided().unwrap(),
         fixtures::edge_pad().unwrap(),
-        small_tdnn(),
+        fixtures::small_tdnn(),
     ] {
         for mode in MODES {
             let r = runner(
@@ -250,7 +241,7 @@ fn finishing_a_stream_of_a_model_without_pulse_properties_is_refused() {
 /// later does not release the lane its successor holds.
 #[test]
 fn an_idle_stream_is_evicted_and_its_lane_reused() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(
             &f,
@@ -285,7 +276,7 @@ fn an_idle_stream_is_evicted_and_its_lane_reused() {
 /// runs (exactly as solo) or fails as evicted; nothing hangs, no lane leaks.
 #[test]
 fn eviction_racing_a_call() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     let solo = f.runnable().unwrap().spawn().unwrap().run(f.inputs(1, 5)).unwrap();
     for mode in MODES {
         let r = runner(
@@ -324,7 +315,7 @@ fn eviction_racing_a_call() {
 /// state is as if it had never been made.
 #[test]
 fn a_queued_call_is_cancelled_from_another_thread() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     let solo_first = f.runnable().unwrap().spawn().unwrap().run(f.inputs(1, 2)).unwrap();
     for mode in MODES {
         // Two held lanes and a long linger: a's call waits for b's.
@@ -372,7 +363,7 @@ fn a_queued_call_is_cancelled_from_another_thread() {
 /// hangs, and no lane is released twice.
 #[test]
 fn cancel_racing_seating() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(2).mode(mode));
         let mut rng = Lcg(11);
@@ -401,7 +392,7 @@ fn cancel_racing_seating() {
 /// clear refusal, never a hang.
 #[test]
 fn drain_finishes_the_queue_and_refuses_the_rest() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(4).mode(mode));
         let callers: Vec<_> = (0..4)
@@ -435,7 +426,7 @@ fn drain_finishes_the_queue_and_refuses_the_rest() {
 /// completed got exactly its solo run, and no lane leaked.
 #[test]
 fn churn() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for (mode, shards) in [
         (Mode::Worker, 1),
         (Mode::Combining, 1),

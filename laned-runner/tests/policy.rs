@@ -7,23 +7,13 @@ use std::thread;
 use std::time::Duration;
 
 use laned_runner::{LanedRunner, Mode, RunnerConfig, TurnPolicy};
-use laned_testkit::fixtures::{self, Fixture};
-use tract_core::internal::*;
-
-fn small_tdnn() -> Fixture {
-    fixtures::tdnn(fixtures::TdnnConfig {
-        width: 8,
-        pulse: 4,
-        layout: fixtures::Layout::Nchw,
-    })
-    .unwrap()
-}
+use laned_testkit::fixtures;
 
 /// Changing the policy and max_seats while threads call loses no call: every
 /// call is answered, exactly as its stream's solo run.
 #[test]
 fn live_policy_changes_under_load_lose_no_call() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in [Mode::Worker, Mode::Combining] {
         let r = LanedRunner::new(
             f.runnable().unwrap(),
@@ -74,7 +64,7 @@ fn live_policy_changes_under_load_lose_no_call() {
 /// waits for wider turns than `Immediate` gives, within the budget.
 #[test]
 fn a_latency_budget_learns_turn_times_and_widens_turns() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     let occupancy = |policy: TurnPolicy| {
         let r = LanedRunner::new(
             f.runnable().unwrap(),
@@ -118,6 +108,6 @@ fn a_policy_loads_from_json() {
         config.policy,
         Some(TurnPolicy::latency_budget(Duration::from_millis(20)))
     );
-    let r = LanedRunner::new(small_tdnn().runnable().unwrap(), config).unwrap();
+    let r = LanedRunner::new(fixtures::small_tdnn().runnable().unwrap(), config).unwrap();
     assert_eq!(r.policy(), TurnPolicy::LatencyBudget { us: 20000 });
 }

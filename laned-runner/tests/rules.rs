@@ -11,15 +11,6 @@ use tract_core::internal::*;
 
 const MODES: [Mode; 2] = [Mode::Worker, Mode::Combining];
 
-fn small_tdnn() -> Fixture {
-    fixtures::tdnn(fixtures::TdnnConfig {
-        width: 8,
-        pulse: 4,
-        layout: fixtures::Layout::Nchw,
-    })
-    .unwrap()
-}
-
 fn runner(fixture: &Fixture, lanes: usize, mode: Mode, linger: Duration) -> LanedRunner {
     let config = RunnerConfig::builder()
         .shards(1)
@@ -54,7 +45,7 @@ fn call_all(handles: Vec<(LanedStateHandle, TVec<TValue>)>) -> Vec<Answer> {
 /// A wide call explodes into one seat per row and is answered stacked.
 #[test]
 fn a_wide_call_is_answered_stacked() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, 4, mode, Duration::ZERO);
         let mut h = r.try_spawn().unwrap();
@@ -69,7 +60,7 @@ fn a_wide_call_is_answered_stacked() {
 /// later rows borrow the runner's spare lane turn after turn.
 #[test]
 fn a_call_wider_than_the_free_lanes_is_split() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, 1, mode, Duration::ZERO);
         let mut h = r.try_spawn().unwrap();
@@ -87,7 +78,7 @@ fn a_call_wider_than_the_free_lanes_is_split() {
 /// A linger ends as soon as every held lane has a seat queued.
 #[test]
 fn a_linger_ends_once_every_held_lane_is_queued() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, 3, mode, Duration::from_secs(3600));
         let handles = (0..3).map(|s| (r.try_spawn().unwrap(), f.inputs(1, s))).collect();
@@ -142,7 +133,7 @@ fn shared_inputs_group_seats_into_turns() {
 /// resolving different values never share a turn.
 #[test]
 fn resolved_symbols_hold_for_one_call_and_split_turns() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, 2, mode, Duration::from_millis(200));
         let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
@@ -168,7 +159,7 @@ fn resolved_symbols_hold_for_one_call_and_split_turns() {
 /// and the one wanted) and its inputs back; the rest of the turn runs.
 #[test]
 fn a_bad_input_fails_its_own_call_only() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, 2, mode, Duration::from_millis(100));
         let bad = tvec!(Tensor::zero::<f32>(&[1, 39, 4]).unwrap().into_tvalue());
@@ -290,7 +281,7 @@ fn a_stream_outside_a_failed_turn_keeps_its_state() {
 /// spawns fail at once, never hang.
 #[test]
 fn dropping_the_runner_answers_queued_calls() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, 2, mode, Duration::from_secs(3600));
         let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
@@ -312,7 +303,7 @@ fn dropping_the_runner_answers_queued_calls() {
 /// stays held, the call and the turn's other seats are answered right.
 #[test]
 fn a_clone_dropped_while_its_twin_calls_loses_nothing() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, 2, mode, Duration::from_millis(100));
         let a = r.try_spawn().unwrap();
@@ -336,7 +327,7 @@ fn a_clone_dropped_while_its_twin_calls_loses_nothing() {
 /// last handle of a stream dropped gives its lane back.
 #[test]
 fn the_last_handle_dropped_gives_the_lane_back() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, 1, mode, Duration::ZERO);
         let a = r.try_spawn().unwrap();

@@ -9,15 +9,6 @@ use laned_testkit::fixtures::{self, Fixture};
 
 const MODES: [Mode; 2] = [Mode::Worker, Mode::Combining];
 
-fn small_tdnn() -> Fixture {
-    fixtures::tdnn(fixtures::TdnnConfig {
-        width: 8,
-        pulse: 4,
-        layout: fixtures::Layout::Nchw,
-    })
-    .unwrap()
-}
-
 fn runner(f: &Fixture, shards: usize, lanes: usize, mode: Mode) -> LanedRunner {
     let config = RunnerConfig::builder()
         .shards(shards)
@@ -31,7 +22,7 @@ fn runner(f: &Fixture, shards: usize, lanes: usize, mode: Mode) -> LanedRunner {
 /// ties, so spawns spread evenly.
 #[test]
 fn placement_balances_the_shards() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, 3, 2, mode);
         assert_eq!(r.shards(), 3);
@@ -51,7 +42,7 @@ fn placement_balances_the_shards() {
 /// shards full does, counting every shard's lanes.
 #[test]
 fn a_full_shard_does_not_block_a_spawn_that_fits_another() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, 2, 1, mode);
         let a = r.try_spawn().unwrap();
@@ -65,7 +56,7 @@ fn a_full_shard_does_not_block_a_spawn_that_fits_another() {
 /// A waiting stream gets a lane freed on any shard.
 #[test]
 fn admission_waits_for_a_lane_on_any_shard() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, 2, 1, mode);
         let a = r.try_spawn().unwrap();
@@ -87,7 +78,7 @@ fn admission_waits_for_a_lane_on_any_shard() {
 /// Each shard runs its own turns; the total is the sum of the shards'.
 #[test]
 fn metrics_per_shard_sum_to_the_total() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, 3, 2, mode);
         let mut handles: Vec<_> = (0..6).map(|_| r.try_spawn().unwrap()).collect();
@@ -113,7 +104,7 @@ fn metrics_per_shard_sum_to_the_total() {
 /// answered, later calls fail at once.
 #[test]
 fn dropping_the_runner_closes_every_shard() {
-    let f = small_tdnn();
+    let f = fixtures::small_tdnn();
     for mode in MODES {
         let config = RunnerConfig::builder()
             .shards(3)

@@ -342,6 +342,17 @@ pub fn tdnn(config: TdnnConfig) -> TractResult<Fixture> {
     b.finish(name, "causal pad + conv TDNN", &outputs, config.pulse)
 }
 
+/// The TDNN at width 8: the same ops as the light one, fast enough for
+/// tests that run many calls.
+pub fn small_tdnn() -> Fixture {
+    tdnn(TdnnConfig {
+        width: 8,
+        pulse: 4,
+        layout: Layout::Nchw,
+    })
+    .expect("the small TDNN builds")
+}
+
 /// Dilated and strided convs, valid (unpadded): exercises Delay with overlap
 /// and a stride that keeps one output frame of two.
 pub fn strided() -> TractResult<Fixture> {

@@ -361,17 +361,22 @@ impl Engine {
         }
         let stream = self.next_stream;
         self.next_stream += 1;
-        if slot.offer(Ok(Grant { lane, stream })).is_err() {
-            let _ = self.table.give_back(lane);
-            return;
-        }
+        // Book the lane before answering: a spawner reading the gauge right
+        // after this one returns must see the lane taken (placement reads it).
         self.owner[lane.0] = Some(stream);
         self.last_active[lane.0] = Instant::now();
+        self.metrics.set_lanes_taken(self.table.taken());
+        if slot.offer(Ok(Grant { lane, stream })).is_err() {
+            // The spawner gave up meanwhile.
+            self.owner[lane.0] = None;
+            let _ = self.table.give_back(lane);
+            self.metrics.set_lanes_taken(self.table.taken());
+            return;
+        }
         match waited {
             Some(wait) => self.metrics.record_admission_waited(wait),
             None => self.metrics.record_admission(),
         }
-        self.metrics.set_lanes_taken(self.table.taken());
     }
 
     /// Free `lane`: its queued seats go (nobody waits for them), its marks

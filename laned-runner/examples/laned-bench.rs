@@ -129,15 +129,18 @@ enum System {
     OursCombining,
     /// Ours in worker mode with a shard per core, the streams spread.
     OursShards,
+    /// A laned state per core, each on its own thread, all lanes seated.
+    IdealShards,
 }
 
-const SYSTEMS: [System; 6] = [
+const SYSTEMS: [System; 7] = [
     System::Solo,
     System::Ideal,
     System::Tract,
     System::OursWorker,
     System::OursCombining,
     System::OursShards,
+    System::IdealShards,
 ];
 
 impl System {
@@ -149,6 +152,7 @@ impl System {
             System::OursWorker => "ours (worker)",
             System::OursCombining => "ours (combining)",
             System::OursShards => "ours (worker, a shard per core)",
+            System::IdealShards => "shards ideal (a laned state per core)",
         }
     }
 }
@@ -268,6 +272,16 @@ fn measure(
     match system {
         System::Solo => Ok((load::solo_states(fixture, plan.clone(), n, d)?, None)),
         System::Ideal => Ok((load::ideal(fixture, plan.clone(), n, d)?, Some(n as f64))),
+        System::IdealShards => {
+            let cores = std::thread::available_parallelism()
+                .map(|c| c.get())
+                .unwrap_or(1)
+                .min(n);
+            Ok((
+                load::ideal_shards(fixture, plan.clone(), n, cores, d)?,
+                Some((n / cores) as f64),
+            ))
+        }
         System::Tract => {
             let tract = tract_core::lanes::LanedRunnable::wrap(plan.clone(), n)?;
             let before = tract.turns_and_seats();
@@ -650,7 +664,9 @@ fn throughput_svg(r: &Report, model: &str) -> String {
         m + ix * (w - 2.0 * m) / ((streams.len().max(2) - 1) as f64)
     };
     let y_of = |v: f64| h - m - v / max_y * (h - 2.0 * m);
-    let colors = ["#888888", "#000000", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e"];
+    let colors = [
+        "#888888", "#000000", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#8c564b",
+    ];
     let mut svg = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
     svg += &format!("<text x=\"{m}\" y=\"20\">{model}: pulses/s vs streams (closed loop)</text>\n");
     svg += &format!(

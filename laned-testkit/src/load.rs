@@ -129,6 +129,41 @@ pub fn ideal(fixture: &Fixture, plan: Arc<dyn Runnable>, n: usize, duration: Dur
     )
 }
 
+/// The shards' ideal loop: `shards` threads, each running its own laned
+/// state with its share of `n` lanes, all seated every turn, inputs
+/// pre-stacked. What a sharded runner is measured against.
+pub fn ideal_shards(
+    fixture: &Fixture,
+    plan: Arc<dyn Runnable>,
+    n: usize,
+    shards: usize,
+    duration: Duration,
+) -> TractResult<f64> {
+    let fixture = fixture.clone();
+    let shards = shards.clamp(1, n.max(1));
+    closed_loop(
+        shards,
+        duration,
+        move |s| {
+            // Lanes spread as evenly as placement spreads streams.
+            let lanes = n / shards + usize::from(s < n % shards);
+            let mut state = plan.spawn()?;
+            let ids: Vec<LaneId> = (0..lanes).map(LaneId).collect();
+            if lanes > 1 {
+                state.reset_lanes(&ids)?;
+            }
+            Ok((state, fixture.inputs(lanes, 7), ids))
+        },
+        move |(state, inputs, ids)| {
+            if ids.len() > 1 {
+                state.seat(Seating::new(ids.len(), ids.iter().copied())?)?;
+            }
+            state.run(inputs.clone())?;
+            Ok(ids.len() as u64)
+        },
+    )
+}
+
 /// Latencies of a real-time run.
 #[derive(Debug, Clone, Default)]
 pub struct Latencies {

@@ -123,18 +123,18 @@ fn every_fixture_both_modes_with_wide_calls_and_ends() {
 proptest! {
     #![proptest_config(proptest_config(12))]
     #[test]
-    fn prop_runner_worker(fixture_ix in 0..8usize, schedule in schedule(ScheduleConfig::default())) {
+    fn prop_runner_worker(fixture_ix in 0..fixtures::all().unwrap().len(), schedule in schedule(ScheduleConfig::default())) {
         check(&fixtures::all().unwrap()[fixture_ix], &schedule, Mode::Worker)?;
     }
 
     #[test]
-    fn prop_runner_three_shards(fixture_ix in 0..8usize, schedule in schedule(ScheduleConfig::default()), combining in any::<bool>()) {
+    fn prop_runner_three_shards(fixture_ix in 0..fixtures::all().unwrap().len(), schedule in schedule(ScheduleConfig::default()), combining in any::<bool>()) {
         let mode = if combining { Mode::Combining } else { Mode::Worker };
         check_sharded(&fixtures::all().unwrap()[fixture_ix], &schedule, mode, 3)?;
     }
 
     #[test]
-    fn prop_runner_combining(fixture_ix in 0..8usize, schedule in schedule(ScheduleConfig::default())) {
+    fn prop_runner_combining(fixture_ix in 0..fixtures::all().unwrap().len(), schedule in schedule(ScheduleConfig::default())) {
         check(&fixtures::all().unwrap()[fixture_ix], &schedule, Mode::Combining)?;
     }
 }

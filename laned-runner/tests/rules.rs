@@ -414,3 +414,15 @@ fn a_scan_is_refused_at_construction_naming_the_op() {
         assert!(text.contains("Scan is not lane-aware"), "{text}");
     }
 }
+
+/// tract-pulse's PulseMask (behind a transposed conv) is not lane-aware
+/// either: refused at construction, naming the node and the op.
+#[test]
+fn a_pulse_mask_is_refused_at_construction_naming_the_op() {
+    let plan = fixtures::deconv().unwrap().runnable().unwrap();
+    let err = LanedRunner::new(plan, RunnerConfig::builder().shards(1).build()).unwrap_err();
+    assert!(matches!(err, NewRunnerError::Reset { .. }));
+    let text = err.to_string();
+    assert!(text.contains("at node \"deconv.mask\" (op PulseMask)"), "{text}");
+    assert!(text.contains("not lane-aware"), "{text}");
+}

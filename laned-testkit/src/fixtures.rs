@@ -439,6 +439,48 @@ pub fn two_in_two_out() -> TractResult<Fixture> {
     )
 }
 
+/// A transposed conv (stride 2, 3 taps) after a causal conv: pulsified into
+/// tract-pulse's DeconvDelay and PulseMask. tract 0.23.9's PulseMask is not
+/// lane-aware (its position has no lane axis), so a laned runner must refuse
+/// this model at construction, naming the mask; it runs solo.
+pub fn deconv() -> TractResult<Fixture> {
+    use tract_core::ops::cnn::Deconv;
+    let mut b = Builder::new(Layout::Nchw);
+    let x = b.source("features", FEATURES)?;
+    let pad = b.zero_pad();
+    let c1 = b.conv("conv1", x, FEATURES, 8, 2, 1, 1, pad)?;
+    let mut rng = Lcg(77);
+    let (cin, cout, k) = (8, 4, 3);
+    let weights: Vec<f32> = (0..cout * cin * k).map(|_| rng.uniform() * 0.3).collect();
+    let kernel = b
+        .model
+        .add_const("deconv.kernel", Tensor::from_shape(&[cout, cin, k], &weights)?)?;
+    let bias = b
+        .model
+        .add_const("deconv.bias", Tensor::from_shape(&[cout], &vec![0.05f32; cout])?)?;
+    let op = Deconv {
+        pool_spec: PoolSpec {
+            data_format: DataFormat::NCHW,
+            kernel_shape: tvec!(k),
+            padding: PaddingSpec::Valid,
+            dilations: None,
+            strides: Some(tvec!(2)),
+            input_channels: cin,
+            output_channels: cout,
+        },
+        kernel_format: KernelFormat::OIHW,
+        adjustments: tvec!(0),
+        group: 1,
+    };
+    let up = b.model.wire_node("deconv", op, &[c1, kernel, bias])?[0];
+    b.finish(
+        "deconv".into(),
+        "a transposed conv (DeconvDelay and PulseMask lanes)",
+        &[up],
+        4,
+    )
+}
+
 /// Every fixture the suites check, light sizes first.
 pub fn all() -> TractResult<Vec<Fixture>> {
     Ok(vec![

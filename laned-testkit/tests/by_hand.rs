@@ -14,7 +14,7 @@ fn check_fixture(fixture: &Fixture, schedule: &Schedule) -> Result<(), TestCaseE
 proptest! {
     #![proptest_config(proptest_config(24))]
     #[test]
-    fn prop_every_fixture_by_hand(fixture_ix in 0..8usize, schedule in schedule(ScheduleConfig::default())) {
+    fn prop_every_fixture_by_hand(fixture_ix in 0..fixtures::all().unwrap().len(), schedule in schedule(ScheduleConfig::default())) {
         let fixture = &fixtures::all().unwrap()[fixture_ix];
         check_fixture(fixture, &schedule)?;
     }

@@ -3,6 +3,7 @@
 //! A runner could hold several of these (one per core); each is whole on its
 //! own.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -52,7 +53,14 @@ pub(crate) struct Shard {
     /// has nothing queued.
     quiet: Condvar,
     idle_timeout: Option<Duration>,
+    /// Callers blocked in `wait` right now (any thread, relaxed: a hint for
+    /// whether to spin).
+    waiters: AtomicUsize,
 }
+
+/// The machine's cores, read once.
+static CORES: std::sync::LazyLock<usize> =
+    std::sync::LazyLock::new(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
 
 /// What a shard is built from: the runner's shared parts and its own.
 pub(crate) struct Parts {
@@ -140,6 +148,7 @@ impl Shard {
             }),
             quiet: Condvar::new(),
             idle_timeout: config.idle_timeout,
+            waiters: AtomicUsize::new(0),
             arrived: Condvar::new(),
             engine: Mutex::new(engine),
             mode: config.mode,
@@ -185,7 +194,12 @@ impl Shard {
                     until = Some(deadline.map_or(tick, |d| d.min(tick)));
                 }
             }
-            match slot.wait_until(until) {
+            // Spin before parking only while the waiters leave a core free
+            // for whoever runs the turn: more spinners would slow it down.
+            let waiters = self.waiters.fetch_add(1, Ordering::Relaxed) + 1;
+            let woke = slot.wait_until(until, waiters < *CORES);
+            self.waiters.fetch_sub(1, Ordering::Relaxed);
+            match woke {
                 Wake::Promoted => continue,
                 Wake::TimedOut if deadline.is_none_or(|d| Instant::now() < d) => continue,
                 other => return other,

@@ -3,6 +3,7 @@
 //! (its waiter should give up) and *abandoned* (its waiter gave up: a late
 //! answer is refused and handed back to whoever offered it).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -13,6 +14,10 @@ use std::time::Instant;
 pub(crate) struct Slot<T> {
     inner: Mutex<Inner<T>>,
     cv: Condvar,
+    /// Set (after `inner` changed) by whoever wakes the waiter, so that the
+    /// waiter can spin on it for a moment before parking: an answer landing
+    /// within the spin costs no futex wake on either side.
+    signalled: AtomicBool,
 }
 
 struct Inner<T> {
@@ -25,6 +30,9 @@ struct Inner<T> {
     /// Set by the waiter once it gave up: no value is accepted any more.
     abandoned: bool,
 }
+
+/// Spin iterations before parking (a few tens of microseconds).
+const SPINS: usize = 20_000;
 
 pub(crate) enum Wake<T> {
     Value(T),
@@ -43,6 +51,7 @@ impl<T> Slot<T> {
                 abandoned: false,
             }),
             cv: Condvar::new(),
+            signalled: AtomicBool::new(false),
         }
     }
 
@@ -60,7 +69,7 @@ impl<T> Slot<T> {
         }
         inner.value = Some(value);
         drop(inner);
-        self.cv.notify_one();
+        self.signal();
         Ok(())
     }
 
@@ -71,11 +80,16 @@ impl<T> Slot<T> {
 
     pub fn promote(&self) {
         self.lock().promoted = true;
-        self.cv.notify_one();
+        self.signal();
     }
 
     pub fn cancel(&self) {
         self.lock().cancelled = true;
+        self.signal();
+    }
+
+    fn signal(&self) {
+        self.signalled.store(true, Ordering::Release);
         self.cv.notify_one();
     }
 
@@ -93,7 +107,19 @@ impl<T> Slot<T> {
 
     /// Block until a value lands, the slot is promoted or cancelled, or
     /// `deadline` passes.
-    pub fn wait_until(&self, deadline: Option<Instant>) -> Wake<T> {
+    pub fn wait_until(&self, deadline: Option<Instant>, spin: bool) -> Wake<T> {
+        // With `spin`, a short spin first: a light model's turn is often
+        // shorter than a park and a wake-up. Bounded, so a waiter never
+        // burns a core for long.
+        if spin {
+            for _ in 0..SPINS {
+                if self.signalled.load(Ordering::Acquire) {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        self.signalled.store(false, Ordering::Relaxed);
         let mut inner = self.lock();
         loop {
             if let Some(v) = inner.value.take() {

@@ -448,12 +448,14 @@ fn churn() {
                 thread::spawn(move || {
                     let plan = f.runnable().unwrap();
                     let mut rng = Lcg(w + 1);
-                    let mut checked = 0;
+                    // Per completed stream: what it got, and its solo run.
+                    let (mut got, mut want) = (vec![], vec![]);
                     while Instant::now() < deadline {
                         let Ok(mut h) = r.spawn_timeout(Duration::from_secs(10)) else {
                             continue;
                         };
                         let mut solo = plan.spawn().unwrap();
+                        let (mut stream_got, mut stream_want) = (vec![], vec![]);
                         let seed = rng.next();
                         let calls = 1 + rng.next() % 4;
                         let mut intact = true;
@@ -469,11 +471,10 @@ fn churn() {
                                 _ => (),
                             }
                             match h.call(inputs.clone()) {
-                                Ok(out) if intact => {
-                                    assert_eq!(*out[0], *solo.run(inputs).unwrap()[0], "worker {w}");
-                                    checked += 1;
+                                Ok(out) => {
+                                    stream_got.push(out);
+                                    stream_want.push(solo.run(inputs).unwrap());
                                 }
-                                Ok(_) => (),
                                 Err(e) => {
                                     assert!(matches!(e.kind(), RunErrorKind::Evicted(_)), "{e}");
                                     intact = false;
@@ -484,13 +485,28 @@ fn churn() {
                         if intact && rng.next().is_multiple_of(2) {
                             let _ = h.finish(None, 0);
                         }
+                        got.push(stream_got);
+                        want.push(stream_want);
                     }
-                    checked
+                    (got, want)
                 })
             })
             .collect();
-        let checked: usize = workers.into_iter().map(|t| t.join().unwrap()).sum();
-        assert!(checked > 20, "{mode:?}: only {checked} calls checked");
+        let (mut got, mut want) = (vec![], vec![]);
+        for t in workers {
+            let (g, w) = t.join().unwrap();
+            got.extend(g);
+            want.extend(w);
+        }
+        let calls: usize = got.iter().map(Vec::len).sum();
+        assert!(calls > 20, "{mode:?}, {shards} shards: only {calls} calls answered");
+        // Every stream, evicted ones up to their eviction, got its solo run.
+        let observed = laned_testkit::Observed {
+            outputs: got,
+            ..Default::default()
+        };
+        laned_testkit::check(&want, &observed, laned_testkit::Tolerance::Exact)
+            .unwrap_or_else(|m| panic!("{mode:?}, {shards} shards: {m}"));
         eventually("the table is empty", || r.metrics().lanes_taken == 0);
     }
 }

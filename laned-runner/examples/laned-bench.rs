@@ -549,18 +549,11 @@ fn cdf_svg(rt: &[RealTime]) -> String {
         .unwrap_or(1)
         .max(1) as f64;
     let colors = ["#d62728", "#1f77b4", "#9467bd", "#17becf", "#2ca02c"];
-    let mut svg = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
-    svg +=
-        &format!("<text x=\"{m}\" y=\"20\">latency CDF at each system's capacity (x: µs, up to {max_x:.0})</text>\n");
-    svg += &format!(
-        "<line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
-        h - m,
-        w - m,
-        h - m
-    );
-    svg += &format!(
-        "<line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n",
-        h - m
+    let mut svg = svg_frame(
+        w,
+        h,
+        m,
+        &format!("latency CDF at each system's capacity (x: µs, up to {max_x:.0})"),
     );
     for (ix, r) in rt.iter().enumerate() {
         let n = r.cdf_at_capacity_us.len().max(1) as f64;
@@ -667,18 +660,7 @@ fn throughput_svg(r: &Report, model: &str) -> String {
     let colors = [
         "#888888", "#000000", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#8c564b",
     ];
-    let mut svg = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
-    svg += &format!("<text x=\"{m}\" y=\"20\">{model}: pulses/s vs streams (closed loop)</text>\n");
-    svg += &format!(
-        "<line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
-        h - m,
-        w - m,
-        h - m
-    );
-    svg += &format!(
-        "<line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n",
-        h - m
-    );
+    let mut svg = svg_frame(w, h, m, &format!("{model}: pulses/s vs streams (closed loop)"));
     for n in &streams {
         svg += &format!(
             "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{n}</text>\n",
@@ -715,4 +697,24 @@ fn throughput_svg(r: &Report, model: &str) -> String {
         );
     }
     svg + "</svg>\n"
+}
+
+/// An SVG document of `w` x `h` with a title and the two axes, `m` the margin;
+/// the caller adds its lines and closes it.
+fn svg_frame(w: f64, h: f64, m: f64, title: &str) -> String {
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n"
+    );
+    svg += &format!("<text x=\"{m}\" y=\"20\">{title}</text>\n");
+    svg += &format!(
+        "<line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
+        h - m,
+        w - m,
+        h - m
+    );
+    svg += &format!(
+        "<line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n",
+        h - m
+    );
+    svg
 }

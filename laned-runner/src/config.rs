@@ -58,6 +58,10 @@ pub struct RunnerConfig {
     /// (or `TRACT_TURN_LINGER_US`), `Immediate` otherwise. Changeable while
     /// serving (`LanedRunner::set_policy`).
     pub policy: Option<TurnPolicy>,
+    /// State the model carries as inputs and outputs (streaming exports:
+    /// `state` in, `stateN` out): the runner keeps it per lane, and callers
+    /// feed and get only the other inputs and outputs.
+    pub state: StateSpec,
     /// Streams that may wait for a lane (`spawn_timeout`); past it spawning
     /// is refused at once as busy.
     pub max_waiting: usize,
@@ -75,6 +79,7 @@ impl Default for RunnerConfig {
             linger_us: None,
             mode: Mode::Worker,
             policy: None,
+            state: StateSpec::None,
             max_waiting: 1024,
             idle_timeout_ms: None,
         }
@@ -150,6 +155,37 @@ fn env_knob(name: &str) -> Result<Option<u64>, NewRunnerError> {
     }
 }
 
+/// A model input or output, by index or by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PortRef {
+    Index(usize),
+    Name(String),
+}
+
+/// An explicit state: the input it is fed through and the output its next
+/// value comes out of. The batch axis is where the batch symbol sits in
+/// the input's fact (`[2, B, 128]`: axis 1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatePair {
+    pub input: PortRef,
+    pub output: PortRef,
+}
+
+/// Which inputs and outputs are explicit state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateSpec {
+    /// None: every input and output is the caller's.
+    #[default]
+    None,
+    /// Pairs detected where unambiguous: an output named like an input plus
+    /// `N`, `_out`, `_new` or a digit (`state` -> `stateN`), of the same fact.
+    Detect,
+    /// These pairs.
+    Pairs(Vec<StatePair>),
+}
+
 /// The configuration as the runner uses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Resolved {
@@ -196,6 +232,11 @@ impl RunnerConfigBuilder {
 
     pub fn policy(mut self, policy: TurnPolicy) -> Self {
         self.config.policy = Some(policy);
+        self
+    }
+
+    pub fn state(mut self, state: StateSpec) -> Self {
+        self.config.state = state;
         self
     }
 

@@ -16,6 +16,7 @@ use tract_core::plan::Seating;
 
 use crate::admission::Admission;
 use crate::err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
+use crate::explicit::ExplicitState;
 use crate::iface::{Group, Interface};
 use crate::policy::{LearnedTurnTimes, QueueState, TurnPolicy};
 use crate::slot::Slot;
@@ -87,6 +88,17 @@ pub(crate) enum Request {
     Release(Grant),
     /// The call answering into this slot was cancelled: drop its queued seats.
     Cancel(Arc<Slot<CallResult>>),
+    /// A stream reads its explicit state.
+    ReadState {
+        stream: Grant,
+        slot: Arc<Slot<Result<TVec<Tensor>, RunError>>>,
+    },
+    /// A stream overwrites its explicit state.
+    WriteState {
+        stream: Grant,
+        state: TVec<Tensor>,
+        slot: Arc<Slot<Result<(), RunError>>>,
+    },
 }
 
 /// One checked call, already split into seats on the caller's thread.
@@ -167,6 +179,8 @@ pub(crate) struct Engine {
     draining: bool,
     /// Stacked batched inputs, keyed by (input slot, turn shape).
     stacker: Stacker,
+    /// The model's explicit state, per lane.
+    explicit: ExplicitState,
     /// The symbols the state had resolved at spawn, restored after each turn
     /// that resolved some for its seats. `None`: the state cannot forget a
     /// resolved symbol, so calls resolving one are refused.
@@ -234,6 +248,7 @@ impl Engine {
         let mut state = inner.spawn().map_err(|e| NewRunnerError::Spawn(format!("{e:#}")))?;
         let every: Vec<TractLane> = (0..max_lanes).map(TractLane).collect();
         resettable(&mut state, &*inner, &every)?;
+        let explicit = ExplicitState::new(&iface, max_lanes)?;
         let symbols_at_spawn = state
             .downcast_ref::<TypedSimpleState>()
             .map(|s| s.turn_state.resolved_symbols.clone());
@@ -259,6 +274,7 @@ impl Engine {
             idle_timeout: config.idle_timeout,
             draining: false,
             stacker: Stacker::default(),
+            explicit,
             symbols_at_spawn,
             metrics,
             max_streams,
@@ -327,7 +343,34 @@ impl Engine {
             Request::Call(call) => self.enqueue(call),
             Request::Release(grant) => self.release(grant),
             Request::Cancel(slot) => self.cancel(&slot),
+            Request::ReadState { stream, slot } => {
+                let read = self.own(stream).and_then(|lane| {
+                    self.explicit
+                        .read(lane)
+                        .map_err(|e| RunError::new(RunErrorKind::Turn(format!("{e:#}"))))
+                });
+                slot.fill(read);
+            }
+            Request::WriteState { stream, state, slot } => {
+                let written = self.own(stream).and_then(|lane| {
+                    self.explicit
+                        .write(lane, &state)
+                        .map_err(|why| RunError::new(RunErrorKind::State(why)))
+                });
+                slot.fill(written);
+            }
         }
+    }
+
+    /// The lane of `stream` while it holds one, the reason it lost it otherwise.
+    fn own(&self, stream: Grant) -> Result<usize, RunError> {
+        if self.owner[stream.lane.0] == Some(stream.stream) {
+            return Ok(stream.lane.0);
+        }
+        Err(RunError::new(match self.evicted.get(&stream.stream) {
+            Some(why) => RunErrorKind::Evicted(why.clone()),
+            None => RunErrorKind::Closed,
+        }))
     }
 
     /// A lane for a new stream, or `Full` at once: waiting for a lane is
@@ -354,7 +397,10 @@ impl Engine {
     fn grant(&mut self, slot: Arc<Slot<SpawnResult>>, waited: Option<std::time::Duration>) {
         let Some(lane) = self.table.take() else { return };
         let state = self.state.as_mut().expect("open engine has a state");
-        if let Err(e) = state.reset_lanes(&[tract_lane(lane)]) {
+        if let Err(e) = state
+            .reset_lanes(&[tract_lane(lane)])
+            .and_then(|_| self.explicit.reset(&[lane.0]))
+        {
             let _ = self.table.give_back(lane);
             slot.fill(Err(SpawnError::Reset(format!("{e:#}"))));
             return;
@@ -449,6 +495,7 @@ impl Engine {
                 self.evicted.insert(stream, format!("it did not call for {idle:?}"));
                 let state = self.state.as_mut().expect("open engine has a state");
                 let _ = state.reset_lanes(&[TractLane(lane)]);
+                let _ = self.explicit.reset(&[lane]);
                 self.free_lane(lane_table::LaneId(lane));
             } else {
                 next = Some(next.map_or(due, |n: Instant| n.min(due)));
@@ -603,7 +650,7 @@ impl Engine {
                             turn: outputs.clone(),
                             seat: ix,
                         }
-                        .into_outputs(&self.iface.batch_out);
+                        .into_outputs(&self.iface.data_batch_out);
                         self.land(seat.call, seat.place, row.map_err(|e| e.to_string()));
                     }
                 }
@@ -638,7 +685,8 @@ impl Engine {
         } else {
             Ok(Err(format_err!("cannot clear the turn")))
         };
-        if matches!(reset, Ok(Ok(()))) {
+        let lane_ixs: Vec<usize> = lanes.iter().map(|l| l.0).collect();
+        if matches!(reset, Ok(Ok(()))) && self.explicit.reset(&lane_ixs).is_ok() {
             for seat in seated {
                 if !borrowed.contains(&seat.lane) {
                     self.lost[seat.lane.0] = Some(why.to_string());
@@ -648,7 +696,11 @@ impl Engine {
         }
         let every: Vec<TractLane> = (0..self.table.max_lanes()).map(TractLane).collect();
         match self.inner.spawn().and_then(|mut s| s.reset_lanes(&every).map(|_| s)) {
-            Ok(fresh) => self.state = Some(fresh),
+            Ok(fresh) => {
+                self.state = Some(fresh);
+                let every: Vec<usize> = (0..self.table.max_lanes()).collect();
+                let _ = self.explicit.reset(&every);
+            }
             Err(_) => {
                 // Keep the old state: the next turn will fail too, and say so.
             }
@@ -672,7 +724,9 @@ impl Engine {
         let mut batched_slot = 0;
         let mut shared_slot = 0;
         for ix in 0..self.iface.inputs.len() {
-            if self.iface.inputs[ix].batched {
+            if let Some(gathered) = self.explicit.gather(ix, &lanes) {
+                inputs.push(gathered.map_err(|e| format!("gathering state input {ix}: {e:#}"))?);
+            } else if self.iface.inputs[ix].batched {
                 let k = batched_slot;
                 batched_slot += 1;
                 if occupancy == 1 {
@@ -691,12 +745,14 @@ impl Engine {
         }
         let state = self.state.as_mut().expect("open engine has a state");
         if !borrowed.is_empty() {
+            let borrowed_ixs: Vec<usize> = borrowed.iter().map(|l| l.0).collect();
             let borrowed: Vec<TractLane> = borrowed.iter().map(|l| tract_lane(*l)).collect();
             state
                 .reset_lanes(&borrowed)
+                .and_then(|_| self.explicit.reset(&borrowed_ixs))
                 .map_err(|e| format!("resetting borrowed lanes: {e:#}"))?;
         }
-        let seating = Seating::new(self.table.max_lanes(), lanes).map_err(|e| format!("{e:#}"))?;
+        let seating = Seating::new(self.table.max_lanes(), lanes.iter().copied()).map_err(|e| format!("{e:#}"))?;
         state.seat(seating).map_err(|e| format!("{e:#}"))?;
         let resolved = group.resolved();
         if !resolved.is_empty() {
@@ -733,7 +789,12 @@ impl Engine {
                 ));
             }
         }
-        Ok(outputs)
+        // Explicit state goes back to its lanes; the caller gets the rest.
+        if self.iface.state.is_empty() {
+            return Ok(outputs);
+        }
+        self.explicit.scatter(&outputs, &lanes).map_err(|e| format!("{e:#}"))?;
+        Ok(self.iface.data_outputs.iter().map(|ix| outputs[*ix].clone()).collect())
     }
 
     /// One seat of call `id` landed; answer the call once all have.
@@ -753,7 +814,7 @@ impl Engine {
                 pending.remaining -= 1;
                 if pending.remaining == 0 {
                     let pending = self.pending.remove(&id).expect("present");
-                    let answer = assemble(pending.served, &self.iface.batch_out);
+                    let answer = assemble(pending.served, &self.iface.data_batch_out);
                     pending.slot.fill(answer.map(Answer::Outputs));
                 }
             }

@@ -132,6 +132,8 @@ pub enum RunErrorKind {
     Draining,
     /// Ending the stream is not possible for this model.
     Finish(String),
+    /// A stream's explicit state cannot be set so.
+    State(String),
     /// The runner was dropped.
     Closed,
 }
@@ -210,6 +212,7 @@ impl fmt::Display for RunError {
             RunErrorKind::Cancelled => f.write_str("the call was cancelled"),
             RunErrorKind::Draining => f.write_str("the laned runner is draining and takes no new call"),
             RunErrorKind::Finish(why) => write!(f, "cannot end the stream: {why}"),
+            RunErrorKind::State(why) => write!(f, "cannot set the stream's state: {why}"),
             RunErrorKind::Closed => f.write_str("the laned runner was dropped"),
         }
     }

@@ -16,10 +16,18 @@ pub(crate) struct Interface {
     pub inputs: Vec<Port>,
     /// Per output: whether axis 0 carries the batch.
     pub batch_out: Vec<bool>,
-    /// Indices of the batched inputs, in order.
+    /// The model inputs a caller feeds (all but the state inputs), in order.
+    pub data_inputs: Vec<usize>,
+    /// The model outputs a caller gets (all but the state outputs), in order,
+    /// and whether each carries the batch.
+    pub data_outputs: Vec<usize>,
+    pub data_batch_out: Vec<bool>,
+    /// Among the caller's inputs: the batched ones and the shared ones.
     pub batched_inputs: Vec<usize>,
-    /// Indices of the shared inputs, in order.
     pub shared_inputs: Vec<usize>,
+    /// State the model carries as an input and returns as an output, kept
+    /// per lane by the runner.
+    pub state: Vec<StateIo>,
     /// How a stream of a pulsed model ends, from tract-pulse's properties.
     pub pulse: Option<PulseInfo>,
 }
@@ -74,6 +82,113 @@ pub(crate) struct Port {
     pub name: String,
     pub fact: TypedFact,
     pub batched: bool,
+    /// An explicit-state input: fed by the runner, not the caller.
+    pub state: bool,
+}
+
+/// One explicit state: model input `input` is fed, output `output` returns
+/// its next value; the batch sits on `axis` of both.
+#[derive(Debug, Clone)]
+pub(crate) struct StateIo {
+    pub input: usize,
+    pub output: usize,
+    pub axis: usize,
+    /// The input's fact (its shape with the batch symbol on `axis`).
+    pub fact: TypedFact,
+}
+
+/// The stem state inputs and outputs are paired on: lowercase, trailing
+/// digits and a trailing "n", "out", "new" or "next" (and separators) off.
+fn stem(name: &str) -> String {
+    let mut s = name.to_lowercase();
+    loop {
+        let before = s.len();
+        s = s
+            .trim_end_matches(|c: char| c.is_ascii_digit() || c == '_' || c == '.' || c == '-' || c == ':')
+            .to_string();
+        for suffix in ["next", "new", "out", "n"] {
+            if s.len() > suffix.len() && s.ends_with(suffix) {
+                s.truncate(s.len() - suffix.len());
+                break;
+            }
+        }
+        if s.len() == before {
+            return s;
+        }
+    }
+}
+
+fn port_index(port: &crate::config::PortRef, names: &[String], what: &str) -> Result<usize, NewRunnerError> {
+    match port {
+        crate::config::PortRef::Index(ix) if *ix < names.len() => Ok(*ix),
+        crate::config::PortRef::Index(ix) => Err(NewRunnerError::Config(format!(
+            "state {what} {ix} is past the model's {} {what}s",
+            names.len()
+        ))),
+        crate::config::PortRef::Name(name) => names.iter().position(|n| n == name).ok_or_else(|| {
+            NewRunnerError::Config(format!("no {what} named {name:?}; the model's {what}s are {names:?}"))
+        }),
+    }
+}
+
+/// The (input, output) index pairs of the explicit state: as configured, or
+/// detected (same stem, same fact) where that is unambiguous.
+fn state_pairs(
+    spec: &crate::config::StateSpec,
+    inputs: &[(String, TypedFact)],
+    outputs: &[(String, TypedFact)],
+) -> Result<Vec<(usize, usize)>, NewRunnerError> {
+    use crate::config::StateSpec;
+    let in_names: Vec<String> = inputs.iter().map(|(n, _)| n.clone()).collect();
+    let out_names: Vec<String> = outputs.iter().map(|(n, _)| n.clone()).collect();
+    match spec {
+        StateSpec::None => Ok(vec![]),
+        StateSpec::Pairs(pairs) => pairs
+            .iter()
+            .map(|p| {
+                Ok((
+                    port_index(&p.input, &in_names, "input")?,
+                    port_index(&p.output, &out_names, "output")?,
+                ))
+            })
+            .collect(),
+        StateSpec::Detect => {
+            let same = |a: &TypedFact, b: &TypedFact| a.datum_type == b.datum_type && a.shape == b.shape;
+            let mut pairs = vec![];
+            for (i, (iname, ifact)) in inputs.iter().enumerate() {
+                let candidates: Vec<usize> = outputs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (oname, ofact))| stem(oname) == stem(iname) && oname != iname && same(ifact, ofact))
+                    .map(|(o, _)| o)
+                    .collect();
+                match candidates.len() {
+                    0 => (),
+                    1 => pairs.push((i, candidates[0])),
+                    _ => {
+                        let names: Vec<&String> = candidates.iter().map(|o| &outputs[*o].0).collect();
+                        return Err(NewRunnerError::Config(format!(
+                            "state input {iname:?} matches several outputs ({names:?}): name the pairs in the config"
+                        )));
+                    }
+                }
+            }
+            if pairs.is_empty() {
+                return Err(NewRunnerError::Config(format!(
+                    "no state pair detected among inputs {in_names:?} and outputs {out_names:?} (an output named like an input plus N, _out, _new or a digit, of the same fact): name the pairs in the config"
+                )));
+            }
+            for (k, (_, o)) in pairs.iter().enumerate() {
+                if pairs[..k].iter().any(|(_, o2)| o2 == o) {
+                    return Err(NewRunnerError::Config(format!(
+                        "output {:?} matches several state inputs: name the pairs in the config",
+                        outputs[*o].0
+                    )));
+                }
+            }
+            Ok(pairs)
+        }
+    }
 }
 
 /// What a call carries once checked: one seat's batched inputs per row, and
@@ -101,7 +216,7 @@ fn tensor_text(t: &Tensor) -> String {
 }
 
 impl Interface {
-    pub fn of(inner: &dyn Runnable) -> Result<Interface, NewRunnerError> {
+    pub fn of(inner: &dyn Runnable, state_spec: &crate::config::StateSpec) -> Result<Interface, NewRunnerError> {
         let model = inner.typed_model();
         let name_of = |ix: usize, input: bool| -> String {
             model
@@ -111,6 +226,24 @@ impl Interface {
                 })
                 .unwrap_or_else(|| format!("{} {ix}", if input { "input" } else { "output" }))
         };
+        let read = |ix: usize, input: bool| -> Result<(String, TypedFact), NewRunnerError> {
+            let fact = if input {
+                inner.input_fact(ix)
+            } else {
+                inner.output_fact(ix)
+            };
+            let fact = fact.map_err(|e| NewRunnerError::Model(format!("{e:#}")))?.clone();
+            Ok((name_of(ix, input), fact))
+        };
+        let in_ports = (0..inner.input_count())
+            .map(|ix| read(ix, true))
+            .collect::<Result<Vec<_>, _>>()?;
+        let out_ports = (0..inner.output_count())
+            .map(|ix| read(ix, false))
+            .collect::<Result<Vec<_>, _>>()?;
+        let pairs = state_pairs(state_spec, &in_ports, &out_ports)?;
+        let state_in = |ix: usize| pairs.iter().any(|(i, _)| *i == ix);
+        let state_out = |ix: usize| pairs.iter().any(|(_, o)| *o == ix);
         let mut symbols: Vec<Symbol> = vec![];
         let mut elsewhere: Vec<String> = vec![];
         let mut note = |what: String, fact: &TypedFact, symbols: &mut Vec<Symbol>| {
@@ -124,27 +257,23 @@ impl Interface {
             }
         };
         let mut inputs = vec![];
-        for ix in 0..inner.input_count() {
-            let fact = inner
-                .input_fact(ix)
-                .map_err(|e| NewRunnerError::Model(format!("{e:#}")))?
-                .clone();
-            let name = name_of(ix, true);
-            note(format!("input {ix} ({name:?})"), &fact, &mut symbols);
+        for (ix, (name, fact)) in in_ports.iter().enumerate() {
+            if !state_in(ix) {
+                note(format!("input {ix} ({name:?})"), fact, &mut symbols);
+            }
             inputs.push(Port {
-                name,
+                name: name.clone(),
                 batched: false,
-                fact,
+                state: state_in(ix),
+                fact: fact.clone(),
             });
         }
         let mut out_facts = vec![];
-        for ix in 0..inner.output_count() {
-            let fact = inner
-                .output_fact(ix)
-                .map_err(|e| NewRunnerError::Model(format!("{e:#}")))?
-                .clone();
-            note(format!("output {ix} ({:?})", name_of(ix, false)), &fact, &mut symbols);
-            out_facts.push(fact);
+        for (ix, (name, fact)) in out_ports.iter().enumerate() {
+            if !state_out(ix) {
+                note(format!("output {ix} ({name:?})"), fact, &mut symbols);
+            }
+            out_facts.push(fact.clone());
         }
         symbols.sort();
         symbols.dedup();
@@ -170,7 +299,40 @@ impl Interface {
             }
         };
         for port in &mut inputs {
-            port.batched = batch_symbol(&port.fact).as_ref() == Some(&batch);
+            port.batched = !port.state && batch_symbol(&port.fact).as_ref() == Some(&batch);
+        }
+        let mut state = vec![];
+        for (i, o) in &pairs {
+            let (name, fact) = &in_ports[*i];
+            let axes: Vec<usize> = fact
+                .shape
+                .dims()
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| matches!(d, TDim::Sym(s) if *s == batch))
+                .map(|(a, _)| a)
+                .collect();
+            let [axis] = axes[..] else {
+                return Err(NewRunnerError::BatchAxis(format!(
+                    "state input {i} ({name:?}) carries the batch {batch} on {} axes of {}; it needs exactly one",
+                    axes.len(),
+                    shape_text(fact)
+                )));
+            };
+            let (oname, ofact) = &out_ports[*o];
+            if ofact.datum_type != fact.datum_type || ofact.shape != fact.shape {
+                return Err(NewRunnerError::BatchAxis(format!(
+                    "state input {i} ({name:?}) is {}, its output {o} ({oname:?}) is {}: they must match",
+                    shape_text(fact),
+                    shape_text(ofact)
+                )));
+            }
+            state.push(StateIo {
+                input: *i,
+                output: *o,
+                axis,
+                fact: fact.clone(),
+            });
         }
         let batch_out: Vec<bool> = out_facts
             .iter()
@@ -181,23 +343,35 @@ impl Interface {
                 outputs: batch_out.len(),
             });
         }
-        let batched_inputs = (0..inputs.len()).filter(|ix| inputs[*ix].batched).collect();
-        let shared_inputs = (0..inputs.len()).filter(|ix| !inputs[*ix].batched).collect();
+        let data_inputs: Vec<usize> = (0..inputs.len()).filter(|ix| !inputs[*ix].state).collect();
+        let batched_inputs = (0..data_inputs.len())
+            .filter(|k| inputs[data_inputs[*k]].batched)
+            .collect();
+        let shared_inputs = (0..data_inputs.len())
+            .filter(|k| !inputs[data_inputs[*k]].batched)
+            .collect();
+        let data_outputs: Vec<usize> = (0..batch_out.len()).filter(|ix| !state_out(*ix)).collect();
+        let data_batch_out = data_outputs.iter().map(|ix| batch_out[*ix]).collect();
         let pulse = PulseInfo::of(inner, &inputs);
         Ok(Interface {
             batch,
             inputs,
             batch_out,
+            data_inputs,
+            data_outputs,
+            data_batch_out,
             batched_inputs,
             shared_inputs,
+            state,
             pulse,
         })
     }
 
     /// One row of zeros for every input: a pulse of silence.
     pub fn silence(&self) -> Result<TVec<TValue>, String> {
-        self.inputs
+        self.data_inputs
             .iter()
+            .map(|ix| &self.inputs[*ix])
             .map(|port| {
                 let shape = port
                     .fact
@@ -225,15 +399,16 @@ impl Interface {
     /// every concrete dim but the batch axis) and split it into seats. Any
     /// failure hands the inputs back inside the error.
     pub fn check(&self, inputs: TVec<TValue>) -> Result<Checked, RunError> {
-        if inputs.len() != self.inputs.len() {
+        if inputs.len() != self.data_inputs.len() {
             let kind = RunErrorKind::InputCount {
                 got: inputs.len(),
-                wanted: self.inputs.len(),
+                wanted: self.data_inputs.len(),
             };
             return Err(RunError::with_inputs(kind, inputs));
         }
         let mut rows: Option<(usize, usize)> = None;
-        for (index, (input, port)) in inputs.iter().zip(&self.inputs).enumerate() {
+        let ports = self.data_inputs.iter().map(|ix| &self.inputs[*ix]);
+        for (index, (input, port)) in inputs.iter().zip(ports).enumerate() {
             let fact = &port.fact;
             let mismatch = input.datum_type() != fact.datum_type
                 || input.rank() != fact.rank()

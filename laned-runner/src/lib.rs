@@ -36,6 +36,7 @@ mod admission;
 mod config;
 mod engine;
 mod err;
+mod explicit;
 mod iface;
 pub mod policy;
 mod runner;
@@ -43,7 +44,7 @@ mod shard;
 mod slot;
 mod stack;
 
-pub use config::{Mode, RunnerConfig, RunnerConfigBuilder};
+pub use config::{Mode, PortRef, RunnerConfig, RunnerConfigBuilder, StatePair, StateSpec};
 pub use err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
 pub use policy::TurnPolicy;
 pub use runner::{CancelToken, LanedRunner, LanedStateHandle};

@@ -122,8 +122,9 @@ impl LanedRunner {
     /// lane is reset once here, so a state that cannot serve several streams
     /// fails now, naming its op.
     pub fn new(inner: Arc<dyn Runnable>, config: RunnerConfig) -> Result<LanedRunner, NewRunnerError> {
+        let state_spec = config.state.clone();
         let config = config.resolve()?;
-        let iface = Arc::new(Interface::of(&*inner)?);
+        let iface = Arc::new(Interface::of(&*inner, &state_spec)?);
         let live = Arc::new(ArcSwap::from_pointee(Live {
             policy: config.policy,
             max_seats: config.max_seats,
@@ -513,6 +514,36 @@ impl LanedStateHandle {
         self.stream.shard
     }
 
+    /// This stream's explicit state (a tensor per state pair, the batch
+    /// axis of extent 1), read between turns: to save it, or to move the
+    /// stream to another runner with [`LanedStateHandle::restore_state`].
+    pub fn state_snapshot(&self) -> Result<TVec<Tensor>, RunError> {
+        let slot = Arc::new(Slot::new());
+        self.stream.shard().push(Request::ReadState {
+            stream: self.stream.grant,
+            slot: slot.clone(),
+        });
+        match self.stream.shard().wait(&slot, None) {
+            Wake::Value(read) => read,
+            _ => Err(RunError::new(RunErrorKind::Closed)),
+        }
+    }
+
+    /// Overwrite this stream's explicit state (as `state_snapshot` gives
+    /// it); the next call continues from it.
+    pub fn restore_state(&mut self, state: TVec<Tensor>) -> Result<(), RunError> {
+        let slot = Arc::new(Slot::new());
+        self.stream.shard().push(Request::WriteState {
+            stream: self.stream.grant,
+            state,
+            slot: slot.clone(),
+        });
+        match self.stream.shard().wait(&slot, None) {
+            Wake::Value(written) => written,
+            _ => Err(RunError::new(RunErrorKind::Closed)),
+        }
+    }
+
     /// The lane this stream holds on its shard.
     pub fn lane(&self) -> usize {
         self.stream.grant.lane.0
@@ -580,7 +611,7 @@ impl LanedStateHandle {
         if let Some(token) = token {
             token.guard(None);
         }
-        let outputs = answer?.into_outputs(&core.iface.batch_out)?;
+        let outputs = answer?.into_outputs(&core.iface.data_batch_out)?;
         if let Some(pulse) = &core.iface.pulse {
             if rows >= 1 {
                 self.frames += pulse.pulse;

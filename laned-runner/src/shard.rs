@@ -433,6 +433,8 @@ fn refuse(request: Request) {
         Request::Call(call) => call
             .slot
             .fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
+        Request::ReadState { slot, .. } => slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
+        Request::WriteState { slot, .. } => slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
         Request::Release(_) | Request::Cancel(_) => (),
     }
 }

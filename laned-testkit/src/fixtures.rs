@@ -616,3 +616,31 @@ pub fn scan_cumsum() -> TractResult<TypedModel> {
     model.set_name("scan-cumsum");
     Ok(model)
 }
+
+/// A recurrent cell carrying its state as a tensor, as streaming ONNX
+/// exports do: inputs `x` `[B, F]` and `state` `[1, B, H]` (the batch on
+/// axis 1), outputs `y` `[B, H]` and `stateN` `[1, B, H]`, with
+/// `y = stateN[0] = tanh(x W + state[0] U)`. The caller feeds `stateN` back.
+pub fn rnn_cell(features: usize, hidden: usize) -> TractResult<TypedModel> {
+    use tract_core::ops::einsum::EinSum;
+    use tract_core::ops::math::tanh;
+    let mut model = TypedModel::default();
+    let b = model.symbols.sym("B");
+    let x = model.add_source("x", f32::fact(dims!(b.clone(), features)))?;
+    let state = model.add_source("state", f32::fact(dims!(1, b, hidden)))?;
+    let mut rng = Lcg(91);
+    let scale = 1.0 / (features.max(hidden) as f32).sqrt();
+    let w: Vec<f32> = (0..features * hidden).map(|_| rng.uniform() * scale).collect();
+    let u: Vec<f32> = (0..hidden * hidden).map(|_| rng.uniform() * scale).collect();
+    let w = model.add_const("W", Tensor::from_shape(&[features, hidden], &w)?)?;
+    let u = model.add_const("U", Tensor::from_shape(&[hidden, hidden], &u)?)?;
+    let h = model.wire_node("state.squeeze", AxisOp::Rm(0), &[state])?[0];
+    let xw = model.wire_node("xw", EinSum::new("bf,fh->bh".parse()?, f32::datum_type()), &[x, w])?[0];
+    let hu = model.wire_node("hu", EinSum::new("bk,kh->bh".parse()?, f32::datum_type()), &[h, u])?[0];
+    let sum = model.wire_node("sum", add(), &[xw, hu])?[0];
+    let y = model.wire_node("y", tanh(), &[sum])?[0];
+    let next = model.wire_node("stateN", AxisOp::Add(0), &[y])?[0];
+    model.select_output_outlets(&[y, next])?;
+    model.set_name("rnn-cell");
+    Ok(model)
+}

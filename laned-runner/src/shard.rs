@@ -221,6 +221,12 @@ impl Shard {
     /// in meanwhile. Returns false when the shard closed meanwhile: the turn
     /// must not run, its seats are answered by the close.
     fn wait_for_turn(&self, engine: &mut Engine) -> bool {
+        self.turn_decision(engine, true)
+    }
+
+    /// [`Shard::wait_for_turn`]; with `may_wait` false, answers at once
+    /// whether the policy would run a turn now (false: it would wait).
+    fn turn_decision(&self, engine: &mut Engine, may_wait: bool) -> bool {
         let mut waited: Option<Instant> = None;
         loop {
             self.take_inbox(engine);
@@ -236,6 +242,7 @@ impl Shard {
                     }
                     return true;
                 }
+                Decision::WaitUntil(_) if !may_wait => return false,
                 Decision::WaitUntil(until) => {
                     waited.get_or_insert(now);
                     let inbox = lock(&self.inbox);
@@ -284,13 +291,17 @@ impl Shard {
                 if !engine.has_queue() {
                     break;
                 }
-                if done() {
+                // Our own call answered, we run only turns that are due now:
+                // lingering for others here would keep this thread from its
+                // own stream's next call, which may be the one awaited. A
+                // waiting caller takes over instead.
+                let ready = if done() {
                     extra += 1;
-                    if !serve_others || extra > EXTRA_TURNS {
-                        break;
-                    }
-                }
-                if !self.wait_for_turn(&mut engine) {
+                    serve_others && extra <= EXTRA_TURNS && self.turn_decision(&mut engine, false)
+                } else {
+                    self.wait_for_turn(&mut engine)
+                };
+                if !ready {
                     break;
                 }
                 engine.turn();

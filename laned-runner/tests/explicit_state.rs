@@ -80,12 +80,44 @@ fn every_stream_gets_its_solo_run() {
             let want = solo(&plan, &xs);
             assert_eq!(got, want, "{mode:?}, {shards} shards: stream {s}");
         }
-        if shards == 1 {
-            // Four streams on one state: their states were gathered into
-            // shared turns.
-            let shared_turns: u64 = r.metrics().occupancy.iter().skip(2).sum();
-            assert!(shared_turns > 0, "{mode:?}: no turn seated two streams");
+    }
+}
+
+/// Streams with different states share every turn (a long linger ends
+/// once all three held lanes are queued), each getting its own state back.
+#[test]
+fn streams_with_different_states_share_turns() {
+    let plan = plan();
+    for mode in [Mode::Worker, Mode::Combining] {
+        let config = RunnerConfig::builder()
+            .state(StateSpec::Detect)
+            .mode(mode)
+            .shards(1)
+            .max_lanes(3)
+            .linger(Duration::from_secs(3600))
+            .build();
+        let r = LanedRunner::new(plan.clone(), config).unwrap();
+        let handles: Vec<_> = (0..3).map(|_| r.try_spawn().unwrap()).collect();
+        let threads: Vec<_> = handles
+            .into_iter()
+            .enumerate()
+            .map(|(s, mut h)| {
+                thread::spawn(move || {
+                    let xs: Vec<Tensor> = (0..4).map(|t| x(1, 500 + s as u64 * 10 + t)).collect();
+                    let got: Vec<Tensor> = xs
+                        .iter()
+                        .map(|x| h.call(tvec!(x.clone().into_tvalue())).unwrap()[0].clone().into_tensor())
+                        .collect();
+                    (xs, got)
+                })
+            })
+            .collect();
+        for t in threads {
+            let (xs, got) = t.join().unwrap();
+            assert_eq!(got, solo(&plan, &xs), "{mode:?}");
         }
+        let m = r.metrics();
+        assert_eq!((m.turns, m.occupancy[3]), (4, 4), "{mode:?}: four turns of three seats");
     }
 }
 

@@ -8,7 +8,7 @@ use tract_core::internal::*;
 use tract_core::plan::LaneId;
 
 use crate::err::NewRunnerError;
-use crate::iface::{Interface, StateIo};
+use crate::iface::{one_stream_shape, Interface, StateIo};
 
 pub(crate) struct ExplicitState {
     /// Per pair: where it sits in the model, and its buffer, the batch axis
@@ -23,26 +23,12 @@ impl ExplicitState {
         let mut pairs = vec![];
         let mut initial = vec![];
         for io in &iface.state {
-            let lane_shape = io
-                .fact
-                .shape
-                .dims()
-                .iter()
-                .enumerate()
-                .map(|(axis, d)| {
-                    if axis == io.axis {
-                        Ok(1)
-                    } else {
-                        d.to_usize().map_err(|_| ())
-                    }
-                })
-                .collect::<Result<TVec<usize>, ()>>()
-                .map_err(|_| {
-                    NewRunnerError::BatchAxis(format!(
-                        "state input {} has a symbolic dim besides the batch: {:?}",
-                        io.input, io.fact
-                    ))
-                })?;
+            let lane_shape = one_stream_shape(&io.fact, Some(io.axis)).ok_or_else(|| {
+                NewRunnerError::BatchAxis(format!(
+                    "state input {} has a symbolic dim besides the batch: {:?}",
+                    io.input, io.fact
+                ))
+            })?;
             let mut all = lane_shape.clone();
             all[io.axis] = lanes;
             let zeros = |shape: &[usize]| {

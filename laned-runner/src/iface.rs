@@ -198,6 +198,23 @@ pub(crate) struct Checked {
     pub shared: TVec<TValue>,
 }
 
+/// `fact`'s shape for one stream: `batch_axis` (if any) of extent 1, every
+/// other dim concrete (`None` where one is symbolic).
+pub(crate) fn one_stream_shape(fact: &TypedFact, batch_axis: Option<usize>) -> Option<TVec<usize>> {
+    fact.shape
+        .dims()
+        .iter()
+        .enumerate()
+        .map(|(axis, d)| {
+            if Some(axis) == batch_axis {
+                Some(1)
+            } else {
+                d.to_usize().ok()
+            }
+        })
+        .collect()
+}
+
 fn batch_symbol(fact: &TypedFact) -> Option<Symbol> {
     match fact.shape.dims().first() {
         Some(TDim::Sym(s)) => Some(s.clone()),
@@ -373,21 +390,8 @@ impl Interface {
             .iter()
             .map(|ix| &self.inputs[*ix])
             .map(|port| {
-                let shape = port
-                    .fact
-                    .shape
-                    .dims()
-                    .iter()
-                    .enumerate()
-                    .map(|(axis, d)| {
-                        if axis == 0 && port.batched {
-                            Ok(1)
-                        } else {
-                            d.to_usize().map_err(|_| ())
-                        }
-                    })
-                    .collect::<Result<TVec<usize>, ()>>()
-                    .map_err(|_| format!("input {:?} has a symbolic dim, so silence has no shape", port.name))?;
+                let shape = one_stream_shape(&port.fact, port.batched.then_some(0))
+                    .ok_or_else(|| format!("input {:?} has a symbolic dim, so silence has no shape", port.name))?;
                 Tensor::zero_dt(port.fact.datum_type, &shape)
                     .map(|t| t.into_tvalue())
                     .map_err(|e| format!("{e:#}"))

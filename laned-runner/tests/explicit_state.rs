@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use laned_runner::{LanedRunner, Mode, PortRef, RunnerConfig, StatePair, StateSpec};
+use laned_runner::{LanedRunner, LanedStateHandle, Mode, PortRef, RunnerConfig, StatePair, StateSpec};
 use laned_testkit::fixtures::{self, Lcg};
 use tract_core::internal::*;
 
@@ -41,6 +41,13 @@ fn solo(plan: &Arc<dyn Runnable>, xs: &[Tensor]) -> Vec<Tensor> {
         .collect()
 }
 
+/// A stream's outputs for `xs`, one call each.
+fn feed(h: &mut LanedStateHandle, xs: &[Tensor]) -> Vec<Tensor> {
+    xs.iter()
+        .map(|x| h.call(tvec!(x.clone().into_tvalue())).unwrap()[0].clone().into_tensor())
+        .collect()
+}
+
 fn runner(spec: StateSpec, mode: Mode, shards: usize, lanes: usize) -> LanedRunner {
     let config = RunnerConfig::builder()
         .state(spec)
@@ -67,10 +74,7 @@ fn every_stream_gets_its_solo_run() {
                     thread::sleep(Duration::from_millis(if s < 4 { 0 } else { 20 + 3 * s }));
                     let xs: Vec<Tensor> = (0..5).map(|t| x(1, s * 100 + t)).collect();
                     let mut h = r.spawn_timeout(Duration::from_secs(20)).unwrap();
-                    let got: Vec<Tensor> = xs
-                        .iter()
-                        .map(|x| h.call(tvec!(x.clone().into_tvalue())).unwrap()[0].clone().into_tensor())
-                        .collect();
+                    let got = feed(&mut h, &xs);
                     (xs, got)
                 })
             })
@@ -104,10 +108,7 @@ fn streams_with_different_states_share_turns() {
             .map(|(s, mut h)| {
                 thread::spawn(move || {
                     let xs: Vec<Tensor> = (0..4).map(|t| x(1, 500 + s as u64 * 10 + t)).collect();
-                    let got: Vec<Tensor> = xs
-                        .iter()
-                        .map(|x| h.call(tvec!(x.clone().into_tvalue())).unwrap()[0].clone().into_tensor())
-                        .collect();
+                    let got = feed(&mut h, &xs);
                     (xs, got)
                 })
             })

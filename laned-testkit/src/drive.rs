@@ -64,6 +64,30 @@ fn row_of(fixture: &Fixture, inputs: &TVec<TValue>, row: usize) -> TractResult<T
         .collect()
 }
 
+/// A turn's inputs from its seats' rows: batched inputs stacked in seat
+/// order, shared ones as the first seat feeds them.
+fn stack_turn(fixture: &Fixture, rows: &[TVec<TValue>]) -> TractResult<TVec<TValue>> {
+    fixture
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(ix, spec)| {
+            if spec.batched {
+                let parts: TVec<&Tensor> = rows.iter().map(|r| &*r[ix]).collect();
+                Ok(Tensor::stack_tensors(0, &parts)?.into_tvalue())
+            } else {
+                Ok(rows[0][ix].clone())
+            }
+        })
+        .collect()
+}
+
+/// The stream length `plan` resolves for call `call`: its true length on
+/// its last call when it ends on a partial pulse, nothing otherwise.
+fn resolved_end(plan: &StreamPlan, call: usize) -> Option<i64> {
+    plan.end.filter(|_| call + 1 == plan.calls.len())
+}
+
 /// A call's rows' outputs stacked back into the call's answer.
 fn stack_rows(batched: &[bool], rows: Vec<TVec<TValue>>) -> TractResult<TVec<TValue>> {
     if rows.len() == 1 {
@@ -106,10 +130,8 @@ fn solo_stream(
     let mut outputs = vec![];
     for (call, rows) in stream.calls.iter().enumerate() {
         let inputs = fixture.inputs(*rows, stream.call_seed(call));
-        if call + 1 == stream.calls.len() {
-            if let Some(end) = stream.end {
-                state.resolve_symbol(&fixture.stream, end)?;
-            }
+        if let Some(end) = resolved_end(stream, call) {
+            state.resolve_symbol(&fixture.stream, end)?;
         }
         let mut answers = vec![state.run(row_of(fixture, &inputs, 0)?)?];
         for row in 1..*rows {
@@ -237,15 +259,7 @@ pub fn by_hand(
             }
             rows.push(row_of(fixture, &inputs, *row)?);
         }
-        let mut turn_inputs: TVec<TValue> = tvec!();
-        for (ix, spec) in fixture.inputs.iter().enumerate() {
-            if spec.batched {
-                let parts: TVec<&Tensor> = rows.iter().map(|r| &*r[ix]).collect();
-                turn_inputs.push(Tensor::stack_tensors(0, &parts)?.into_tvalue());
-            } else {
-                turn_inputs.push(rows[0][ix].clone());
-            }
-        }
+        let mut turn_inputs = stack_turn(fixture, &rows)?;
         // Seats disagreeing on a shared input cannot share this turn: keep
         // the first seat's value and only the seats agreeing with it.
         let agree: Vec<bool> = rows
@@ -270,15 +284,7 @@ pub fn by_hand(
                 .collect();
             seats = keep.iter().map(|i| seats[*i]).collect();
             let rows_kept: Vec<TVec<TValue>> = keep.iter().map(|i| rows[*i].clone()).collect();
-            turn_inputs = tvec!();
-            for (ix, spec) in fixture.inputs.iter().enumerate() {
-                if spec.batched {
-                    let parts: TVec<&Tensor> = rows_kept.iter().map(|r| &*r[ix]).collect();
-                    turn_inputs.push(Tensor::stack_tensors(0, &parts)?.into_tvalue());
-                } else {
-                    turn_inputs.push(rows_kept[0][ix].clone());
-                }
-            }
+            turn_inputs = stack_turn(fixture, &rows_kept)?;
         }
         if seats.is_empty() {
             turn += 1;
@@ -364,10 +370,8 @@ pub fn through_runner(
                 let mut outputs = vec![];
                 for (call, rows) in plan.calls.iter().enumerate() {
                     let inputs = fixture.inputs(*rows, plan.call_seed(call));
-                    if call + 1 == plan.calls.len() {
-                        if let Some(end) = plan.end {
-                            handle.resolve_symbol(&fixture.stream, end)?;
-                        }
+                    if let Some(end) = resolved_end(&plan, call) {
+                        handle.resolve_symbol(&fixture.stream, end)?;
                     }
                     outputs.push(handle.run(inputs)?);
                 }

@@ -35,7 +35,7 @@ pub enum Mode {
 /// assert_eq!(config.mode, Mode::Combining);
 /// assert_eq!(config.max_seats, None);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RunnerConfig {
     /// Lanes of each shard's state: the most streams a shard holds at once.
@@ -166,14 +166,67 @@ pub enum PortRef {
 /// An explicit state: the input it is fed through and the output its next
 /// value comes out of. The batch axis is where the batch symbol sits in
 /// the input's fact (`[2, B, 128]`: axis 1).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// ```
+/// use laned_runner::{PortRef, StatePair};
+/// let pair: StatePair = serde_json::from_str(
+///     r#"{ "input": "state", "output": 1, "initial": { "shape": [1, 1, 2], "values": [0.5, -0.5] } }"#,
+/// ).unwrap();
+/// assert_eq!(pair, StatePair::new("state", 1).with_initial(vec![1, 1, 2], vec![0.5, -0.5]));
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StatePair {
     pub input: PortRef,
     pub output: PortRef,
+    /// What a new stream's state starts from; zeros when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial: Option<InitialState>,
+}
+
+impl StatePair {
+    /// A pair starting from zeros.
+    pub fn new(input: impl Into<PortRef>, output: impl Into<PortRef>) -> StatePair {
+        StatePair {
+            input: input.into(),
+            output: output.into(),
+            initial: None,
+        }
+    }
+
+    /// The pair, its streams starting from `values` (row-major, one stream's
+    /// shape: 1 on the batch axis).
+    pub fn with_initial(self, shape: Vec<usize>, values: Vec<f64>) -> StatePair {
+        StatePair {
+            initial: Some(InitialState { shape, values }),
+            ..self
+        }
+    }
+}
+
+/// One stream's initial state, row-major, in the model's shape for one
+/// stream (1 on the batch axis); cast to the state's datum type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitialState {
+    pub shape: Vec<usize>,
+    pub values: Vec<f64>,
+}
+
+impl From<usize> for PortRef {
+    fn from(ix: usize) -> PortRef {
+        PortRef::Index(ix)
+    }
+}
+
+impl From<&str> for PortRef {
+    fn from(name: &str) -> PortRef {
+        PortRef::Name(name.to_string())
+    }
 }
 
 /// Which inputs and outputs are explicit state.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StateSpec {
     /// None: every input and output is the caller's.
@@ -181,6 +234,7 @@ pub enum StateSpec {
     None,
     /// Pairs detected where unambiguous: an output named like an input plus
     /// `N`, `_out`, `_new` or a digit (`state` -> `stateN`), of the same fact.
+    /// Detected states start from zeros.
     Detect,
     /// These pairs.
     Pairs(Vec<StatePair>),

@@ -720,6 +720,18 @@ impl Engine {
     ) -> Result<TVec<TValue>, String> {
         let occupancy = seated.len();
         let group = seated[0].group.clone();
+        // Borrowed lanes are reset before anything reads them: the explicit
+        // state gathered below must be the initial one, not what the lane's
+        // last borrower left.
+        if !borrowed.is_empty() {
+            let borrowed_ixs: Vec<usize> = borrowed.iter().map(|l| l.0).collect();
+            let borrowed: Vec<TractLane> = borrowed.iter().map(|l| tract_lane(*l)).collect();
+            let state = self.state.as_mut().expect("open engine has a state");
+            state
+                .reset_lanes(&borrowed)
+                .and_then(|_| self.explicit.reset(&borrowed_ixs))
+                .map_err(|e| format!("resetting borrowed lanes: {e:#}"))?;
+        }
         let mut inputs: TVec<TValue> = TVec::with_capacity(self.iface.inputs.len());
         let mut batched_slot = 0;
         let mut shared_slot = 0;
@@ -744,14 +756,6 @@ impl Engine {
             }
         }
         let state = self.state.as_mut().expect("open engine has a state");
-        if !borrowed.is_empty() {
-            let borrowed_ixs: Vec<usize> = borrowed.iter().map(|l| l.0).collect();
-            let borrowed: Vec<TractLane> = borrowed.iter().map(|l| tract_lane(*l)).collect();
-            state
-                .reset_lanes(&borrowed)
-                .and_then(|_| self.explicit.reset(&borrowed_ixs))
-                .map_err(|e| format!("resetting borrowed lanes: {e:#}"))?;
-        }
         let seating = Seating::new(self.table.max_lanes(), lanes.iter().copied()).map_err(|e| format!("{e:#}"))?;
         state.seat(seating).map_err(|e| format!("{e:#}"))?;
         let resolved = group.resolved();

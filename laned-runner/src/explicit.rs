@@ -14,7 +14,7 @@ pub(crate) struct ExplicitState {
     /// Per pair: where it sits in the model, and its buffer, the batch axis
     /// extended to every lane of the state.
     pairs: Vec<(StateIo, Tensor)>,
-    /// One lane's worth of the initial state (zeros).
+    /// One lane's worth of the initial state (zeros unless configured).
     initial: Vec<Tensor>,
 }
 
@@ -35,9 +35,17 @@ impl ExplicitState {
                 Tensor::zero_dt(io.fact.datum_type, shape).map_err(|e| NewRunnerError::Model(format!("{e:#}")))
             };
             pairs.push((io.clone(), zeros(&all)?));
-            initial.push(zeros(&lane_shape)?);
+            initial.push(match &io.initial {
+                Some(t) => t.clone(),
+                None => zeros(&lane_shape)?,
+            });
         }
-        Ok(ExplicitState { pairs, initial })
+        let mut explicit = ExplicitState { pairs, initial };
+        let every: Vec<usize> = (0..lanes).collect();
+        explicit
+            .reset(&every)
+            .map_err(|e| NewRunnerError::Model(format!("{e:#}")))?;
+        Ok(explicit)
     }
 
     /// Back to the initial state, for a new stream or a borrowed lane.

@@ -95,6 +95,8 @@ pub(crate) struct StateIo {
     pub axis: usize,
     /// The input's fact (its shape with the batch symbol on `axis`).
     pub fact: TypedFact,
+    /// One stream's initial state, as configured; zeros where `None`.
+    pub initial: Option<Tensor>,
 }
 
 /// The stem state inputs and outputs are paired on: lowercase, trailing
@@ -213,6 +215,40 @@ pub(crate) fn one_stream_shape(fact: &TypedFact, batch_axis: Option<usize>) -> O
             }
         })
         .collect()
+}
+
+/// A configured initial state as a tensor of state input `ix`'s type,
+/// checked against one stream's shape of it.
+fn initial_tensor(
+    init: &crate::config::InitialState,
+    ix: usize,
+    name: &str,
+    fact: &TypedFact,
+    axis: usize,
+) -> Result<Tensor, NewRunnerError> {
+    let want = one_stream_shape(fact, Some(axis)).ok_or_else(|| {
+        NewRunnerError::BatchAxis(format!(
+            "state input {ix} ({name:?}) has a symbolic dim besides the batch: {}",
+            shape_text(fact)
+        ))
+    })?;
+    if init.shape[..] != want[..] {
+        return Err(NewRunnerError::Config(format!(
+            "the initial state of input {ix} ({name:?}) has shape {:?}, one stream's state is {:?}",
+            init.shape, &want[..]
+        )));
+    }
+    let count: usize = want.iter().product();
+    if init.values.len() != count {
+        return Err(NewRunnerError::Config(format!(
+            "the initial state of input {ix} ({name:?}) gives {} values for shape {:?}, which holds {count}",
+            init.values.len(),
+            &want[..]
+        )));
+    }
+    Tensor::from_shape(&init.shape, &init.values)
+        .and_then(|t| t.cast_to_dt(fact.datum_type).map(|t| t.into_owned()))
+        .map_err(|e| NewRunnerError::Config(format!("the initial state of input {ix} ({name:?}): {e:#}")))
 }
 
 fn batch_symbol(fact: &TypedFact) -> Option<Symbol> {
@@ -344,11 +380,20 @@ impl Interface {
                     shape_text(ofact)
                 )));
             }
+            let initial = match state_spec {
+                crate::config::StateSpec::Pairs(spec) => spec[state.len()]
+                    .initial
+                    .as_ref()
+                    .map(|init| initial_tensor(init, *i, name, fact, axis))
+                    .transpose()?,
+                _ => None,
+            };
             state.push(StateIo {
                 input: *i,
                 output: *o,
                 axis,
                 fact: fact.clone(),
+                initial,
             });
         }
         let batch_out: Vec<bool> = out_facts

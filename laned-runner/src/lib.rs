@@ -44,7 +44,7 @@ mod shard;
 mod slot;
 mod stack;
 
-pub use config::{Mode, PortRef, RunnerConfig, RunnerConfigBuilder, StatePair, StateSpec};
+pub use config::{InitialState, Mode, PortRef, RunnerConfig, RunnerConfigBuilder, StatePair, StateSpec};
 pub use err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
 pub use policy::TurnPolicy;
 pub use runner::{CancelToken, LanedRunner, LanedStateHandle};

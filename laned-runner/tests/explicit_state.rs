@@ -157,10 +157,7 @@ fn a_wide_call_continues_the_stream_in_its_first_row() {
 #[test]
 fn pairs_by_name_and_clear_errors() {
     let plan = plan();
-    let spec = StateSpec::Pairs(vec![StatePair {
-        input: PortRef::Name("state".into()),
-        output: PortRef::Index(1),
-    }]);
+    let spec = StateSpec::Pairs(vec![StatePair::new(PortRef::Name("state".into()), PortRef::Index(1))]);
     let r = runner(spec, Mode::Worker, 1, 2);
     let mut h = r.try_spawn().unwrap();
     let xs = [x(1, 5), x(1, 6)];
@@ -175,10 +172,7 @@ fn pairs_by_name_and_clear_errors() {
         "the call feeds 0 inputs, the model takes 1"
     );
 
-    let bad = StateSpec::Pairs(vec![StatePair {
-        input: PortRef::Name("hidden".into()),
-        output: PortRef::Index(1),
-    }]);
+    let bad = StateSpec::Pairs(vec![StatePair::new("hidden", 1)]);
     let err = LanedRunner::new(plan.clone(), RunnerConfig::builder().state(bad).build())
         .unwrap_err()
         .to_string();
@@ -250,5 +244,161 @@ fn a_stream_moves_between_runners_through_its_state() {
             err.to_string(),
             "cannot set the stream's state: state input 1 takes F32 [1, 1, 6] per stream, got F32 [1, 2, 6]"
         );
+    }
+}
+
+/// A configured initial state is where every new stream starts, and where
+/// a wide call's borrowed rows start; a wrong shape is refused naming it.
+#[test]
+fn a_configured_initial_state_is_where_streams_start() {
+    let plan = plan();
+    let init: Vec<f64> = (0..H).map(|i| i as f64 * 0.25 - 0.5).collect();
+    let h0 = Tensor::from_shape(&[1, 1, H], &init.iter().map(|v| *v as f32).collect::<Vec<f32>>()).unwrap();
+    let spec = StateSpec::Pairs(vec![StatePair::new("state", "stateN").with_initial(vec![1, 1, H], init.clone())]);
+    for mode in [Mode::Worker, Mode::Combining] {
+        let r = runner(spec.clone(), mode, 1, 2);
+        let mut a = r.try_spawn().unwrap();
+        let xs = [x(1, 31), x(1, 32)];
+        assert_eq!(feed(&mut a, &xs), solo_from(&plan, &xs, &h0), "{mode:?}");
+        assert_ne!(feed(&mut r.try_spawn().unwrap(), &xs[..1]), solo(&plan, &xs[..1]), "zeros differ");
+        let wide = x(2, 33);
+        let got = a.call(tvec!(wide.clone().into_tvalue())).unwrap()[0].clone().into_tensor();
+        assert_eq!(
+            got.slice(0, 1, 2).unwrap(),
+            solo_from(&plan, &[wide.slice(0, 1, 2).unwrap()], &h0)[0],
+            "{mode:?}: a borrowed row starts from the initial state"
+        );
+    }
+    let wrong = StateSpec::Pairs(vec![StatePair::new("state", "stateN").with_initial(vec![1, 2, H], init)]);
+    let err = LanedRunner::new(plan.clone(), RunnerConfig::builder().state(wrong).build()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid runner configuration: the initial state of input 1 (\"state\") has shape [1, 2, 6], one stream's state is [1, 1, 6]"
+    );
+    let short = StateSpec::Pairs(vec![StatePair::new("state", "stateN").with_initial(vec![1, 1, H], vec![0.0; 2])]);
+    let err = LanedRunner::new(plan, RunnerConfig::builder().state(short).build()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid runner configuration: the initial state of input 1 (\"state\") gives 2 values for shape [1, 1, 6], which holds 6"
+    );
+}
+
+/// [`solo`], the state starting from `h0`.
+fn solo_from(plan: &Arc<dyn Runnable>, xs: &[Tensor], h0: &Tensor) -> Vec<Tensor> {
+    let mut state = plan.spawn().unwrap();
+    let mut h = h0.clone();
+    xs.iter()
+        .map(|x| {
+            let out = state
+                .run(tvec!(x.clone().into_tvalue(), h.clone().into_tvalue()))
+                .unwrap();
+            h = out[1].clone().into_tensor();
+            out[0].clone().into_tensor()
+        })
+        .collect()
+}
+
+mod harness {
+    //! The testkit's property harness on an explicit-state fixture (a GRU
+    //! cell, state batch on axis 1): arbitrary arrivals, wide calls and lane
+    //! reuse, through the runner in both modes.
+
+    use std::sync::{Arc, Mutex};
+
+    use laned_runner::{LanedRunner, LanedStateHandle, Mode, RunnerConfig, StateSpec};
+    use laned_testkit::fixtures::{self, Fixture};
+    use laned_testkit::schedule::{proptest_config, schedule, Schedule, ScheduleConfig, StreamPlan};
+    use laned_testkit::{verify_runner, Tolerance};
+    use proptest::prelude::*;
+    use tract_core::internal::*;
+
+    fn gru() -> Fixture {
+        fixtures::gru_cell(5, 4).unwrap()
+    }
+
+    fn config(mode: Mode, shards: usize, lanes: usize) -> RunnerConfig {
+        RunnerConfig::builder()
+            .state(StateSpec::Detect)
+            .mode(mode)
+            .shards(shards)
+            .max_lanes(lanes - 1)
+            .build()
+    }
+
+    fn check(schedule: &Schedule, mode: Mode, shards: usize) -> Result<(), TestCaseError> {
+        let make = move |plan, lanes| -> TractResult<Arc<dyn Runnable>> {
+            Ok(Arc::new(LanedRunner::new(plan, config(mode, shards, lanes))?))
+        };
+        verify_runner(&gru(), schedule, &make, Tolerance::Exact)
+            .map_err(|e| TestCaseError::fail(format!("{mode:?}, {shards} shards: {e:#}")))
+    }
+
+    fn pinned() -> Schedule {
+        Schedule {
+            max_lanes: 4,
+            streams: (0..7)
+                .map(|s| StreamPlan {
+                    seed: 40 + s,
+                    calls: if s % 3 == 1 { vec![1, 2, 1, 1] } else { vec![1; 4 + s as usize % 3] },
+                    arrive: s as usize / 2,
+                    end: None,
+                })
+                .collect(),
+            picks: vec![u64::MAX],
+        }
+    }
+
+    #[test]
+    fn pinned_explicit_state_schedule_both_modes() {
+        for (mode, shards) in [(Mode::Worker, 1), (Mode::Combining, 1), (Mode::Worker, 2)] {
+            check(&pinned(), mode, shards).unwrap();
+        }
+    }
+
+    /// A runner that serves every stream from one lane (state shared across
+    /// streams) is caught by the same check.
+    #[test]
+    fn the_harness_catches_streams_sharing_a_state() {
+        #[derive(Debug)]
+        struct OneLaneForAll {
+            runner: LanedRunner,
+            handle: Mutex<Option<LanedStateHandle>>,
+        }
+        impl Runnable for OneLaneForAll {
+            fn spawn(&self) -> TractResult<Box<dyn State>> {
+                let mut handle = self.handle.lock().unwrap();
+                if handle.is_none() {
+                    *handle = Some(self.runner.try_spawn()?);
+                }
+                Ok(Box::new(handle.clone().unwrap()))
+            }
+            fn typed_plan(&self) -> Option<&Arc<TypedSimplePlan>> {
+                self.runner.typed_plan()
+            }
+            fn typed_model(&self) -> Option<&Arc<TypedModel>> {
+                self.runner.typed_model()
+            }
+        }
+        let make = |plan, lanes| -> TractResult<Arc<dyn Runnable>> {
+            Ok(Arc::new(OneLaneForAll {
+                runner: LanedRunner::new(plan, config(Mode::Worker, 1, lanes))?,
+                handle: Mutex::new(None),
+            }))
+        };
+        let err = verify_runner(&gru(), &pinned(), &make, Tolerance::Exact).unwrap_err();
+        assert!(format!("{err:#}").contains("solo gives"), "{err:#}");
+    }
+
+    proptest! {
+        #![proptest_config(proptest_config(12))]
+        #[test]
+        fn prop_explicit_state(
+            schedule in schedule(ScheduleConfig { ends: false, ..ScheduleConfig::default() }),
+            combining in any::<bool>(),
+            shards in 1..=2usize,
+        ) {
+            let mode = if combining { Mode::Combining } else { Mode::Worker };
+            check(&schedule, mode, shards)?;
+        }
     }
 }

@@ -36,17 +36,52 @@ impl Observed {
     }
 }
 
-/// Which outputs of `fixture` carry the batch axis.
+/// Which outputs a caller of `fixture` gets (its data outputs) carry the
+/// batch axis.
 fn batched_outputs(fixture: &Fixture) -> Vec<bool> {
     fixture
-        .model
-        .outputs
-        .iter()
+        .data_outputs()
+        .into_iter()
         .map(|o| {
-            let fact = fixture.model.outlet_fact(*o).unwrap();
+            let fact = fixture.model.outlet_fact(fixture.model.outputs[o]).unwrap();
             matches!(fact.shape.dims().first(), Some(TDim::Sym(s)) if *s == fixture.batch)
         })
         .collect()
+}
+
+/// One stream run alone on a plain state, its explicit state (if the
+/// fixture has any) fed back by hand: what a user without lanes writes.
+struct SoloStream {
+    state: Box<dyn State>,
+    explicit: TVec<Tensor>,
+}
+
+impl SoloStream {
+    fn new(fixture: &Fixture, runnable: &Arc<dyn Runnable>) -> TractResult<SoloStream> {
+        Ok(SoloStream {
+            state: runnable.spawn()?,
+            explicit: fixture.initial_state(),
+        })
+    }
+
+    /// Run one call's data inputs; the data outputs come back.
+    fn run(&mut self, fixture: &Fixture, data: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        if fixture.state.is_empty() {
+            return self.state.run(data);
+        }
+        let mut data = data.into_iter();
+        let inputs: TVec<TValue> = (0..fixture.model.inputs.len())
+            .map(|ix| match fixture.state.iter().position(|s| s.input == ix) {
+                Some(pair) => Ok(self.explicit[pair].clone().into_tvalue()),
+                None => data.next().context("fewer data inputs than the model takes"),
+            })
+            .collect::<TractResult<_>>()?;
+        let outputs = self.state.run(inputs)?;
+        for (pair, port) in fixture.state.iter().enumerate() {
+            self.explicit[pair] = outputs[port.output].clone().into_tensor();
+        }
+        Ok(fixture.data_outputs().into_iter().map(|o| outputs[o].clone()).collect())
+    }
 }
 
 /// Row `row` of a call's inputs: batched inputs sliced, shared ones whole.
@@ -126,16 +161,16 @@ fn solo_stream(
     stream: &StreamPlan,
     batched: &[bool],
 ) -> TractResult<Vec<TVec<TValue>>> {
-    let mut state = runnable.spawn()?;
+    let mut solo = SoloStream::new(fixture, runnable)?;
     let mut outputs = vec![];
     for (call, rows) in stream.calls.iter().enumerate() {
         let inputs = fixture.inputs(*rows, stream.call_seed(call));
         if let Some(end) = resolved_end(stream, call) {
-            state.resolve_symbol(&fixture.stream, end)?;
+            solo.state.resolve_symbol(&fixture.stream, end)?;
         }
-        let mut answers = vec![state.run(row_of(fixture, &inputs, 0)?)?];
+        let mut answers = vec![solo.run(fixture, row_of(fixture, &inputs, 0)?)?];
         for row in 1..*rows {
-            answers.push(runnable.spawn()?.run(row_of(fixture, &inputs, row)?)?);
+            answers.push(SoloStream::new(fixture, runnable)?.run(fixture, row_of(fixture, &inputs, row)?)?);
         }
         outputs.push(stack_rows(batched, answers)?);
     }
@@ -163,6 +198,11 @@ pub fn by_hand(
     schedule: &Schedule,
     sabotage: Sabotage,
 ) -> TractResult<Observed> {
+    ensure!(
+        fixture.state.is_empty(),
+        "{} carries explicit state: the by-hand driver seats op state only; drive it through a runner",
+        fixture.name
+    );
     let max_lanes = schedule.max_lanes;
     let batched = batched_outputs(fixture);
     let mut state = runnable.spawn()?;

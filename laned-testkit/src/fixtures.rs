@@ -26,9 +26,25 @@ pub struct Fixture {
     pub pulse: usize,
     /// Frames of delay between input and output (tract-pulse's `delay`).
     pub delay: usize,
-    /// Per input: the shape one seat feeds (batched inputs with 1 on axis 0)
-    /// and whether it is batched.
+    /// Per input the caller feeds (every model input but the explicit state
+    /// ones, in model order): the shape one seat feeds (batched inputs with
+    /// 1 on axis 0) and whether it is batched.
     pub inputs: Vec<InputSpec>,
+    /// State the model carries as an input and returns as an output, which a
+    /// laned runner keeps per lane; empty for models whose state lives in
+    /// their ops (every pulsed model).
+    pub state: Vec<StatePort>,
+}
+
+/// One explicit state of a fixture: model input `input` is fed the state,
+/// model output `output` returns the next one. Its batch sits on `axis`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatePort {
+    pub input: usize,
+    pub output: usize,
+    pub axis: usize,
+    /// One stream's state (1 on `axis`); a stream starts from zeros.
+    pub shape: Vec<usize>,
 }
 
 /// One input of a fixture.
@@ -44,6 +60,22 @@ impl Fixture {
     /// The model prepared on tract's default (CPU) runtime.
     pub fn runnable(&self) -> TractResult<Arc<dyn Runnable>> {
         Ok(DefaultRuntime.prepare(self.model.clone())?.into())
+    }
+
+    /// The model outputs a caller gets (all but the explicit state ones), in
+    /// order.
+    pub fn data_outputs(&self) -> Vec<usize> {
+        (0..self.model.outputs.len())
+            .filter(|o| !self.state.iter().any(|s| s.output == *o))
+            .collect()
+    }
+
+    /// Each stream's explicit state as it starts: zeros.
+    pub fn initial_state(&self) -> TVec<Tensor> {
+        self.state
+            .iter()
+            .map(|s| Tensor::zero::<f32>(&s.shape).expect("f32 zeros"))
+            .collect()
     }
 
     /// Deterministic pseudo-random inputs for one call of `rows` rows (the
@@ -286,6 +318,7 @@ impl Fixture {
             pulse,
             delay,
             inputs,
+            state: vec![],
         })
     }
 
@@ -479,6 +512,80 @@ pub fn deconv() -> TractResult<Fixture> {
         &[up],
         4,
     )
+}
+
+/// A GRU cell carrying its hidden state as explicit I/O, the layout of
+/// streaming exports: `x [B, F]` and `h [1, B, H]` in, `y [B, H]` and
+/// `hN [1, B, H]` out. The state's batch sits on axis 1, so a runner must
+/// gather and scatter it along that axis.
+pub fn gru_cell(features: usize, hidden: usize) -> TractResult<Fixture> {
+    use tract_core::ops::einsum::EinSum;
+    use tract_core::ops::math::{sub, tanh};
+    use tract_core::ops::nn::sigmoid;
+    let mut model = TypedModel::default();
+    let batch = model.symbols.sym("B");
+    let stream = model.symbols.sym("S");
+    let x = model.add_source("x", f32::fact(dims!(batch.clone(), features)))?;
+    let h0 = model.add_source("h", f32::fact(dims!(1, batch.clone(), hidden)))?;
+    let h = model.wire_node("h.squeeze", AxisOp::Rm(0), &[h0])?[0];
+    let mut rng = Lcg(57);
+    let scale = 1.0 / (features.max(hidden) as f32).sqrt();
+    let mut weights = |model: &mut TypedModel, name: &str, rows: usize| -> TractResult<OutletId> {
+        let w: Vec<f32> = (0..rows * hidden).map(|_| rng.uniform() * scale).collect();
+        model.add_const(name, Tensor::from_shape(&[rows, hidden], &w)?)
+    };
+    let mut gate = |model: &mut TypedModel, name: &str| -> TractResult<(OutletId, OutletId)> {
+        let w = weights(model, &format!("{name}.W"), features)?;
+        let u = weights(model, &format!("{name}.U"), hidden)?;
+        let xw = model.wire_node(
+            format!("{name}.xw"),
+            EinSum::new("bf,fh->bh".parse()?, f32::datum_type()),
+            &[x, w],
+        )?[0];
+        let hu = model.wire_node(
+            format!("{name}.hu"),
+            EinSum::new("bk,kh->bh".parse()?, f32::datum_type()),
+            &[h, u],
+        )?[0];
+        Ok((xw, hu))
+    };
+    let (zx, zh) = gate(&mut model, "z")?;
+    let (rx, rh) = gate(&mut model, "r")?;
+    let (nx, nh) = gate(&mut model, "n")?;
+    let z = model.wire_node("z.sum", add(), &[zx, zh])?[0];
+    let z = model.wire_node("z", sigmoid(), &[z])?[0];
+    let r = model.wire_node("r.sum", add(), &[rx, rh])?[0];
+    let r = model.wire_node("r", sigmoid(), &[r])?[0];
+    let rn = model.wire_node("n.reset", mul(), &[r, nh])?[0];
+    let n = model.wire_node("n.sum", add(), &[nx, rn])?[0];
+    let n = model.wire_node("n", tanh(), &[n])?[0];
+    // h' = (1 - z) n + z h = n + z (h - n)
+    let d = model.wire_node("h.minus.n", sub(), &[h, n])?[0];
+    let zd = model.wire_node("z.keep", mul(), &[z, d])?[0];
+    let y = model.wire_node("y", add(), &[n, zd])?[0];
+    let next = model.wire_node("hN", AxisOp::Add(0), &[y])?[0];
+    model.select_output_outlets(&[y, next])?;
+    model.set_name("gru-cell");
+    let model = model.into_decluttered()?;
+    Ok(Fixture {
+        name: format!("gru_cell_f{features}_h{hidden}"),
+        what: "explicit state (h -> hN) batched on axis 1, gathered and scattered per lane",
+        model,
+        batch,
+        stream,
+        pulse: 1,
+        delay: 0,
+        inputs: vec![InputSpec {
+            shape: vec![1, features],
+            batched: true,
+        }],
+        state: vec![StatePort {
+            input: 1,
+            output: 1,
+            axis: 1,
+            shape: vec![1, 1, hidden],
+        }],
+    })
 }
 
 /// Every fixture the suites check, light sizes first.

@@ -35,6 +35,8 @@ pub mod drive;
 pub mod fixtures;
 pub mod load;
 pub mod schedule;
+#[cfg(feature = "silero")]
+pub mod silero;
 
 pub use check::{check, Mismatch, Tolerance};
 pub use drive::{by_hand, solo, through_runner, Observed, Sabotage};

@@ -235,7 +235,8 @@ fn initial_tensor(
     if init.shape[..] != want[..] {
         return Err(NewRunnerError::Config(format!(
             "the initial state of input {ix} ({name:?}) has shape {:?}, one stream's state is {:?}",
-            init.shape, &want[..]
+            init.shape,
+            &want[..]
         )));
     }
     let count: usize = want.iter().product();

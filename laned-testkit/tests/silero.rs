@@ -92,7 +92,11 @@ fn silero_streams_get_their_solo_probabilities() {
         }
         let m = runner.metrics();
         let shared: u64 = m.occupancy.iter().skip(2).sum();
-        assert!(shared > 0, "{mode:?}: some turns seat several streams: {:?}", m.occupancy);
+        assert!(
+            shared > 0,
+            "{mode:?}: some turns seat several streams: {:?}",
+            m.occupancy
+        );
         eprintln!(
             "{mode:?}: {} chunks in {} turns, occupancy {:?}",
             m.seats, m.turns, m.occupancy

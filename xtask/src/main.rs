@@ -3,6 +3,7 @@
 //! this crate builds in seconds and has no dependency.
 
 use std::env;
+use std::path::PathBuf;
 use std::process::{exit, Command};
 
 const TASKS: &str = "\
@@ -12,6 +13,10 @@ tasks:
   bench [--quick] [args]   side-by-side report: ours vs tract's LanedRunnable vs the
                            ideal loop vs a state per stream, on the built-in models
                            (laned-runner/examples/laned-bench.rs; --help for its flags)
+  bench --model silero [--cores N] [--streams 64] [--quick]
+                           Silero VAD (fetched with pip): a state per stream vs the
+                           ideal loop vs ours, pinned to N cores (default 1)
+                           (laned-testkit/examples/silero-bench.rs)
   fuzz [--cases N] [--seed S] [--model PATH --pulse P [--symbol S]]
                            the property tests with many cases (default 2000); with
                            --model, the seating property on your NNEF model
@@ -64,6 +69,9 @@ fn run(mut command: Command) -> bool {
 }
 
 fn bench(args: &[String]) -> bool {
+    if args.windows(2).any(|w| w[0] == "--model" && w[1] == "silero") {
+        return bench_silero(args);
+    }
     let mut command = cargo();
     command.args([
         "run",
@@ -75,6 +83,56 @@ fn bench(args: &[String]) -> bool {
         "--",
     ]);
     command.args(args);
+    run(command)
+}
+
+/// Silero VAD: built with the `silero` feature (tract-onnx), then run pinned
+/// to `--cores N` CPUs (default 1) with `taskset`, where the machine has it.
+fn bench_silero(args: &[String]) -> bool {
+    let mut cores = "1".to_string();
+    let mut rest = vec![];
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--model" => {
+                it.next();
+            }
+            "--cores" => cores = it.next().cloned().unwrap_or(cores),
+            _ => rest.push(arg.clone()),
+        }
+    }
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "laned-testkit",
+        "--features",
+        "silero",
+        "--example",
+        "silero-bench",
+    ]);
+    if !run(build) {
+        return false;
+    }
+    let target = env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("target"));
+    let binary = target.join("release").join("examples").join("silero-bench");
+    let Ok(n) = cores.parse::<usize>() else {
+        eprintln!("bench: --cores {cores:?} is not a number");
+        return false;
+    };
+    let pinned = Command::new("taskset").arg("--version").output().is_ok();
+    let mut command = if pinned {
+        let mut c = Command::new("taskset");
+        c.args(["-c", &format!("0-{}", n.max(1) - 1)]).arg(&binary);
+        c
+    } else {
+        eprintln!("bench: taskset is missing: running on every core, not {n}");
+        Command::new(&binary)
+    };
+    command.args(rest);
     run(command)
 }
 
@@ -141,9 +199,18 @@ fn ci() -> bool {
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--", "--check"]);
     let mut clippy = cargo();
-    clippy.args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]);
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--features",
+        "laned-testkit/silero",
+        "--",
+        "-D",
+        "warnings",
+    ]);
     let mut tests = cargo();
-    tests.args(["nextest", "run", "--workspace"]);
+    tests.args(["nextest", "run", "--workspace", "--features", "laned-testkit/silero"]);
     let mut doc = cargo();
     doc.args(["test", "--workspace", "--doc"]);
     [fmt, clippy, tests, doc].into_iter().all(run)

@@ -1,0 +1,355 @@
+//! `cargo xtask bench --model silero`: Silero VAD (explicit state) served
+//! through the runner against a state per stream and the ideal loop, side
+//! by side in one process. xtask pins it to one core (`--cores`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
+use laned_testkit::fixtures::Lcg;
+use laned_testkit::load;
+use laned_testkit::silero::{self, Context, CHUNK, CONTEXT, SAMPLE_RATE};
+use tract_core::internal::*;
+use tract_core::plan::{LaneId, Seating};
+
+const HELP: &str = "\
+silero-bench [--streams 64] [--seconds 2] [--repeats 3] [--skip-real-time]
+
+Closed loop (a thread per stream, each sending its next chunk once answered):
+chunks/s of a state per stream (a thread each, and one thread cycling them),
+the ideal loop (one thread, one batched state, inputs pre-stacked) and ours
+in both modes. Real time: a chunk every 32 ms per stream; capacity is the
+most streams with p99 latency within 16 ms.
+";
+
+struct Args {
+    streams: usize,
+    seconds: f64,
+    repeats: usize,
+    real_time: bool,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        streams: 64,
+        seconds: 2.0,
+        repeats: 3,
+        real_time: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--streams" => a.streams = value("--streams")?.parse().map_err(|e| format!("--streams: {e}"))?,
+            "--seconds" => a.seconds = value("--seconds")?.parse().map_err(|e| format!("--seconds: {e}"))?,
+            "--repeats" => a.repeats = value("--repeats")?.parse().map_err(|e| format!("--repeats: {e}"))?,
+            "--skip-real-time" => a.real_time = false,
+            "--quick" => {
+                a.seconds = 0.5;
+                a.repeats = 1;
+            }
+            "--help" | "-h" => {
+                print!("{HELP}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}\n\n{HELP}")),
+        }
+    }
+    Ok(a)
+}
+
+/// Stream `s`'s chunk: noise (the model's cost does not depend on the
+/// sound), the last `CONTEXT` samples of the one before in front.
+fn chunk_inputs(s: usize) -> TVec<TValue> {
+    let mut rng = Lcg(s as u64 * 2 + 1);
+    let chunk: Vec<f32> = (0..CHUNK).map(|_| 0.1 * rng.uniform()).collect();
+    Context::default().inputs(&chunk)
+}
+
+fn zeros_state(streams: usize) -> TValue {
+    Tensor::zero::<f32>(&[2, streams, 128]).unwrap().into_tvalue()
+}
+
+/// A plain state and its explicit state, fed back by hand.
+fn solo_step(state: &mut Box<dyn State>, inputs: &TVec<TValue>, h: &mut TValue) -> TractResult<u64> {
+    let mut all = inputs.clone();
+    all.push(h.clone());
+    let out = state.run(all)?;
+    *h = out[1].clone();
+    Ok(1)
+}
+
+fn ours(plan: &Arc<dyn Runnable>, n: usize, mode: Mode, policy: Option<TurnPolicy>) -> TractResult<LanedRunner> {
+    let mut config = RunnerConfig::builder()
+        .state(StateSpec::Pairs(vec![StatePair::new("state", 1)]))
+        .shards(1)
+        .max_lanes(n)
+        .mode(mode)
+        .linger(Duration::ZERO);
+    if let Some(policy) = policy {
+        config = config.policy(policy);
+    }
+    Ok(LanedRunner::new(plan.clone(), config.build())?)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum System {
+    SoloThreads,
+    SoloOneThread,
+    Ideal,
+    Ours(Mode),
+}
+
+impl System {
+    fn label(self) -> &'static str {
+        match self {
+            System::SoloThreads => "a state per stream, a thread each",
+            System::SoloOneThread => "a state per stream, one thread cycling",
+            System::Ideal => "ideal loop (one batched state)",
+            System::Ours(Mode::Worker) => "ours (worker)",
+            System::Ours(Mode::Combining) => "ours (combining)",
+        }
+    }
+}
+
+fn measure(system: System, plan: &Arc<dyn Runnable>, n: usize, d: Duration) -> TractResult<f64> {
+    let plan = plan.clone();
+    match system {
+        System::SoloThreads => load::closed_loop(
+            n,
+            d,
+            move |s| Ok((plan.spawn()?, chunk_inputs(s), zeros_state(1))),
+            |(state, inputs, h)| solo_step(state, inputs, h),
+        ),
+        System::SoloOneThread => load::closed_loop(
+            1,
+            d,
+            move |_| {
+                (0..n)
+                    .map(|s| Ok((plan.spawn()?, chunk_inputs(s), zeros_state(1))))
+                    .collect::<TractResult<Vec<_>>>()
+            },
+            |streams| {
+                for (state, inputs, h) in streams.iter_mut() {
+                    solo_step(state, inputs, h)?;
+                }
+                Ok(streams.len() as u64)
+            },
+        ),
+        System::Ideal => load::closed_loop(
+            1,
+            d,
+            move |_| {
+                let mut state = plan.spawn()?;
+                let lanes: Vec<LaneId> = (0..n).map(LaneId).collect();
+                state.reset_lanes(&lanes)?;
+                let rows: Vec<TVec<TValue>> = (0..n).map(chunk_inputs).collect();
+                let parts: TVec<&Tensor> = rows.iter().map(|r| &*r[0]).collect();
+                let input = Tensor::stack_tensors(0, &parts)?.into_tvalue();
+                Ok((state, lanes, input, zeros_state(n)))
+            },
+            move |(state, lanes, input, h)| {
+                state.seat(Seating::new(n, lanes.iter().copied())?)?;
+                let out = state.run(tvec!(input.clone(), tensor0(SAMPLE_RATE).into_tvalue(), h.clone()))?;
+                *h = out[1].clone();
+                Ok(n as u64)
+            },
+        ),
+        System::Ours(mode) => {
+            let runner = ours(&plan, n, mode, None)?;
+            load::closed_loop(
+                n,
+                d,
+                move |s| Ok((runner.try_spawn()?, chunk_inputs(s))),
+                |(handle, inputs)| {
+                    handle.call(inputs.clone())?;
+                    Ok(1)
+                },
+            )
+        }
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// The most streams (doubling, then bisecting) whose p99 latency stays
+/// within `budget`, sending a chunk every `period`; and the probes.
+fn capacity(
+    make: &dyn Fn(usize) -> TractResult<Arc<dyn Runnable>>,
+    period: Duration,
+    budget: Duration,
+    probe: Duration,
+) -> TractResult<(usize, Vec<(usize, u64)>)> {
+    let mut probes = vec![];
+    let mut run = |n: usize| -> TractResult<bool> {
+        let lat = load::real_time_with(make(n)?, n, period, probe, n as u64, chunk_inputs)?;
+        let p99 = lat.quantile_us(0.99);
+        probes.push((n, p99));
+        Ok(p99 as u128 <= budget.as_micros())
+    };
+    let (mut good, mut bad) = (0usize, None::<usize>);
+    let mut n = 4;
+    while n <= 1024 {
+        if run(n)? {
+            good = n;
+            n *= 2;
+        } else {
+            bad = Some(n);
+            break;
+        }
+    }
+    if let Some(mut bad) = bad {
+        while bad - good > (good / 16).max(1) {
+            let mid = (good + bad) / 2;
+            if run(mid)? {
+                good = mid;
+            } else {
+                bad = mid;
+            }
+        }
+    }
+    Ok((good, probes))
+}
+
+/// A state per stream behind the `Runnable` interface: each handle feeds its
+/// own explicit state back, what a user without lanes writes.
+#[derive(Debug)]
+struct PerStream(Arc<dyn Runnable>);
+
+#[derive(Debug, Clone)]
+struct PerStreamState {
+    state: Box<dyn State>,
+    h: TValue,
+}
+
+impl State for PerStreamState {
+    fn run(&mut self, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        let mut all = inputs;
+        all.push(self.h.clone());
+        let out = self.state.run(all)?;
+        self.h = out[1].clone();
+        Ok(tvec!(out[0].clone()))
+    }
+    fn runnable(&self) -> &dyn Runnable {
+        self.state.runnable()
+    }
+    fn input_count(&self) -> usize {
+        2
+    }
+    fn output_count(&self) -> usize {
+        1
+    }
+}
+
+impl Runnable for PerStream {
+    fn spawn(&self) -> TractResult<Box<dyn State>> {
+        Ok(Box::new(PerStreamState {
+            state: self.0.spawn()?,
+            h: zeros_state(1),
+        }))
+    }
+    fn typed_plan(&self) -> Option<&Arc<TypedSimplePlan>> {
+        self.0.typed_plan()
+    }
+    fn typed_model(&self) -> Option<&Arc<TypedModel>> {
+        self.0.typed_model()
+    }
+}
+
+fn main() -> TractResult<()> {
+    let args = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let path = match silero::fetch() {
+        Ok(path) => path,
+        Err(why) => {
+            eprintln!("Silero VAD is unavailable here: {why}");
+            std::process::exit(3);
+        }
+    };
+    let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(silero::load(&path)?)?.into();
+    let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+    let n = args.streams;
+    let d = Duration::from_secs_f64(args.seconds);
+    println!(
+        "Silero VAD ({}), {n} streams, {cores} core(s) available, chunk {CHUNK} samples (+{CONTEXT} context) = 32 ms",
+        path.display()
+    );
+    let systems = [
+        System::SoloThreads,
+        System::SoloOneThread,
+        System::Ideal,
+        System::Ours(Mode::Worker),
+        System::Ours(Mode::Combining),
+    ];
+    let mut runs: Vec<Vec<f64>> = vec![vec![]; systems.len()];
+    // Interleaved: every system once per repeat, so drift hits all alike.
+    for _ in 0..args.repeats {
+        for (ix, system) in systems.iter().enumerate() {
+            runs[ix].push(measure(*system, &plan, n, d)?);
+        }
+    }
+    let rates: Vec<f64> = runs.iter().map(|r| median(r)).collect();
+    let best_solo = rates[0].max(rates[1]);
+    println!(
+        "\n## Closed loop, {n} streams (median of {} runs of {} s)\n",
+        args.repeats, args.seconds
+    );
+    println!("| system | chunks/s | runs | / best solo | / ideal |");
+    println!("|---|---|---|---|---|");
+    for (ix, system) in systems.iter().enumerate() {
+        let all: Vec<String> = runs[ix].iter().map(|r| format!("{r:.0}")).collect();
+        println!(
+            "| {} | {:.0} | {} | {:.2}x | {:.2} |",
+            system.label(),
+            rates[ix],
+            all.join(", "),
+            rates[ix] / best_solo,
+            rates[ix] / rates[2]
+        );
+    }
+    if args.real_time {
+        let period = Duration::from_millis(32);
+        let budget = period / 2;
+        let probe = Duration::from_secs_f64((args.seconds * 1.5).max(1.0));
+        println!(
+            "\n## Real time: a chunk every 32 ms per stream, capacity = most streams with p99 <= {} ms\n",
+            budget.as_millis()
+        );
+        println!("| system | capacity | probes (streams: p99 ms) |");
+        println!("|---|---|---|");
+        let per_stream = |_: usize| -> TractResult<Arc<dyn Runnable>> { Ok(Arc::new(PerStream(plan.clone()))) };
+        let no_linger =
+            |n: usize| -> TractResult<Arc<dyn Runnable>> { Ok(Arc::new(ours(&plan, n, Mode::Worker, None)?)) };
+        let budgeted = |n: usize| -> TractResult<Arc<dyn Runnable>> {
+            Ok(Arc::new(ours(
+                &plan,
+                n,
+                Mode::Worker,
+                Some(TurnPolicy::latency_budget(budget)),
+            )?))
+        };
+        let rt: [(&str, &dyn Fn(usize) -> TractResult<Arc<dyn Runnable>>); 3] = [
+            ("a state per stream, a thread each", &per_stream),
+            ("ours (worker, no linger)", &no_linger),
+            ("ours (worker, latency budget 16 ms)", &budgeted),
+        ];
+        for (label, make) in rt {
+            let (cap, probes) = capacity(make, period, budget, probe)?;
+            let probes: Vec<String> = probes
+                .iter()
+                .map(|(n, p99)| format!("{n}: {:.1}", *p99 as f64 / 1000.0))
+                .collect();
+            println!("| {label} | {cap} | {} |", probes.join(", "));
+        }
+    }
+    Ok(())
+}

@@ -195,6 +195,11 @@ pub(crate) struct Engine {
     times: Arc<LearnedTurnTimes>,
     /// The runner's start, for `Tick`.
     epoch: Instant,
+    /// Seats served per second lately (an exponential average over turns,
+    /// weight 1/8) and the start of the last turn: in steady state, the
+    /// arrival rate the budget policy plans with.
+    arrivals_per_sec: f64,
+    last_turn: Option<Instant>,
     closed: bool,
 }
 
@@ -281,6 +286,8 @@ impl Engine {
             live,
             times,
             epoch: Instant::now(),
+            arrivals_per_sec: 0.0,
+            last_turn: None,
             closed: false,
         })
     }
@@ -304,6 +311,7 @@ impl Engine {
             lanes_queued: self.lanes_queued,
             max_seats,
             epoch: self.epoch,
+            arrivals_per_sec: self.arrivals_per_sec,
         })
     }
 
@@ -578,6 +586,15 @@ impl Engine {
             return;
         }
         let started = Instant::now();
+        if let Some(last) = self.last_turn.replace(started) {
+            let dt = started.saturating_duration_since(last).as_secs_f64().max(1e-6);
+            let rate = self.fill.seated().len() as f64 / dt;
+            self.arrivals_per_sec = if self.arrivals_per_sec == 0.0 {
+                rate
+            } else {
+                (self.arrivals_per_sec * 7.0 + rate) / 8.0
+            };
+        }
         // Split the queue: seated seats in seat order, the rest stay queued.
         let mut is_seated = std::mem::take(&mut self.spare);
         debug_assert!(is_seated.is_empty());

@@ -52,7 +52,7 @@ impl TurnPolicy {
 }
 
 /// What the policy sees of the queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QueueState {
     /// When the oldest queued seat arrived.
     pub oldest: Instant,
@@ -66,6 +66,9 @@ pub struct QueueState {
     pub max_seats: usize,
     /// The runner's start: `Tick` counts its periods from it.
     pub epoch: Instant,
+    /// Seats arriving per second lately (a running estimate; 0 when unknown):
+    /// how wide a turn that waits will be.
+    pub arrivals_per_sec: f64,
 }
 
 impl QueueState {
@@ -110,16 +113,13 @@ pub fn decide(policy: &TurnPolicy, q: &QueueState, times: &dyn TurnTimes, now: I
             if q.full() {
                 return Decision::RunNow;
             }
-            // The turn cannot be wider than the held lanes and max_seats:
-            // budget for that one.
-            let widest = q.held.min(q.max_seats).max(1);
-            let Some(turn) = times.estimate(widest) else {
-                return Decision::RunNow;
-            };
             // Half the budget is left to what the runner cannot see: the
             // timer's slack and the callers' own wake-ups, which grow with
             // the load and count in the latency a stream observes.
             let budget = Duration::from_micros(us) / HEADROOM;
+            let Some(turn) = times.estimate(planned_width(q, budget, now)) else {
+                return Decision::RunNow;
+            };
             match budget.checked_sub(turn) {
                 Some(slack) => at(q.oldest + slack),
                 None => Decision::RunNow,
@@ -132,6 +132,37 @@ pub fn decide(policy: &TurnPolicy, q: &QueueState, times: &dyn TurnTimes, now: I
             at(q.epoch + period * ticks as u32)
         }
     }
+}
+
+/// The width `LatencyBudget` plans the turn for: the seats queued plus
+/// those expected at the recent arrival rate until the oldest seat's
+/// planned end, at most the held lanes and `max_seats`. Planning for every
+/// held lane instead would, under load, see a turn too long for the budget
+/// and run at once, narrow, when waiting was still free.
+fn planned_width(q: &QueueState, budget: Duration, now: Instant) -> usize {
+    let widest = q.held.min(q.max_seats).max(1);
+    let left = (q.oldest + budget).saturating_duration_since(now).as_secs_f64();
+    let expected = q.queued as f64 + (q.arrivals_per_sec.max(0.0) * left).ceil();
+    (expected.min(widest as f64) as usize).max(1)
+}
+
+/// After how many more queued seats a decision to wait must be made again:
+/// once the turn can be full (every held lane queued, or `max_seats`), and
+/// for `LatencyBudget` once more seats came than the turn was planned for
+/// (a wider turn takes longer, so it must start sooner). Arrivals change no
+/// other decision.
+pub fn recheck_after(policy: &TurnPolicy, q: &QueueState, now: Instant) -> usize {
+    let fill = q
+        .held
+        .saturating_sub(q.lanes_queued)
+        .min(q.max_seats.saturating_sub(q.queued));
+    let planned = match *policy {
+        TurnPolicy::LatencyBudget { us } => {
+            planned_width(q, Duration::from_micros(us) / HEADROOM, now).saturating_sub(q.queued) + 1
+        }
+        _ => usize::MAX,
+    };
+    fill.min(planned).max(1)
 }
 
 /// Turn time by occupancy, learned online: an exponential moving average
@@ -224,6 +255,7 @@ mod tests {
             lanes_queued,
             max_seats: 64,
             epoch: t0,
+            arrivals_per_sec: 0.0,
         }
     }
 
@@ -268,13 +300,16 @@ mod tests {
         };
         let budget = 10 * MS;
         let p = TurnPolicy::latency_budget(budget);
-        // 8 held lanes: the widest turn takes 1.8 ms; planned to end at half
-        // the budget, it starts by 3.2 ms.
+        // Seats arriving fast enough to fill the 8 held lanes: the widest
+        // turn takes 1.8 ms; planned to end at half the budget, it starts
+        // by 3.2 ms.
+        let mut busy = q(t0, 3, 8, 3);
+        busy.arrivals_per_sec = 10_000.0;
         let start = t0 + budget / HEADROOM - times.estimate(8).unwrap();
         for now in [t0, t0 + MS, t0 + 3 * MS] {
-            assert_eq!(decide(&p, &q(t0, 3, 8, 3), &times, now), Decision::WaitUntil(start));
+            assert_eq!(decide(&p, &busy, &times, now), Decision::WaitUntil(start));
         }
-        assert_eq!(decide(&p, &q(t0, 3, 8, 3), &times, start), Decision::RunNow);
+        assert_eq!(decide(&p, &busy, &times, start), Decision::RunNow);
         // Started then, the turn ends by the deadline, with the headroom left.
         assert_eq!(start + times.estimate(8).unwrap(), t0 + budget / HEADROOM);
         // Nothing more can come: run at once, however much budget is left.
@@ -282,6 +317,45 @@ mod tests {
         let mut capped = q(t0, 4, 8, 4);
         capped.max_seats = 4;
         assert_eq!(decide(&p, &capped, &times, t0), Decision::RunNow, "the turn is full");
+    }
+
+    /// The planned width follows the arrival rate: with nothing more
+    /// expected the turn is planned as wide as its queue (it may wait
+    /// longer); seats beyond the plan make the runner decide again.
+    #[test]
+    fn latency_budget_plans_for_the_seats_expected() {
+        let t0 = Instant::now();
+        let times = Linear {
+            base: MS,
+            per_seat: Duration::from_micros(100),
+        };
+        let budget = 10 * MS;
+        let p = TurnPolicy::latency_budget(budget);
+        let quiet = q(t0, 3, 8, 3);
+        assert_eq!(
+            decide(&p, &quiet, &times, t0),
+            Decision::WaitUntil(t0 + budget / HEADROOM - times.estimate(3).unwrap())
+        );
+        assert_eq!(recheck_after(&p, &quiet, t0), 1, "a fourth seat is beyond the plan");
+        // 1000 seats/s over the 5 ms left: 5 more expected, 8 planned.
+        let mut steady = quiet;
+        steady.arrivals_per_sec = 1000.0;
+        assert_eq!(
+            decide(&p, &steady, &times, t0),
+            Decision::WaitUntil(t0 + budget / HEADROOM - times.estimate(8).unwrap())
+        );
+        assert_eq!(recheck_after(&p, &steady, t0), 5, "the turn is full after 5 more");
+        // Under load (widest turn too long for the budget) it still waits
+        // for the turn it expects, instead of degrading to Immediate.
+        let slow = Linear { base: MS, per_seat: MS };
+        let mut load = q(t0, 1, 64, 1);
+        load.arrivals_per_sec = 200.0;
+        assert_eq!(
+            decide(&p, &load, &slow, t0),
+            Decision::WaitUntil(t0 + budget / HEADROOM - slow.estimate(2).unwrap())
+        );
+        assert_eq!(recheck_after(&p, &load, t0), 2);
+        assert_eq!(recheck_after(&TurnPolicy::linger(MS), &load, t0), 63);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::config::{Mode, Resolved};
 use crate::engine::{Engine, Live, Request};
 use crate::err::NewRunnerError;
 use crate::iface::Interface;
-use crate::policy::{decide, Decision, LearnedTurnTimes};
+use crate::policy::{decide, recheck_after, Decision, LearnedTurnTimes};
 use crate::slot::{Slot, Wake};
 use arc_swap::ArcSwap;
 
@@ -287,13 +287,11 @@ impl Shard {
                         return false;
                     }
                     // Arrivals change the decision only by making the turn
-                    // full (every held lane queued, or max_seats reached):
-                    // a push wakes us once that many seats came. Anything
+                    // full, or wider than a latency budget planned for: a
+                    // push wakes us once that many seats came. Anything
                     // else pushed, or a policy change, wakes us at once.
                     if inbox.requests.is_empty() {
-                        let seats = (queue.held.saturating_sub(queue.lanes_queued))
-                            .min(queue.max_seats.saturating_sub(queue.queued));
-                        inbox.sleep_until_seats(seats);
+                        inbox.sleep_until_seats(recheck_after(&live.policy, &queue, now));
                         let (mut inbox, _) = self
                             .arrived
                             .wait_timeout(inbox, until.saturating_duration_since(now))

@@ -176,10 +176,13 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// Builds the runnable serving `n` streams.
+type MakeRunnable<'a> = dyn Fn(usize) -> TractResult<Arc<dyn Runnable>> + 'a;
+
 /// The most streams (doubling, then bisecting) whose p99 latency stays
 /// within `budget`, sending a chunk every `period`; and the probes.
 fn capacity(
-    make: &dyn Fn(usize) -> TractResult<Arc<dyn Runnable>>,
+    make: &MakeRunnable<'_>,
     period: Duration,
     budget: Duration,
     probe: Duration,
@@ -337,7 +340,7 @@ fn main() -> TractResult<()> {
                 Some(TurnPolicy::latency_budget(budget)),
             )?))
         };
-        let rt: [(&str, &dyn Fn(usize) -> TractResult<Arc<dyn Runnable>>); 3] = [
+        let rt: [(&str, &MakeRunnable<'_>); 3] = [
             ("a state per stream, a thread each", &per_stream),
             ("ours (worker, no linger)", &no_linger),
             ("ours (worker, latency budget 16 ms)", &budgeted),

@@ -29,6 +29,10 @@ struct Inner<T> {
     cancelled: bool,
     /// Set by the waiter once it gave up: no value is accepted any more.
     abandoned: bool,
+    /// Set by the waiter while it sleeps on `cv`: only then does a signal
+    /// need a futex wake (a spinning or running waiter sees the change
+    /// itself), which saves a system call per answer.
+    parked: bool,
 }
 
 /// Spin iterations before parking (a few tens of microseconds).
@@ -49,6 +53,7 @@ impl<T> Slot<T> {
                 promoted: false,
                 cancelled: false,
                 abandoned: false,
+                parked: false,
             }),
             cv: Condvar::new(),
             signalled: AtomicBool::new(false),
@@ -68,8 +73,7 @@ impl<T> Slot<T> {
             return Err(value);
         }
         inner.value = Some(value);
-        drop(inner);
-        self.signal();
+        self.signal(inner);
         Ok(())
     }
 
@@ -79,18 +83,27 @@ impl<T> Slot<T> {
     }
 
     pub fn promote(&self) {
-        self.lock().promoted = true;
-        self.signal();
+        let mut inner = self.lock();
+        inner.promoted = true;
+        self.signal(inner);
     }
 
     pub fn cancel(&self) {
-        self.lock().cancelled = true;
-        self.signal();
+        let mut inner = self.lock();
+        inner.cancelled = true;
+        self.signal(inner);
     }
 
-    fn signal(&self) {
+    /// Tell the waiter `inner` changed. `parked` is read under the lock the
+    /// waiter sets it under before sleeping, so a waiter about to sleep
+    /// either sees the change before it sleeps or is woken.
+    fn signal(&self, inner: MutexGuard<'_, Inner<T>>) {
+        let parked = inner.parked;
+        drop(inner);
         self.signalled.store(true, Ordering::Release);
-        self.cv.notify_one();
+        if parked {
+            self.cv.notify_one();
+        }
     }
 
     pub fn is_filled(&self) -> bool {
@@ -134,11 +147,13 @@ impl<T> Slot<T> {
                 inner.promoted = false;
                 return Wake::Promoted;
             }
+            inner.parked = true;
             match deadline {
                 None => inner = self.cv.wait(inner).unwrap_or_else(|e| e.into_inner()),
                 Some(deadline) => {
                     let now = Instant::now();
                     if now >= deadline {
+                        inner.parked = false;
                         return Wake::TimedOut;
                     }
                     inner = self
@@ -148,6 +163,7 @@ impl<T> Slot<T> {
                         .0;
                 }
             }
+            inner.parked = false;
         }
     }
 }

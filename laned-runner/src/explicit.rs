@@ -4,6 +4,9 @@
 //! state's batch axis, in seat order; after it each seat's new state is
 //! scattered back to its lane. Only the thread holding the engine touches it.
 
+use std::sync::Arc;
+
+use kernel_memo::{Memo, MemoConfig};
 use tract_core::internal::*;
 use tract_core::plan::LaneId;
 
@@ -16,6 +19,10 @@ pub(crate) struct ExplicitState {
     pairs: Vec<(StateIo, Tensor)>,
     /// One lane's worth of the initial state (zeros unless configured).
     initial: Vec<Tensor>,
+    /// Turn inputs gathered from the buffers, reused from turn to turn:
+    /// keyed by pair and turn shape, so a turn of another occupancy never
+    /// writes into a buffer laid out for another.
+    gathered: Memo<usize, (), Arc<Tensor>>,
 }
 
 impl ExplicitState {
@@ -40,7 +47,11 @@ impl ExplicitState {
                 None => zeros(&lane_shape)?,
             });
         }
-        let mut explicit = ExplicitState { pairs, initial };
+        let mut explicit = ExplicitState {
+            pairs,
+            initial,
+            gathered: Memo::new(MemoConfig::default()),
+        };
         let every: Vec<usize> = (0..lanes).collect();
         explicit
             .reset(&every)
@@ -60,15 +71,27 @@ impl ExplicitState {
 
     /// The state fed to model input `input` for the seated `lanes`, stacked
     /// along its batch axis in seat order; `None` if `input` is no state.
-    pub fn gather(&self, input: usize, lanes: &[LaneId]) -> Option<TractResult<TValue>> {
-        let (io, buffer) = self.pairs.iter().find(|(io, _)| io.input == input)?;
+    pub fn gather(&mut self, input: usize, lanes: &[LaneId]) -> Option<TractResult<TValue>> {
+        let pair = self.pairs.iter().position(|(io, _)| io.input == input)?;
+        let (io, buffer) = &self.pairs[pair];
+        let gathered = &mut self.gathered;
         Some((|| {
-            let rows: TVec<Tensor> = lanes
-                .iter()
-                .map(|l| buffer.slice(io.axis, l.0, l.0 + 1))
-                .collect::<TractResult<_>>()?;
-            let rows: TVec<&Tensor> = rows.iter().collect();
-            Ok(Tensor::stack_tensors(io.axis, &rows)?.into_tvalue())
+            let mut shape: TVec<usize> = buffer.shape().into();
+            shape[io.axis] = lanes.len();
+            let dt = buffer.datum_type();
+            let turn = gathered.get_or_try_build(&pair, &shape, &(), |shape, _| -> TractResult<Arc<Tensor>> {
+                Ok(Arc::new(Tensor::zero_dt(dt, shape)?))
+            })?;
+            if Arc::get_mut(turn).is_none() {
+                // Last turn's value is still held somewhere: never write
+                // under it.
+                *turn = Arc::new(Tensor::zero_dt(dt, &shape)?);
+            }
+            let tensor = Arc::get_mut(turn).expect("unique");
+            for (seat, lane) in lanes.iter().enumerate() {
+                tensor.assign_slice(seat..seat + 1, buffer, lane.0..lane.0 + 1, io.axis)?;
+            }
+            Ok(TValue::from_const(turn.clone()))
         })())
     }
 
@@ -128,5 +151,39 @@ impl ExplicitState {
                 .map_err(|e| format!("{e:#}"))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::StateSpec;
+
+    /// A steady turn gathers into the buffer of the previous turn of its
+    /// shape; a held value is never written under; seats come in order.
+    #[test]
+    fn gathering_reuses_the_turn_buffer() {
+        let plan: Arc<dyn Runnable> = DefaultRuntime
+            .prepare(laned_testkit::fixtures::rnn_cell(3, 2).unwrap())
+            .unwrap()
+            .into();
+        let iface = Interface::of(&*plan, &StateSpec::Detect).unwrap();
+        let mut state = ExplicitState::new(&iface, 4).unwrap();
+        for lane in 0..4 {
+            let row = Tensor::from_shape(&[1, 1, 2], &[lane as f32, 10.0 + lane as f32]).unwrap();
+            state.write(lane, &[row]).unwrap();
+        }
+        let lanes = [LaneId(2), LaneId(0)];
+        let first = state.gather(1, &lanes).unwrap().unwrap();
+        assert_eq!(*first, Tensor::from_shape(&[1, 2, 2], &[2f32, 12., 0., 10.]).unwrap());
+        let ptr = first.as_ptr::<f32>().unwrap();
+        drop(first);
+        let again = state.gather(1, &lanes).unwrap().unwrap();
+        assert_eq!(again.as_ptr::<f32>().unwrap(), ptr, "the buffer was reused");
+        let other = state.gather(1, &[LaneId(1), LaneId(3)]).unwrap().unwrap();
+        assert_ne!(other.as_ptr::<f32>().unwrap(), ptr, "a held value is not written under");
+        assert_eq!(*again, Tensor::from_shape(&[1, 2, 2], &[2f32, 12., 0., 10.]).unwrap());
+        assert_eq!(*other, Tensor::from_shape(&[1, 2, 2], &[1f32, 11., 3., 13.]).unwrap());
+        assert!(state.gather(0, &lanes).is_none(), "input 0 is no state");
     }
 }

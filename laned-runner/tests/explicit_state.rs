@@ -293,6 +293,31 @@ fn a_configured_initial_state_is_where_streams_start() {
     );
 }
 
+/// An idle stream evicted from its lane leaves nothing of its state behind:
+/// the stream taking the lane starts from the initial state, and the
+/// evicted one is told so at its next call.
+#[test]
+fn an_evicted_stream_leaves_no_state_behind() {
+    let plan = plan();
+    for mode in [Mode::Worker, Mode::Combining] {
+        let config = RunnerConfig::builder()
+            .state(StateSpec::Detect)
+            .mode(mode)
+            .shards(1)
+            .max_lanes(1)
+            .idle_timeout(Duration::from_millis(30))
+            .build();
+        let r = LanedRunner::new(plan.clone(), config).unwrap();
+        let mut idle = r.try_spawn().unwrap();
+        feed(&mut idle, &[x(1, 80), x(1, 81), x(1, 82)]);
+        let mut next = r.spawn_timeout(Duration::from_secs(20)).unwrap();
+        let xs = [x(1, 90), x(1, 91)];
+        assert_eq!(feed(&mut next, &xs), solo(&plan, &xs), "{mode:?}");
+        let err = idle.call(tvec!(x(1, 83).into_tvalue())).unwrap_err();
+        assert!(err.to_string().starts_with("the stream was evicted"), "{mode:?}: {err}");
+    }
+}
+
 /// [`solo`], the state starting from `h0`.
 fn solo_from(plan: &Arc<dyn Runnable>, xs: &[Tensor], h0: &Tensor) -> Vec<Tensor> {
     let mut state = plan.spawn().unwrap();

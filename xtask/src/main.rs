@@ -212,6 +212,6 @@ fn ci() -> bool {
     let mut tests = cargo();
     tests.args(["nextest", "run", "--workspace", "--features", "laned-testkit/silero"]);
     let mut doc = cargo();
-    doc.args(["test", "--workspace", "--doc"]);
+    doc.args(["test", "--workspace", "--doc", "--features", "laned-testkit/silero"]);
     [fmt, clippy, tests, doc].into_iter().all(run)
 }

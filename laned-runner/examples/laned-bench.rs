@@ -205,6 +205,9 @@ struct Probe {
     p99_us: u64,
     max_us: u64,
     pulses: u64,
+    /// Process CPU time per 1000 pulses served (all threads: the streams'
+    /// and the runner's).
+    cpu_ms_per_1k: Option<f64>,
 }
 
 struct Progress {
@@ -501,13 +504,19 @@ fn capacity(
 ) -> TractResult<RealTime> {
     let mut probes: Vec<(Probe, load::Latencies)> = vec![];
     let mut probe = |n: usize| -> TractResult<bool> {
-        let lat = load::real_time(fixture, rt_runnable(plan, system, n)?, n, period, probe_time, n as u64)?;
+        let runnable = rt_runnable(plan, system, n)?;
+        let cpu_before = load::process_cpu_time();
+        let lat = load::real_time(fixture, runnable, n, period, probe_time, n as u64)?;
+        let cpu = cpu_before
+            .zip(load::process_cpu_time())
+            .map(|(a, b)| b.saturating_sub(a));
         let p = Probe {
             streams: n,
             p50_us: lat.quantile_us(0.5),
             p99_us: lat.quantile_us(0.99),
             max_us: lat.quantile_us(1.0),
             pulses: lat.pulses,
+            cpu_ms_per_1k: cpu.map(|c| c.as_secs_f64() * 1e6 / lat.pulses.max(1) as f64),
         };
         let ok = p.p99_us as u128 <= budget.as_micros();
         probes.push((p, lat));
@@ -636,7 +645,7 @@ fn markdown(r: &Report) -> String {
     }
     if let Some(first) = r.real_time.first() {
         out += &format!(
-            "## real time ({})\n\nEach stream sends one pulse every {:.1} ms from a random phase; capacity = most streams with p99 latency within {:.1} ms (doubling, then bisecting); the median of the searches (each listed), interleaved. Latencies at the median capacity point.\n\n| system | capacity | searches | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|---|\n",
+            "## real time ({})\n\nEach stream sends one pulse every {:.1} ms from a random phase; capacity = most streams with p99 latency within {:.1} ms (doubling, then bisecting); the median of the searches (each listed), interleaved. Latencies at the median capacity point; CPU = process CPU time (every thread) per 1000 pulses, at 128 and 256 streams.\n\n| system | capacity | searches | p50 ms | p99 ms | max ms | CPU ms/1k at 128 | at 256 |\n|---|---|---|---|---|---|---|---|\n",
             first.model, first.period_ms, first.budget_ms
         );
         for rt in &r.real_time {
@@ -646,14 +655,24 @@ fn markdown(r: &Report) -> String {
                     .unwrap_or_else(|| "-".into())
             };
             let all: Vec<String> = rt.capacities.iter().map(|c| c.to_string()).collect();
+            let cpu = |n: usize| {
+                rt.probes
+                    .iter()
+                    .find(|p| p.streams == n)
+                    .and_then(|p| p.cpu_ms_per_1k)
+                    .map(|c| format!("{c:.0}"))
+                    .unwrap_or_else(|| "-".into())
+            };
             out += &format!(
-                "| {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 rt.system,
                 rt.capacity,
                 all.join(", "),
                 ms(at.map(|p| p.p50_us)),
                 ms(at.map(|p| p.p99_us)),
-                ms(at.map(|p| p.max_us))
+                ms(at.map(|p| p.max_us)),
+                cpu(128),
+                cpu(256)
             );
         }
         out += "\n";

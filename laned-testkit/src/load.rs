@@ -164,6 +164,20 @@ pub fn ideal_shards(
     )
 }
 
+/// CPU time this process has used so far, all threads together, from
+/// `/proc/self/stat` (Linux; in USER_HZ ticks of 10 ms); `None` elsewhere.
+/// Over a probe of seconds, what a runner costs besides the latency it
+/// gives.
+pub fn process_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces), from `state`.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 10))
+}
+
 /// Latencies of a real-time run.
 #[derive(Debug, Clone, Default)]
 pub struct Latencies {
@@ -254,4 +268,28 @@ pub fn real_time_with(
         pulses: all.len() as u64,
         sorted_us: all,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The process CPU clock moves while this thread computes (Linux).
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn process_cpu_time_advances_with_work() {
+        let start = process_cpu_time().expect("/proc/self/stat is readable on Linux");
+        let give_up = Instant::now() + Duration::from_secs(20);
+        let mut x = 1u64;
+        while process_cpu_time().unwrap() < start + Duration::from_millis(30) {
+            for _ in 0..100_000 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            }
+            assert!(
+                Instant::now() < give_up,
+                "20 s of work and the CPU clock did not move 30 ms"
+            );
+        }
+        assert_ne!(x, 0);
+    }
 }

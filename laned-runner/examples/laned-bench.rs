@@ -522,30 +522,7 @@ fn capacity(
         probes.push((p, lat));
         Ok(ok)
     };
-    let (mut good, mut bad) = (0usize, None::<usize>);
-    let mut n = 8;
-    while n <= 2048 {
-        if probe(n)? {
-            good = n;
-            n *= 2;
-        } else {
-            bad = Some(n);
-            break;
-        }
-    }
-    if let Some(mut bad) = bad {
-        for _ in 0..4 {
-            if bad - good <= (good / 16).max(1) {
-                break;
-            }
-            let mid = (good + bad) / 2;
-            if probe(mid.max(1))? {
-                good = mid;
-            } else {
-                bad = mid;
-            }
-        }
-    }
+    let good = load::search_capacity(8, 2048, 4, &mut probe)?;
     let cdf = probes
         .iter()
         .find(|(p, _)| p.streams == good)

@@ -194,27 +194,7 @@ fn capacity(
         probes.push((n, p99));
         Ok(p99 as u128 <= budget.as_micros())
     };
-    let (mut good, mut bad) = (0usize, None::<usize>);
-    let mut n = 4;
-    while n <= 1024 {
-        if run(n)? {
-            good = n;
-            n *= 2;
-        } else {
-            bad = Some(n);
-            break;
-        }
-    }
-    if let Some(mut bad) = bad {
-        while bad - good > (good / 16).max(1) {
-            let mid = (good + bad) / 2;
-            if run(mid)? {
-                good = mid;
-            } else {
-                bad = mid;
-            }
-        }
-    }
+    let good = load::search_capacity(4, 1024, 8, &mut run)?;
     Ok((good, probes))
 }
 

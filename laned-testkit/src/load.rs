@@ -178,6 +178,43 @@ pub fn process_cpu_time() -> Option<Duration> {
     Some(Duration::from_millis((utime + stime) * 10))
 }
 
+/// The most streams `probe` accepts: doubling from `start` up to `max`,
+/// then bisecting between the last accepted and the first refused count
+/// until they are within a sixteenth (at most `bisections` probes). 0 if
+/// `start` is refused.
+pub fn search_capacity(
+    start: usize,
+    max: usize,
+    bisections: usize,
+    mut probe: impl FnMut(usize) -> TractResult<bool>,
+) -> TractResult<usize> {
+    let (mut good, mut bad) = (0usize, None::<usize>);
+    let mut n = start.max(1);
+    while n <= max {
+        if probe(n)? {
+            good = n;
+            n *= 2;
+        } else {
+            bad = Some(n);
+            break;
+        }
+    }
+    if let Some(mut bad) = bad {
+        for _ in 0..bisections {
+            if bad - good <= (good / 16).max(1) {
+                break;
+            }
+            let mid = (good + bad) / 2;
+            if probe(mid.max(1))? {
+                good = mid;
+            } else {
+                bad = mid;
+            }
+        }
+    }
+    Ok(good)
+}
+
 /// Latencies of a real-time run.
 #[derive(Debug, Clone, Default)]
 pub struct Latencies {
@@ -273,6 +310,22 @@ pub fn real_time_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The search finds the largest accepted count within a sixteenth, and
+    /// 0 when even the first probe fails.
+    #[test]
+    fn capacity_search_doubles_then_bisects() {
+        let mut probed = vec![];
+        let cap = search_capacity(8, 2048, 8, |n| {
+            probed.push(n);
+            Ok(n <= 300)
+        })
+        .unwrap();
+        assert!((300 - 300 / 16..=300).contains(&cap), "found {cap}");
+        assert_eq!(&probed[..7], &[8, 16, 32, 64, 128, 256, 512]);
+        assert_eq!(search_capacity(8, 2048, 8, |_| Ok(false)).unwrap(), 0);
+        assert_eq!(search_capacity(8, 64, 8, |_| Ok(true)).unwrap(), 64);
+    }
 
     /// The process CPU clock moves while this thread computes (Linux).
     #[test]

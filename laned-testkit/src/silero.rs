@@ -129,6 +129,8 @@ impl Default for Context {
 
 impl Context {
     /// The data inputs for one chunk (`input`, `sr`), the context moved on.
+    ///
+    /// Panics unless `chunk` holds [`CHUNK`] samples.
     pub fn inputs(&mut self, chunk: &[f32]) -> TVec<TValue> {
         assert_eq!(chunk.len(), CHUNK, "a chunk is {CHUNK} samples");
         let mut x = std::mem::take(&mut self.0);

@@ -237,17 +237,6 @@ impl Progress {
     }
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 fn ours(
     plan: &Arc<dyn Runnable>,
     n: usize,
@@ -355,11 +344,11 @@ fn main() -> TractResult<()> {
                     model: name.clone(),
                     streams: n,
                     system: *system,
-                    median: median(r),
+                    median: load::median(r),
                     min: r.iter().cloned().fold(f64::INFINITY, f64::min),
                     max: r.iter().cloned().fold(0.0, f64::max),
                     runs: r.clone(),
-                    mean_occupancy: (!occupancy[ix].is_empty()).then(|| median(&occupancy[ix])),
+                    mean_occupancy: (!occupancy[ix].is_empty()).then(|| load::median(&occupancy[ix])),
                 });
             }
         }

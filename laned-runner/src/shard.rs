@@ -31,8 +31,9 @@ struct Inbox {
     drained: bool,
     /// Whether the thread serving the engine sleeps on `arrived`, and after
     /// how many more queued seats it must be woken: `Some(1)` while idle;
-    /// while a turn policy waits, the seats that could make the turn full
-    /// (the only way an arrival changes its decision). `None`: nobody
+    /// while a turn policy waits, `policy::recheck_after` (the seats that
+    /// could make the turn full, or wider than a latency budget planned
+    /// for: the only ways an arrival changes its decision). `None`: nobody
     /// sleeps, pushes need not signal. Set by the sleeper, cleared by the
     /// push that wakes it or by the sleeper on waking.
     sleeper: Option<usize>,

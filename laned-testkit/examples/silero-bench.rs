@@ -170,12 +170,6 @@ fn measure(system: System, plan: &Arc<dyn Runnable>, n: usize, d: Duration) -> T
     }
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
 /// Builds the runnable serving `n` streams.
 type MakeRunnable<'a> = dyn Fn(usize) -> TractResult<Arc<dyn Runnable>> + 'a;
 
@@ -280,7 +274,7 @@ fn main() -> TractResult<()> {
             runs[ix].push(measure(*system, &plan, n, d)?);
         }
     }
-    let rates: Vec<f64> = runs.iter().map(|r| median(r)).collect();
+    let rates: Vec<f64> = runs.iter().map(|r| load::median(r)).collect();
     let best_solo = rates[0].max(rates[1]);
     println!(
         "\n## Closed loop, {n} streams (median of {} runs of {} s)\n",

@@ -164,6 +164,18 @@ pub fn ideal_shards(
     )
 }
 
+/// The median of `v` (the mean of the two middle values for an even
+/// count): how the benches sum up repeated runs. `NaN` for no value.
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// CPU time this process has used so far, all threads together, from
 /// `/proc/self/stat` (Linux; in USER_HZ ticks of 10 ms); `None` elsewhere.
 /// Over a probe of seconds, what a runner costs besides the latency it
@@ -310,6 +322,13 @@ pub fn real_time_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
 
     /// The search finds the largest accepted count within a sixteenth, and
     /// 0 when even the first probe fails.

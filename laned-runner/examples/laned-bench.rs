@@ -21,6 +21,8 @@ laned-bench [--quick] [--model light|heavy|all|PATH [--pulse P] [--symbol S]] [-
                  in tract's NNEF format (batch symbol on axis 0), pulsified by --pulse
                  frames (default 4) on --symbol (default S)
   --streams      stream counts of the closed-loop scenario
+  --systems      closed loop: only these systems (comma-separated: solo, ideal, tract, worker,
+                 combining, shards, combining-shards, ideal-shards); the ideal loop always runs
   --frame-ms     real-time scenario: milliseconds of signal per frame (default 2.5;
                  a pulse of 4 frames is then due every 10 ms)
   --skip-real-time
@@ -55,6 +57,7 @@ struct Args {
     real_time: bool,
     models: Vec<(String, Source)>,
     streams: Vec<usize>,
+    systems: Vec<System>,
     out: PathBuf,
 }
 
@@ -68,6 +71,7 @@ fn args() -> Result<Args, String> {
             ("heavy TDNN".into(), Source::Tdnn(TdnnConfig::heavy())),
         ],
         streams: vec![1, 4, 16, 64],
+        systems: SYSTEMS.to_vec(),
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/laned-bench"),
     };
     let (mut pulse, mut symbol) = (4usize, "S".to_string());
@@ -94,6 +98,18 @@ fn args() -> Result<Args, String> {
                     .split(',')
                     .map(|s| s.trim().parse::<usize>().map_err(|e| format!("--streams {s:?}: {e}")))
                     .collect::<Result<_, _>>()?;
+            }
+            "--systems" => {
+                let list = it.next().ok_or("--systems needs a list")?;
+                let mut wanted = vec![System::Ideal];
+                for name in list.split(',').map(str::trim) {
+                    let system = SYSTEMS
+                        .iter()
+                        .find(|s| s.short() == name)
+                        .ok_or_else(|| format!("--systems: no system {name:?}"))?;
+                    wanted.push(*system);
+                }
+                a.systems = SYSTEMS.iter().filter(|s| wanted.contains(s)).copied().collect();
             }
             "--frame-ms" => {
                 let v = it.next().ok_or("--frame-ms needs a number")?;
@@ -129,21 +145,38 @@ enum System {
     OursCombining,
     /// Ours in worker mode with a shard per core, the streams spread.
     OursShards,
+    /// Ours in combining mode with a shard per core, the streams spread.
+    OursCombiningShards,
     /// A laned state per core, each on its own thread, all lanes seated.
     IdealShards,
 }
 
-const SYSTEMS: [System; 7] = [
+const SYSTEMS: [System; 8] = [
     System::Solo,
     System::Ideal,
     System::Tract,
     System::OursWorker,
     System::OursCombining,
     System::OursShards,
+    System::OursCombiningShards,
     System::IdealShards,
 ];
 
 impl System {
+    /// The name `--systems` knows it by.
+    fn short(self) -> &'static str {
+        match self {
+            System::Solo => "solo",
+            System::Ideal => "ideal",
+            System::Tract => "tract",
+            System::OursWorker => "worker",
+            System::OursCombining => "combining",
+            System::OursShards => "shards",
+            System::OursCombiningShards => "combining-shards",
+            System::IdealShards => "ideal-shards",
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             System::Solo => "a state per stream",
@@ -152,6 +185,7 @@ impl System {
             System::OursWorker => "ours (worker)",
             System::OursCombining => "ours (combining)",
             System::OursShards => "ours (worker, a shard per core)",
+            System::OursCombiningShards => "ours (combining, a shard per core)",
             System::IdealShards => "shards ideal (a laned state per core)",
         }
     }
@@ -285,17 +319,16 @@ fn measure(
             let turns = (after.0 - before.0).max(1);
             Ok((rate, Some((after.1 - before.1) as f64 / turns as f64)))
         }
-        System::OursWorker | System::OursCombining | System::OursShards => {
+        System::OursWorker | System::OursCombining | System::OursShards | System::OursCombiningShards => {
+            let per_core = std::thread::available_parallelism()
+                .map(|c| c.get())
+                .unwrap_or(1)
+                .min(n);
             let (mode, shards) = match system {
                 System::OursWorker => (Mode::Worker, 1),
                 System::OursCombining => (Mode::Combining, 1),
-                _ => (
-                    Mode::Worker,
-                    std::thread::available_parallelism()
-                        .map(|c| c.get())
-                        .unwrap_or(1)
-                        .min(n),
-                ),
+                System::OursShards => (Mode::Worker, per_core),
+                _ => (Mode::Combining, per_core),
             };
             let (runnable, runner) = ours(plan, n, mode, shards)?;
             let before = runner.metrics();
@@ -319,7 +352,7 @@ fn main() -> TractResult<()> {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let mut progress = Progress {
         done: 0,
-        total: args.models.len() * args.streams.len() * SYSTEMS.len() * repeats,
+        total: args.models.len() * args.streams.len() * args.systems.len() * repeats,
         started: Instant::now(),
     };
     let mut rows: Vec<ClosedLoop> = vec![];
@@ -327,18 +360,18 @@ fn main() -> TractResult<()> {
         let fixture = source.load()?;
         let plan = fixture.runnable()?;
         for &n in &args.streams {
-            let mut runs: Vec<Vec<f64>> = vec![vec![]; SYSTEMS.len()];
-            let mut occupancy: Vec<Vec<f64>> = vec![vec![]; SYSTEMS.len()];
+            let mut runs: Vec<Vec<f64>> = vec![vec![]; args.systems.len()];
+            let mut occupancy: Vec<Vec<f64>> = vec![vec![]; args.systems.len()];
             // Interleaved: every system once per repeat, so drift hits all alike.
             for _ in 0..repeats {
-                for (ix, system) in SYSTEMS.iter().enumerate() {
+                for (ix, system) in args.systems.iter().enumerate() {
                     progress.step(&format!("closed loop {name} n={n} {}", system.label()));
                     let (rate, occ) = measure(*system, &fixture, &plan, n, d)?;
                     runs[ix].push(rate);
                     occupancy[ix].extend(occ);
                 }
             }
-            for (ix, system) in SYSTEMS.iter().enumerate() {
+            for (ix, system) in args.systems.iter().enumerate() {
                 let r = &runs[ix];
                 rows.push(ClosedLoop {
                     model: name.clone(),
@@ -662,7 +695,7 @@ fn throughput_svg(r: &Report, model: &str) -> String {
     };
     let y_of = |v: f64| h - m - v / max_y * (h - 2.0 * m);
     let colors = [
-        "#888888", "#000000", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#8c564b",
+        "#888888", "#000000", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#8c564b", "#e377c2",
     ];
     let mut svg = svg_frame(w, h, m, &format!("{model}: pulses/s vs streams (closed loop)"));
     for n in &streams {
@@ -687,6 +720,9 @@ fn throughput_svg(r: &Report, model: &str) -> String {
             .filter(|c| c.system == *system)
             .map(|c| format!("{:.1},{:.1}", x_of(c.streams), y_of(c.median)))
             .collect();
+        if points.is_empty() {
+            continue;
+        }
         svg += &format!(
             "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n",
             colors[ix],

@@ -18,6 +18,9 @@ pub enum Mode {
     /// No hand-off while the state is idle: the calling thread that finds the
     /// state free runs the turn itself, seating everything queued, and answers
     /// the others; waiting callers are served by whoever holds the state.
+    /// A caller whose own call is answered leaves at once: seats still queued
+    /// go to the shard's helper thread, which serves them as a worker would
+    /// until nothing is queued for a moment, then lets callers combine again.
     Combining,
 }
 

@@ -346,12 +346,6 @@ impl Engine {
         self.metrics.record_policy_wait(wait);
     }
 
-    /// The slot of the oldest queued call, for a combiner handing over.
-    pub fn oldest_slot(&self) -> Option<Arc<Slot<CallResult>>> {
-        let seat = self.queue.first()?;
-        self.pending.get(&seat.call).map(|p| p.slot.clone())
-    }
-
     fn queued(&mut self, lane: lane_table::LaneId) {
         let n = &mut self.queued_per_lane[lane.0];
         if *n == 0 {

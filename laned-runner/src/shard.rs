@@ -1,5 +1,6 @@
 //! One laned state behind its inbox, and who runs its turns: a worker thread
-//! (`Mode::Worker`) or whichever caller finds it free (`Mode::Combining`).
+//! (`Mode::Worker`), or whichever caller finds it free and, under load, a
+//! helper thread (`Mode::Combining`).
 //! A runner could hold several of these (one per core); each is whole on its
 //! own.
 
@@ -39,6 +40,9 @@ struct Inbox {
     sleeper: Option<usize>,
     /// Seats pushed since the sleeper went to sleep.
     pushed_seats: usize,
+    /// `Combining` mode: set by a combiner leaving the state with seats
+    /// still queued, taken by the helper, which then serves the queue.
+    help_wanted: bool,
 }
 
 impl Inbox {
@@ -57,15 +61,19 @@ pub(crate) struct Shard {
     /// Signalled by a push that can change the sleeper's mind (see
     /// `Inbox::sleeper`): wakes the worker, or a lingering combiner.
     arrived: Condvar,
+    /// `Combining` mode: signalled (with the inbox lock) when help is wanted
+    /// or the shard closes; the helper sleeps on it.
+    help: Condvar,
     /// Who may touch it: in `Worker` mode only the worker thread; in
-    /// `Combining` mode whichever caller wins `try_lock`, and the closing
-    /// thread.
+    /// `Combining` mode whichever caller or the helper wins `try_lock`, and
+    /// the closing thread.
     engine: Mutex<Engine>,
     mode: Mode,
     /// The policy and `max_seats`: written by `set_policy` (any thread),
     /// read before each turn by whoever runs it.
     live: Arc<ArcSwap<Live>>,
-    /// The worker thread in `Worker` mode, joined by `close`.
+    /// The worker thread in `Worker` mode, the helper in `Combining` mode;
+    /// joined by `close`.
     worker: Mutex<Option<JoinHandle<()>>>,
     /// Whether calls resolving a symbol can be served (read-only).
     can_forget_symbols: bool,
@@ -97,8 +105,12 @@ pub(crate) struct Parts {
     pub index: usize,
 }
 
-/// Turns a combining caller runs for others after its own call is answered.
-const EXTRA_TURNS: usize = 4;
+/// Turns a combining caller runs for others after its own call is answered,
+/// before it hands the queue to the helper.
+const EXTRA_TURNS: usize = 0;
+
+/// How long the helper keeps the state once nothing is queued.
+const HELPER_HOLD: Duration = Duration::from_micros(200);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -112,7 +124,14 @@ impl Shard {
         match config.mode {
             Mode::Combining => {
                 let engine = Engine::start(parts, config)?;
-                Ok(Arc::new(Shard::new(engine, config, live)))
+                let shard = Arc::new(Shard::new(engine, config, live));
+                let helper = shard.clone();
+                let thread = std::thread::Builder::new()
+                    .name(format!("laned-helper-{index}"))
+                    .spawn(move || helper.help())
+                    .map_err(|e| NewRunnerError::Spawn(format!("starting the helper thread: {e}")))?;
+                *lock(&shard.worker) = Some(thread);
+                Ok(shard)
             }
             Mode::Worker => {
                 // The engine is built on the worker, handed back through this
@@ -167,7 +186,9 @@ impl Shard {
                 drained: false,
                 sleeper: None,
                 pushed_seats: 0,
+                help_wanted: false,
             }),
+            help: Condvar::new(),
             quiet: Condvar::new(),
             idle_timeout: config.idle_timeout,
             waiters: AtomicUsize::new(0),
@@ -238,7 +259,6 @@ impl Shard {
             let woke = slot.wait_until(until, waiters < *CORES);
             self.waiters.fetch_sub(1, Ordering::Relaxed);
             match woke {
-                Wake::Promoted => continue,
                 Wake::TimedOut if deadline.is_none_or(|d| Instant::now() < d) => continue,
                 other => return other,
             }
@@ -312,7 +332,7 @@ impl Shard {
     }
 
     /// Combining mode: while `done` is false and the state is free, hold it
-    /// and run turns. Leaving, hand the duty to the oldest queued call.
+    /// and run turns. Leaving with seats queued, hand them to the helper.
     fn combine(&self, done: &dyn Fn() -> bool, serve_others: bool) {
         loop {
             // Once closed, the closing thread answers everyone: stay out of
@@ -327,9 +347,9 @@ impl Shard {
                 Err(TryLockError::WouldBlock) => return,
             };
             // Once our own call is answered we still run up to EXTRA_TURNS
-            // turns for others, which saves a hand-off per turn under load;
-            // then the oldest waiter takes over. Bounded, so our own caller
-            // is never held for long.
+            // turns for others, which saves waking the helper when the load
+            // is light; then the helper takes over. Bounded, so our own
+            // caller is never held for long.
             let mut extra = 0;
             engine.evict_idle();
             loop {
@@ -339,8 +359,8 @@ impl Shard {
                 }
                 // Our own call answered, we run only turns that are due now:
                 // lingering for others here would keep this thread from its
-                // own stream's next call, which may be the one awaited. A
-                // waiting caller takes over instead.
+                // own stream's next call, which may be the one awaited. The
+                // helper lingers instead.
                 let ready = if done() {
                     extra += 1;
                     serve_others && extra <= EXTRA_TURNS && self.turn_decision(&mut engine, false)
@@ -352,19 +372,96 @@ impl Shard {
                 }
                 engine.turn();
             }
-            let successor = engine.oldest_slot();
+            let queued = engine.has_queue();
             drop(engine);
             // A request pushed while we held the state found it busy and
-            // relies on us: the promoted caller takes the queue over, and
-            // requests still in the inbox make us go round once more.
-            if let Some(successor) = successor {
-                successor.promote();
+            // relies on us: queued seats go to the helper, and requests
+            // still in the inbox make us go round once more.
+            let mut inbox = lock(&self.inbox);
+            if queued {
+                inbox.help_wanted = true;
+                drop(inbox);
+                self.help.notify_one();
                 return;
             }
+            if inbox.requests.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// Combining mode, the helper's loop: sleep until a combiner leaves
+    /// seats queued, then serve the state until nothing is queued, lingering
+    /// as the turn policy says. It has no call of its own, so under steady
+    /// load it serves as a worker would, and no caller is held up serving
+    /// others.
+    fn help(&self) {
+        loop {
+            {
+                let mut inbox = lock(&self.inbox);
+                while !inbox.help_wanted && !inbox.closed {
+                    inbox = self.help.wait(inbox).unwrap_or_else(|e| e.into_inner());
+                }
+                if inbox.closed {
+                    return;
+                }
+                inbox.help_wanted = false;
+            }
+            self.serve_while_busy();
+        }
+    }
+
+    /// The helper's part: hold the state while seats keep coming.
+    fn serve_while_busy(&self) {
+        loop {
+            if self.is_closed() {
+                return;
+            }
+            let mut engine = match self.engine.try_lock() {
+                Ok(engine) => engine,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                // Its holder hands the queue back when it leaves.
+                Err(TryLockError::WouldBlock) => return,
+            };
+            engine.evict_idle();
+            loop {
+                self.take_inbox(&mut engine);
+                if !engine.has_queue() {
+                    // The callers just answered come back soon under load:
+                    // waiting for them here keeps their seats in one turn,
+                    // where a caller finding the state free would run a
+                    // narrow one of its own.
+                    if self.arrival_within(HELPER_HOLD) {
+                        continue;
+                    }
+                    break;
+                }
+                if !self.wait_for_turn(&mut engine) {
+                    break;
+                }
+                engine.turn();
+            }
+            drop(engine);
             if lock(&self.inbox).requests.is_empty() {
                 return;
             }
         }
+    }
+
+    /// Sleep until a request arrives (true) or `hold` passes or the shard
+    /// closes (false).
+    fn arrival_within(&self, hold: Duration) -> bool {
+        let mut inbox = lock(&self.inbox);
+        if inbox.requests.is_empty() && !inbox.closed {
+            inbox.sleep_until_seats(1);
+            inbox = self
+                .arrived
+                .wait_timeout(inbox, hold)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            inbox.sleeper = None;
+        }
+        !inbox.requests.is_empty() && !inbox.closed
     }
 
     /// Combining mode: move what is pending into the engine (a dropped
@@ -461,12 +558,15 @@ impl Shard {
     pub fn close(&self) {
         lock(&self.inbox).closed = true;
         self.arrived.notify_all();
+        self.help.notify_all();
         let worker = lock(&self.worker).take();
-        match worker {
-            Some(worker) => {
-                let _ = worker.join();
-            }
-            None => {
+        // Never the current thread: joining oneself fails.
+        if let Some(worker) = worker.filter(|w| w.thread().id() != std::thread::current().id()) {
+            let _ = worker.join();
+        }
+        match self.mode {
+            Mode::Worker => (),
+            Mode::Combining => {
                 let mut engine = lock(&self.engine);
                 engine.close();
                 // Requests pushed after the close are answered by the same

@@ -1,15 +1,14 @@
-//! A one-value answer channel, which can also be *promoted* (told that its
-//! waiter should take over running turns, in combining mode), *cancelled*
-//! (its waiter should give up) and *abandoned* (its waiter gave up: a late
-//! answer is refused and handed back to whoever offered it).
+//! A one-value answer channel, which can also be *cancelled* (its waiter
+//! should give up) and *abandoned* (its waiter gave up: a late answer is
+//! refused and handed back to whoever offered it).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 /// Who may touch it: the waiter (one thread: the handle's or spawner's
-/// caller) waits, takes and abandons; whoever answers (the worker or a
-/// combining caller) offers or promotes; a [`CancelToken`](crate::CancelToken)
+/// caller) waits, takes and abandons; whoever answers (the worker, a
+/// combining caller or the helper) offers; a [`CancelToken`](crate::CancelToken)
 /// cancels. All go through `inner`.
 pub(crate) struct Slot<T> {
     inner: Mutex<Inner<T>>,
@@ -22,9 +21,6 @@ pub(crate) struct Slot<T> {
 
 struct Inner<T> {
     value: Option<T>,
-    /// Set by a combiner leaving while this call is still queued; consumed by
-    /// the waiter, which then tries to take the state over.
-    promoted: bool,
     /// Set by a cancel token; consumed by the waiter.
     cancelled: bool,
     /// Set by the waiter once it gave up: no value is accepted any more.
@@ -40,7 +36,6 @@ const SPINS: usize = 20_000;
 
 pub(crate) enum Wake<T> {
     Value(T),
-    Promoted,
     Cancelled,
     TimedOut,
 }
@@ -50,7 +45,6 @@ impl<T> Slot<T> {
         Slot {
             inner: Mutex::new(Inner {
                 value: None,
-                promoted: false,
                 cancelled: false,
                 abandoned: false,
                 parked: false,
@@ -80,12 +74,6 @@ impl<T> Slot<T> {
     /// [`Slot::offer`] for answers nobody needs back.
     pub fn fill(&self, value: T) {
         let _ = self.offer(value);
-    }
-
-    pub fn promote(&self) {
-        let mut inner = self.lock();
-        inner.promoted = true;
-        self.signal(inner);
     }
 
     pub fn cancel(&self) {
@@ -118,7 +106,7 @@ impl<T> Slot<T> {
         inner.value.take()
     }
 
-    /// Block until a value lands, the slot is promoted or cancelled, or
+    /// Block until a value lands, the slot is cancelled, or
     /// `deadline` passes.
     pub fn wait_until(&self, deadline: Option<Instant>, spin: bool) -> Wake<T> {
         // With `spin`, a short spin first: a light model's turn is often
@@ -136,16 +124,11 @@ impl<T> Slot<T> {
         let mut inner = self.lock();
         loop {
             if let Some(v) = inner.value.take() {
-                inner.promoted = false;
                 return Wake::Value(v);
             }
             if inner.cancelled {
                 inner.cancelled = false;
                 return Wake::Cancelled;
-            }
-            if inner.promoted {
-                inner.promoted = false;
-                return Wake::Promoted;
             }
             inner.parked = true;
             match deadline {

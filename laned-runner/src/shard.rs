@@ -105,10 +105,6 @@ pub(crate) struct Parts {
     pub index: usize,
 }
 
-/// Turns a combining caller runs for others after its own call is answered,
-/// before it hands the queue to the helper.
-const EXTRA_TURNS: usize = 0;
-
 /// How long the helper keeps the state once nothing is queued.
 const HELPER_HOLD: Duration = Duration::from_micros(200);
 
@@ -244,7 +240,7 @@ impl Shard {
             let mut until = deadline;
             if self.mode == Mode::Combining {
                 if !slot.is_filled() {
-                    self.combine(&|| slot.is_filled(), true);
+                    self.combine(&|| slot.is_filled());
                 }
                 // Nobody else may be around to evict idle streams or admit
                 // waiters: look again now and then.
@@ -279,12 +275,6 @@ impl Shard {
     /// in meanwhile. Returns false when the shard closed meanwhile: the turn
     /// must not run, its seats are answered by the close.
     fn wait_for_turn(&self, engine: &mut Engine) -> bool {
-        self.turn_decision(engine, true)
-    }
-
-    /// [`Shard::wait_for_turn`]; with `may_wait` false, answers at once
-    /// whether the policy would run a turn now (false: it would wait).
-    fn turn_decision(&self, engine: &mut Engine, may_wait: bool) -> bool {
         let mut waited: Option<Instant> = None;
         loop {
             self.take_inbox(engine);
@@ -300,7 +290,6 @@ impl Shard {
                     }
                     return true;
                 }
-                Decision::WaitUntil(_) if !may_wait => return false,
                 Decision::WaitUntil(until) => {
                     waited.get_or_insert(now);
                     let mut inbox = lock(&self.inbox);
@@ -333,7 +322,7 @@ impl Shard {
 
     /// Combining mode: while `done` is false and the state is free, hold it
     /// and run turns. Leaving with seats queued, hand them to the helper.
-    fn combine(&self, done: &dyn Fn() -> bool, serve_others: bool) {
+    fn combine(&self, done: &dyn Fn() -> bool) {
         loop {
             // Once closed, the closing thread answers everyone: stay out of
             // its way.
@@ -346,28 +335,17 @@ impl Shard {
                 // Whoever holds it checks the inbox after letting go.
                 Err(TryLockError::WouldBlock) => return,
             };
-            // Once our own call is answered we still run up to EXTRA_TURNS
-            // turns for others, which saves waking the helper when the load
-            // is light; then the helper takes over. Bounded, so our own
-            // caller is never held for long.
-            let mut extra = 0;
             engine.evict_idle();
             loop {
                 self.take_inbox(&mut engine);
                 if !engine.has_queue() {
                     break;
                 }
-                // Our own call answered, we run only turns that are due now:
-                // lingering for others here would keep this thread from its
-                // own stream's next call, which may be the one awaited. The
-                // helper lingers instead.
-                let ready = if done() {
-                    extra += 1;
-                    serve_others && extra <= EXTRA_TURNS && self.turn_decision(&mut engine, false)
-                } else {
-                    self.wait_for_turn(&mut engine)
-                };
-                if !ready {
+                // Our own call answered, we leave at once: another turn here
+                // would keep this thread from its own stream's next call,
+                // which may be the one the others wait for. The helper
+                // serves what is queued.
+                if done() || !self.wait_for_turn(&mut engine) {
                     break;
                 }
                 engine.turn();
@@ -469,7 +447,7 @@ impl Shard {
     /// running anyone's turn.
     pub fn kick(&self) {
         if self.mode == Mode::Combining {
-            self.combine(&|| true, false);
+            self.combine(&|| true);
         }
     }
 

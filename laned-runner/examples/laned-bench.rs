@@ -21,8 +21,9 @@ laned-bench [--quick] [--model light|heavy|all|PATH [--pulse P] [--symbol S]] [-
                  in tract's NNEF format (batch symbol on axis 0), pulsified by --pulse
                  frames (default 4) on --symbol (default S)
   --streams      stream counts of the closed-loop scenario
-  --systems      closed loop: only these systems (comma-separated: solo, ideal, tract, worker,
-                 combining, shards, combining-shards, ideal-shards); the ideal loop always runs
+  --systems      only these systems (comma-separated). Closed loop: solo, ideal, tract, worker,
+                 combining, shards, combining-shards, ideal-shards (the ideal loop always runs);
+                 real time: echo, solo, tract, worker, linger (both values), combining, budget
   --frame-ms     real-time scenario: milliseconds of signal per frame (default 2.5;
                  a pulse of 4 frames is then due every 10 ms)
   --skip-real-time
@@ -58,6 +59,8 @@ struct Args {
     models: Vec<(String, Source)>,
     streams: Vec<usize>,
     systems: Vec<System>,
+    /// Real-time systems by short name; `None`: all.
+    rt_systems: Option<Vec<&'static str>>,
     out: PathBuf,
 }
 
@@ -72,6 +75,7 @@ fn args() -> Result<Args, String> {
         ],
         streams: vec![1, 4, 16, 64],
         systems: SYSTEMS.to_vec(),
+        rt_systems: None,
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/laned-bench"),
     };
     let (mut pulse, mut symbol) = (4usize, "S".to_string());
@@ -102,14 +106,18 @@ fn args() -> Result<Args, String> {
             "--systems" => {
                 let list = it.next().ok_or("--systems needs a list")?;
                 let mut wanted = vec![System::Ideal];
+                let mut rt = vec![];
                 for name in list.split(',').map(str::trim) {
-                    let system = SYSTEMS
-                        .iter()
-                        .find(|s| s.short() == name)
-                        .ok_or_else(|| format!("--systems: no system {name:?}"))?;
-                    wanted.push(*system);
+                    let closed = SYSTEMS.iter().find(|s| s.short() == name);
+                    let real_time = RT_NAMES.iter().find(|n| **n == name);
+                    if closed.is_none() && real_time.is_none() {
+                        return Err(format!("--systems: no system {name:?}"));
+                    }
+                    wanted.extend(closed);
+                    rt.extend(real_time);
                 }
                 a.systems = SYSTEMS.iter().filter(|s| wanted.contains(s)).copied().collect();
+                a.rt_systems = Some(rt);
             }
             "--frame-ms" => {
                 let v = it.next().ok_or("--frame-ms needs a number")?;
@@ -150,6 +158,9 @@ enum System {
     /// A laned state per core, each on its own thread, all lanes seated.
     IdealShards,
 }
+
+/// The real-time systems' short names (`RtSystem::short`).
+const RT_NAMES: [&str; 7] = ["echo", "solo", "tract", "worker", "linger", "combining", "budget"];
 
 const SYSTEMS: [System; 8] = [
     System::Solo,
@@ -404,6 +415,8 @@ fn main() -> TractResult<()> {
             Duration::from_secs(2)
         };
         let systems: Vec<(String, RtSystem)> = vec![
+            ("echo (no model: the load generator alone)".into(), RtSystem::Echo),
+            ("a state per stream (no runner)".into(), RtSystem::Solo),
             ("tract LanedRunnable (defaults)".into(), RtSystem::Tract),
             (
                 "ours (worker, no linger)".into(),
@@ -426,6 +439,14 @@ fn main() -> TractResult<()> {
                 RtSystem::Budget(budget),
             ),
         ];
+        let systems: Vec<(String, RtSystem)> = systems
+            .into_iter()
+            .filter(|(_, system)| {
+                args.rt_systems
+                    .as_ref()
+                    .is_none_or(|only| only.contains(&system.short()))
+            })
+            .collect();
         let rt_repeats = if args.quick { 1 } else { 3 };
         let mut progress = Progress {
             done: 0,
@@ -482,14 +503,71 @@ fn main() -> TractResult<()> {
 
 #[derive(Debug, Clone, Copy)]
 enum RtSystem {
+    /// A state that hands its inputs back: the stream threads' own sleeping
+    /// and waking, with no model and no runner behind them.
+    Echo,
+    /// A plain state per stream, run on the stream's own thread: no queue,
+    /// no hand-off, no batching. What the load generator itself allows.
+    Solo,
     Tract,
     Ours(Mode, Duration),
     /// Ours in worker mode under `TurnPolicy::LatencyBudget`, untuned.
     Budget(Duration),
 }
 
+impl RtSystem {
+    /// The name `--systems` knows it by.
+    fn short(self) -> &'static str {
+        match self {
+            RtSystem::Echo => "echo",
+            RtSystem::Solo => "solo",
+            RtSystem::Tract => "tract",
+            RtSystem::Ours(Mode::Combining, _) => "combining",
+            RtSystem::Ours(_, linger) if linger.is_zero() => "worker",
+            RtSystem::Ours(..) => "linger",
+            RtSystem::Budget(_) => "budget",
+        }
+    }
+}
+
+/// Facts of the model it stands for; its states hand their inputs back.
+#[derive(Debug)]
+struct Echo(Arc<dyn Runnable>);
+
+#[derive(Debug, Clone)]
+struct EchoState(Arc<dyn Runnable>);
+
+impl State for EchoState {
+    fn run(&mut self, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        Ok(inputs)
+    }
+    fn runnable(&self) -> &dyn Runnable {
+        &*self.0
+    }
+    fn input_count(&self) -> usize {
+        self.0.input_count()
+    }
+    fn output_count(&self) -> usize {
+        self.0.input_count()
+    }
+}
+
+impl Runnable for Echo {
+    fn spawn(&self) -> TractResult<Box<dyn State>> {
+        Ok(Box::new(EchoState(self.0.clone())))
+    }
+    fn typed_plan(&self) -> Option<&Arc<TypedSimplePlan>> {
+        self.0.typed_plan()
+    }
+    fn typed_model(&self) -> Option<&Arc<TypedModel>> {
+        self.0.typed_model()
+    }
+}
+
 fn rt_runnable(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractResult<Arc<dyn Runnable>> {
     Ok(match system {
+        RtSystem::Solo => plan.clone(),
+        RtSystem::Echo => Arc::new(Echo(plan.clone())),
         RtSystem::Tract => Arc::new(tract_core::lanes::LanedRunnable::wrap(plan.clone(), n)?),
         RtSystem::Budget(budget) => Arc::new(LanedRunner::new(
             plan.clone(),
@@ -573,7 +651,9 @@ fn cdf_svg(rt: &[RealTime]) -> String {
         .max()
         .unwrap_or(1)
         .max(1) as f64;
-    let colors = ["#d62728", "#1f77b4", "#9467bd", "#17becf", "#2ca02c"];
+    let colors = [
+        "#888888", "#d62728", "#1f77b4", "#9467bd", "#17becf", "#2ca02c", "#ff7f0e",
+    ];
     let mut svg = svg_frame(
         w,
         h,

@@ -179,6 +179,8 @@ pub(crate) struct Engine {
     /// Reused buffers for splitting the queue at each turn.
     spare: Vec<QSeat>,
     seated: Vec<QSeat>,
+    /// The turn's answered callers that sleep, woken together at its end.
+    wakes: Vec<Arc<Slot<CallResult>>>,
     pending: HashMap<u64, Pending, BuildHasherDefault<CallIdHasher>>,
     next_call: u64,
     fill: Fill,
@@ -287,6 +289,7 @@ impl Engine {
             table: LaneTable::new(max_lanes).map_err(|e| NewRunnerError::Config(e.to_string()))?,
             queue: vec![],
             spare: vec![],
+            wakes: vec![],
             seated: vec![],
             pending: HashMap::default(),
             next_call: 0,
@@ -676,10 +679,13 @@ impl Engine {
                     let one_row = self.pending.get(&seat.call).is_some_and(|p| p.served.len() == 1);
                     if one_row {
                         let pending = self.pending.remove(&seat.call).expect("present");
-                        pending.slot.fill(Ok(Answer::Row {
+                        let answer = Ok(Answer::Row {
                             turn: outputs.clone(),
                             seat: ix,
-                        }));
+                        });
+                        if pending.slot.fill_quietly(answer) {
+                            self.wakes.push(pending.slot);
+                        }
                     } else {
                         let row = Answer::Row {
                             turn: outputs.clone(),
@@ -689,6 +695,9 @@ impl Engine {
                         self.land(seat.call, seat.place, row.map_err(|e| e.to_string()));
                     }
                 }
+                // One wake per sleeping caller would cost this thread a
+                // system call each: wake them as a tree instead.
+                crate::slot::wake_all(&mut self.wakes);
             }
             Err(why) => {
                 self.metrics.record_failed_turn();

@@ -3,7 +3,7 @@
 //! refused and handed back to whoever offered it).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 /// Who may touch it: the waiter (one thread: the handle's or spawner's
@@ -29,6 +29,10 @@ struct Inner<T> {
     /// need a futex wake (a spinning or running waiter sees the change
     /// itself), which saves a system call per answer.
     parked: bool,
+    /// Other waiters this one wakes when it takes its value (see
+    /// [`wake_all`]). Set only while it is parked with its value landed, so
+    /// the waiter takes both at once.
+    duty: Vec<Arc<Slot<T>>>,
 }
 
 /// Spin iterations before parking (a few tens of microseconds).
@@ -48,6 +52,7 @@ impl<T> Slot<T> {
                 cancelled: false,
                 abandoned: false,
                 parked: false,
+                duty: Vec::new(),
             }),
             cv: Condvar::new(),
             signalled: AtomicBool::new(false),
@@ -74,6 +79,39 @@ impl<T> Slot<T> {
     /// [`Slot::offer`] for answers nobody needs back.
     pub fn fill(&self, value: T) {
         let _ = self.offer(value);
+    }
+
+    /// [`Slot::fill`] without the futex wake: returns whether the waiter is
+    /// parked, in which case the caller must see it woken ([`wake_all`]).
+    pub fn fill_quietly(&self, value: T) -> bool {
+        let mut inner = self.lock();
+        if inner.abandoned {
+            return false;
+        }
+        inner.value = Some(value);
+        let parked = inner.parked;
+        drop(inner);
+        self.signalled.store(true, Ordering::Release);
+        parked
+    }
+
+    /// Wake the waiter if it sleeps.
+    fn wake(&self) {
+        if self.lock().parked {
+            self.cv.notify_one();
+        }
+    }
+
+    /// Hand `duty` to the waiter if it still sleeps with its value landed
+    /// (it performs it on taking the value); otherwise give it back.
+    fn assign(&self, duty: Vec<Arc<Slot<T>>>) -> Result<(), Vec<Arc<Slot<T>>>> {
+        let mut inner = self.lock();
+        if inner.parked && inner.value.is_some() {
+            inner.duty = duty;
+            Ok(())
+        } else {
+            Err(duty)
+        }
     }
 
     pub fn cancel(&self) {
@@ -124,6 +162,11 @@ impl<T> Slot<T> {
         let mut inner = self.lock();
         loop {
             if let Some(v) = inner.value.take() {
+                let duty = std::mem::take(&mut inner.duty);
+                drop(inner);
+                for other in duty {
+                    other.wake();
+                }
                 return Wake::Value(v);
             }
             if inner.cancelled {
@@ -151,6 +194,35 @@ impl<T> Slot<T> {
     }
 }
 
+/// Wake the parked waiters of `slots` (their values landed with
+/// [`Slot::fill_quietly`]) as a tree: this thread wakes the first two, and
+/// each waiter woken wakes two more as it takes its value. The thread that
+/// answered a wide turn makes two system calls instead of one per waiter;
+/// the rest are spread over the waiters' own threads, off the thread that
+/// runs the next turn.
+pub(crate) fn wake_all<T>(slots: &mut Vec<Arc<Slot<T>>>) {
+    const ROOTS: usize = 2;
+    // Waiter `i` (from ROOTS on) is woken by waiter `(i - ROOTS) / 2`.
+    // Duties are handed out children first, before any root wakes, so a
+    // waiter rarely wakes before it knows its duty; one that did (a
+    // spurious wake-up) refuses it, and this thread does it instead.
+    let n = slots.len();
+    for parent in (0..n.saturating_sub(ROOTS).div_ceil(2)).rev() {
+        let children: Vec<Arc<Slot<T>>> = (2 * parent + ROOTS..(2 * parent + ROOTS + 2).min(n))
+            .map(|c| slots[c].clone())
+            .collect();
+        if let Err(children) = slots[parent].assign(children) {
+            for child in children {
+                child.wake();
+            }
+        }
+    }
+    for root in slots.iter().take(ROOTS) {
+        root.wake();
+    }
+    slots.clear();
+}
+
 /// What a cancel token can reach: the slot of the call it guards.
 pub(crate) trait Cancel: Send + Sync {
     fn cancel(&self);
@@ -159,5 +231,76 @@ pub(crate) trait Cancel: Send + Sync {
 impl<T: Send> Cancel for Slot<T> {
     fn cancel(&self) {
         Slot::cancel(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// Threads parked on `n` slots, each sending its value once woken.
+    fn parked_waiters(n: usize) -> (Vec<Arc<Slot<usize>>>, mpsc::Receiver<usize>) {
+        let (tx, rx) = mpsc::channel();
+        let slots: Vec<Arc<Slot<usize>>> = (0..n).map(|_| Arc::new(Slot::new())).collect();
+        for slot in &slots {
+            let (slot, tx) = (slot.clone(), tx.clone());
+            std::thread::spawn(move || {
+                if let Wake::Value(v) = slot.wait_until(None, false) {
+                    let _ = tx.send(v);
+                }
+            });
+        }
+        for slot in &slots {
+            while !slot.lock().parked {
+                std::thread::yield_now();
+            }
+        }
+        (slots, rx)
+    }
+
+    fn received(rx: &mpsc::Receiver<usize>, n: usize) -> Vec<usize> {
+        let mut got: Vec<usize> = (0..n)
+            .map_while(|_| rx.recv_timeout(Duration::from_secs(10)).ok())
+            .collect();
+        got.sort_unstable();
+        got
+    }
+
+    /// Every parked waiter of a wide turn gets its value, though the
+    /// answering thread wakes only two of them itself.
+    #[test]
+    fn a_wake_tree_reaches_every_parked_waiter() {
+        for n in [1, 2, 3, 7, 40] {
+            let (slots, rx) = parked_waiters(n);
+            let mut wakes = vec![];
+            for (v, slot) in slots.iter().enumerate() {
+                assert!(slot.fill_quietly(v), "waiter {v} is parked");
+                wakes.push(slot.clone());
+            }
+            wake_all(&mut wakes);
+            assert_eq!(received(&rx, n), (0..n).collect::<Vec<_>>(), "{n} waiters");
+            assert!(wakes.is_empty());
+        }
+    }
+
+    /// A waiter that is not asleep refuses a duty; the answering thread
+    /// then wakes that waiter's share itself.
+    #[test]
+    fn a_refused_duty_is_done_by_the_answering_thread() {
+        let (slots, rx) = parked_waiters(4);
+        // Two roots nobody waits on: each refuses its two children.
+        let roots: Vec<Arc<Slot<usize>>> = (0..2).map(|_| Arc::new(Slot::new())).collect();
+        let mut wakes: Vec<Arc<Slot<usize>>> = roots.clone();
+        for (v, slot) in slots.iter().enumerate() {
+            assert!(slot.fill_quietly(v));
+            wakes.push(slot.clone());
+        }
+        for root in &roots {
+            assert!(!root.fill_quietly(99), "nobody is parked on a root");
+        }
+        wake_all(&mut wakes);
+        assert_eq!(received(&rx, 4), vec![0, 1, 2, 3]);
     }
 }

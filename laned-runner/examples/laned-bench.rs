@@ -23,7 +23,8 @@ laned-bench [--quick] [--model light|heavy|all|PATH [--pulse P] [--symbol S]] [-
   --streams      stream counts of the closed-loop scenario
   --systems      only these systems (comma-separated). Closed loop: solo, ideal, tract, worker,
                  combining, shards, combining-shards, ideal-shards (the ideal loop always runs);
-                 real time: echo, solo, tract, worker, linger (both values), combining, budget
+                 real time: echo, solo, tract, worker, linger (both values), combining, budget,
+                 budget-shards
   --frame-ms     real-time scenario: milliseconds of signal per frame (default 2.5;
                  a pulse of 4 frames is then due every 10 ms)
   --skip-real-time
@@ -160,7 +161,16 @@ enum System {
 }
 
 /// The real-time systems' short names (`RtSystem::short`).
-const RT_NAMES: [&str; 7] = ["echo", "solo", "tract", "worker", "linger", "combining", "budget"];
+const RT_NAMES: [&str; 8] = [
+    "echo",
+    "solo",
+    "tract",
+    "worker",
+    "linger",
+    "combining",
+    "budget",
+    "budget-shards",
+];
 
 const SYSTEMS: [System; 8] = [
     System::Solo,
@@ -438,6 +448,13 @@ fn main() -> TractResult<()> {
                 format!("ours (worker, latency budget {} ms)", budget.as_secs_f64() * 1000.0),
                 RtSystem::Budget(budget),
             ),
+            (
+                format!(
+                    "ours (defaults: a shard per core; latency budget {} ms)",
+                    budget.as_secs_f64() * 1000.0
+                ),
+                RtSystem::BudgetShards(budget),
+            ),
         ];
         let systems: Vec<(String, RtSystem)> = systems
             .into_iter()
@@ -513,6 +530,8 @@ enum RtSystem {
     Ours(Mode, Duration),
     /// Ours in worker mode under `TurnPolicy::LatencyBudget`, untuned.
     Budget(Duration),
+    /// The same with the default shard count (one per core).
+    BudgetShards(Duration),
 }
 
 impl RtSystem {
@@ -526,6 +545,7 @@ impl RtSystem {
             RtSystem::Ours(_, linger) if linger.is_zero() => "worker",
             RtSystem::Ours(..) => "linger",
             RtSystem::Budget(_) => "budget",
+            RtSystem::BudgetShards(_) => "budget-shards",
         }
     }
 }
@@ -577,6 +597,16 @@ fn rt_runnable(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractRes
                 .policy(TurnPolicy::latency_budget(budget))
                 .build(),
         )?),
+        RtSystem::BudgetShards(budget) => {
+            let shards = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+            Arc::new(LanedRunner::new(
+                plan.clone(),
+                RunnerConfig::builder()
+                    .max_lanes(n.div_ceil(shards))
+                    .policy(TurnPolicy::latency_budget(budget))
+                    .build(),
+            )?)
+        }
         RtSystem::Ours(mode, linger) => Arc::new(LanedRunner::new(
             plan.clone(),
             RunnerConfig::builder()

@@ -326,6 +326,42 @@ fn a_clone_dropped_while_its_twin_calls_loses_nothing() {
     }
 }
 
+/// Two clones of one stream calling at once are served in two turns, one
+/// after the other on the stream's state, though the caller of the first
+/// leaves once answered (in `Combining` mode the helper serves the second).
+#[test]
+fn twin_calls_on_one_stream_are_both_served_in_turn() {
+    let f = fixtures::small_tdnn();
+    let x = f.inputs(1, 7);
+    let mut reference = f.runnable().unwrap().spawn().unwrap();
+    let first = reference.run(x.clone()).unwrap();
+    let second = reference.run(x.clone()).unwrap();
+    assert_ne!(*first[0], *second[0], "the fixture's state must show the order");
+    for mode in MODES {
+        let r = runner(&f, 2, mode, Duration::ZERO);
+        for round in 0..40 {
+            let a = r.try_spawn().unwrap();
+            let answers = call_all(vec![(a.clone(), x.clone()), (a, x.clone())]);
+            let mut outs: Vec<Tensor> = answers
+                .into_iter()
+                .map(|o| {
+                    o.unwrap_or_else(|e| panic!("{mode:?} round {round}: {e}"))[0]
+                        .clone()
+                        .into_tensor()
+                })
+                .collect();
+            if outs[0] != *first[0] {
+                outs.swap(0, 1);
+            }
+            assert_eq!(
+                outs[0], *first[0],
+                "{mode:?} round {round}: one call gets the first pulse's answer"
+            );
+            assert_eq!(outs[1], *second[0], "{mode:?} round {round}: the other the second's");
+        }
+    }
+}
+
 /// `spawn` fails at once when every lane is taken, saying how many; the
 /// last handle of a stream dropped gives its lane back.
 #[test]

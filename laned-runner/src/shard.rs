@@ -102,7 +102,7 @@ const WORKER_SPIN: Duration = Duration::from_micros(30);
 /// one now and then otherwise, so a change of load is noticed.
 #[derive(Default)]
 struct SpinGauge {
-    /// Recent hits minus misses, in [0, 8].
+    /// Earned by hits (two each), spent by misses (one each), in [0, 8].
     credit: u8,
     /// Idle moments since the last spin tried while out of credit.
     skipped: u8,
@@ -481,7 +481,7 @@ impl Shard {
     }
 
     /// Combining mode: move what is pending into the engine (a dropped
-    /// handle's release) and hand any queued call to its waiter, without
+    /// handle's release) and hand any queued call to the helper, without
     /// running anyone's turn.
     pub fn kick(&self) {
         if self.mode == Mode::Combining {

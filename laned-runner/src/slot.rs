@@ -67,12 +67,9 @@ impl<T> Slot<T> {
     /// Hand the waiter its answer; refused (and handed back) once the waiter
     /// gave up.
     pub fn offer(&self, value: T) -> Result<(), T> {
-        let mut inner = self.lock();
-        if inner.abandoned {
-            return Err(value);
+        if self.land(value)? {
+            self.cv.notify_one();
         }
-        inner.value = Some(value);
-        self.signal(inner);
         Ok(())
     }
 
@@ -84,15 +81,22 @@ impl<T> Slot<T> {
     /// [`Slot::fill`] without the futex wake: returns whether the waiter is
     /// parked, in which case the caller must see it woken ([`wake_all`]).
     pub fn fill_quietly(&self, value: T) -> bool {
+        self.land(value).unwrap_or(false)
+    }
+
+    /// Store the answer unless the waiter gave up; returns whether the
+    /// waiter sleeps (read under the lock it parks under, so a waiter about
+    /// to park sees the value instead).
+    fn land(&self, value: T) -> Result<bool, T> {
         let mut inner = self.lock();
         if inner.abandoned {
-            return false;
+            return Err(value);
         }
         inner.value = Some(value);
         let parked = inner.parked;
         drop(inner);
         self.signalled.store(true, Ordering::Release);
-        parked
+        Ok(parked)
     }
 
     /// Wake the waiter if it sleeps.

@@ -263,6 +263,9 @@ struct Probe {
     /// Process CPU time per 1000 pulses served (all threads: the streams'
     /// and the runner's).
     cpu_ms_per_1k: Option<f64>,
+    /// The same for the runner's own threads only (the worker threads, or
+    /// tract's), where the system has such threads.
+    runner_cpu_ms_per_1k: Option<f64>,
 }
 
 struct Progress {
@@ -535,6 +538,16 @@ enum RtSystem {
 }
 
 impl RtSystem {
+    /// The name its runner gives its own threads, where it has threads that
+    /// run every turn (not so in combining mode, where callers run turns).
+    fn runner_threads(self) -> Option<&'static str> {
+        match self {
+            RtSystem::Tract => Some("tract-lanes"),
+            RtSystem::Ours(Mode::Worker, _) | RtSystem::Budget(_) | RtSystem::BudgetShards(_) => Some("laned-worker"),
+            RtSystem::Echo | RtSystem::Solo | RtSystem::Ours(Mode::Combining, _) => None,
+        }
+    }
+
     /// The name `--systems` knows it by.
     fn short(self) -> &'static str {
         match self {
@@ -636,7 +649,13 @@ fn capacity(
     let mut probe = |n: usize| -> TractResult<bool> {
         let runnable = rt_runnable(plan, system, n)?;
         let cpu_before = load::process_cpu_time();
-        let lat = load::real_time(fixture, runnable, n, period, probe_time, n as u64)?;
+        let runner_before = system.runner_threads().and_then(load::threads_cpu_time);
+        let lat = load::real_time(fixture, runnable.clone(), n, period, probe_time, n as u64)?;
+        // Read while the runner (and so its threads) still lives.
+        let runner_cpu = runner_before
+            .zip(system.runner_threads().and_then(load::threads_cpu_time))
+            .map(|(a, b)| b.saturating_sub(a));
+        drop(runnable);
         let cpu = cpu_before
             .zip(load::process_cpu_time())
             .map(|(a, b)| b.saturating_sub(a));
@@ -647,6 +666,7 @@ fn capacity(
             max_us: lat.quantile_us(1.0),
             pulses: lat.pulses,
             cpu_ms_per_1k: cpu.map(|c| c.as_secs_f64() * 1e6 / lat.pulses.max(1) as f64),
+            runner_cpu_ms_per_1k: runner_cpu.map(|c| c.as_secs_f64() * 1e6 / lat.pulses.max(1) as f64),
         };
         let ok = p.p99_us as u128 <= budget.as_micros();
         probes.push((p, lat));
@@ -754,7 +774,7 @@ fn markdown(r: &Report) -> String {
     }
     if let Some(first) = r.real_time.first() {
         out += &format!(
-            "## real time ({})\n\nEach stream sends one pulse every {:.1} ms from a random phase; capacity = most streams with p99 latency within {:.1} ms (doubling, then bisecting); the median of the searches (each listed), interleaved. Latencies at the median capacity point; CPU = process CPU time (every thread) per 1000 pulses, at 128 and 256 streams.\n\n| system | capacity | searches | p50 ms | p99 ms | max ms | CPU ms/1k at 128 | at 256 |\n|---|---|---|---|---|---|---|---|\n",
+            "## real time ({})\n\nEach stream sends one pulse every {:.1} ms from a random phase; capacity = most streams with p99 latency within {:.1} ms (doubling, then bisecting); the median of the searches (each listed), interleaved. Latencies at the median capacity point; CPU = process CPU time (every thread) per 1000 pulses, at 128 and 256 streams; runner threads = the same for the runner's own threads only (its workers; tract's worker), at 256 streams: what bounds the capacity once the callers have cores of their own.\n\n| system | capacity | searches | p50 ms | p99 ms | max ms | CPU ms/1k at 128 | at 256 | runner threads ms/1k at 256 |\n|---|---|---|---|---|---|---|---|---|\n",
             first.model, first.period_ms, first.budget_ms
         );
         for rt in &r.real_time {
@@ -772,8 +792,15 @@ fn markdown(r: &Report) -> String {
                     .map(|c| format!("{c:.0}"))
                     .unwrap_or_else(|| "-".into())
             };
+            let runner_cpu = rt
+                .probes
+                .iter()
+                .find(|p| p.streams == 256)
+                .and_then(|p| p.runner_cpu_ms_per_1k)
+                .map(|c| format!("{c:.1}"))
+                .unwrap_or_else(|| "-".into());
             out += &format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 rt.system,
                 rt.capacity,
                 all.join(", "),
@@ -781,7 +808,8 @@ fn markdown(r: &Report) -> String {
                 ms(at.map(|p| p.p99_us)),
                 ms(at.map(|p| p.max_us)),
                 cpu(128),
-                cpu(256)
+                cpu(256),
+                runner_cpu
             );
         }
         out += "\n";

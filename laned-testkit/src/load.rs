@@ -190,6 +190,26 @@ pub fn process_cpu_time() -> Option<Duration> {
     Some(Duration::from_millis((utime + stime) * 10))
 }
 
+/// CPU time (user and system) of this process's live threads whose name
+/// starts with `prefix` (a runner's worker threads: `laned-worker`,
+/// tract's `tract-lanes`), in clock ticks of 10 ms. Linux; `None`
+/// elsewhere.
+pub fn threads_cpu_time(prefix: &str) -> Option<Duration> {
+    let mut ticks = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(stat) = std::fs::read_to_string(task.ok()?.path().join("stat")) else {
+            continue; // the thread ended meanwhile
+        };
+        let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+        if !stat[open + 1..close].starts_with(prefix) {
+            continue;
+        }
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        ticks += fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_millis(ticks * 10))
+}
+
 /// The most streams `probe` accepts: doubling from `start` up to `max`,
 /// then bisecting between the last accepted and the first refused count
 /// until they are within a sixteenth (at most `bisections` probes). 0 if
@@ -344,6 +364,32 @@ mod tests {
         assert_eq!(&probed[..7], &[8, 16, 32, 64, 128, 256, 512]);
         assert_eq!(search_capacity(8, 2048, 8, |_| Ok(false)).unwrap(), 0);
         assert_eq!(search_capacity(8, 64, 8, |_| Ok(true)).unwrap(), 64);
+    }
+
+    /// A named thread's CPU time is counted under its name's prefix, and
+    /// another name's is not (Linux).
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn threads_cpu_time_counts_the_named_threads_only() {
+        let busy = std::thread::Builder::new()
+            .name("cpu-probe-busy".into())
+            .spawn(|| {
+                let give_up = Instant::now() + Duration::from_secs(20);
+                let mut x = 1u64;
+                while threads_cpu_time("cpu-probe-busy").unwrap() < Duration::from_millis(50) {
+                    for _ in 0..100_000 {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    }
+                    assert!(
+                        Instant::now() < give_up,
+                        "20 s of work and the thread's clock did not move 50 ms"
+                    );
+                }
+                x
+            })
+            .unwrap();
+        assert_ne!(busy.join().unwrap(), 0);
+        assert_eq!(threads_cpu_time("no-such-thread"), Some(Duration::ZERO));
     }
 
     /// The process CPU clock moves while this thread computes (Linux).

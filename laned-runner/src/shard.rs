@@ -358,22 +358,31 @@ impl Shard {
         self.arrived.notify_all();
     }
 
+    /// Combining mode: the state, if it is free and the shard open, with
+    /// idle streams evicted. `None` when busy: whoever holds it looks at the
+    /// inbox after letting go, and hands queued seats to the helper. `None`
+    /// once closed: the closing thread answers everyone, stay out of its
+    /// way.
+    fn hold(&self) -> Option<MutexGuard<'_, Engine>> {
+        if self.is_closed() {
+            return None;
+        }
+        let mut engine = match self.engine.try_lock() {
+            Ok(engine) => engine,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        engine.evict_idle();
+        Some(engine)
+    }
+
     /// Combining mode: while `done` is false and the state is free, hold it
     /// and run turns. Leaving with seats queued, hand them to the helper.
     fn combine(&self, done: &dyn Fn() -> bool) {
         loop {
-            // Once closed, the closing thread answers everyone: stay out of
-            // its way.
-            if self.is_closed() {
+            let Some(mut engine) = self.hold() else {
                 return;
-            }
-            let mut engine = match self.engine.try_lock() {
-                Ok(engine) => engine,
-                Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                // Whoever holds it checks the inbox after letting go.
-                Err(TryLockError::WouldBlock) => return,
             };
-            engine.evict_idle();
             loop {
                 self.take_inbox(&mut engine);
                 if !engine.has_queue() {
@@ -430,16 +439,9 @@ impl Shard {
     /// The helper's part: hold the state while seats keep coming.
     fn serve_while_busy(&self) {
         loop {
-            if self.is_closed() {
+            let Some(mut engine) = self.hold() else {
                 return;
-            }
-            let mut engine = match self.engine.try_lock() {
-                Ok(engine) => engine,
-                Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                // Its holder hands the queue back when it leaves.
-                Err(TryLockError::WouldBlock) => return,
             };
-            engine.evict_idle();
             loop {
                 self.take_inbox(&mut engine);
                 if !engine.has_queue() {

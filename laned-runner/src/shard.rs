@@ -278,7 +278,7 @@ impl Shard {
             let mut until = deadline;
             if self.mode == Mode::Combining {
                 if !slot.is_filled() {
-                    self.combine(&|| slot.is_filled());
+                    self.combine(&|| slot.is_filled(), None);
                 }
                 // Nobody else may be around to evict idle streams or admit
                 // waiters: look again now and then.
@@ -377,8 +377,10 @@ impl Shard {
     }
 
     /// Combining mode: while `done` is false and the state is free, hold it
-    /// and run turns. Leaving with seats queued, hand them to the helper.
-    fn combine(&self, done: &dyn Fn() -> bool) {
+    /// and run turns. With `hold_when_empty` (the helper), wait that long
+    /// for the next request once nothing is queued before letting go.
+    /// Leaving with seats queued, hand them to the helper.
+    fn combine(&self, done: &dyn Fn() -> bool, hold_when_empty: Option<Duration>) {
         loop {
             let Some(mut engine) = self.hold() else {
                 return;
@@ -386,6 +388,13 @@ impl Shard {
             loop {
                 self.take_inbox(&mut engine);
                 if !engine.has_queue() {
+                    // The callers just answered come back soon under load:
+                    // the helper waiting for them keeps their seats in one
+                    // turn, where a caller finding the state free would run
+                    // a narrow one of its own.
+                    if hold_when_empty.is_some_and(|hold| self.arrival_within(hold)) {
+                        continue;
+                    }
                     break;
                 }
                 // Our own call answered, we leave at once: another turn here
@@ -432,37 +441,8 @@ impl Shard {
                 }
                 inbox.help_wanted = false;
             }
-            self.serve_while_busy();
-        }
-    }
-
-    /// The helper's part: hold the state while seats keep coming.
-    fn serve_while_busy(&self) {
-        loop {
-            let Some(mut engine) = self.hold() else {
-                return;
-            };
-            loop {
-                self.take_inbox(&mut engine);
-                if !engine.has_queue() {
-                    // The callers just answered come back soon under load:
-                    // waiting for them here keeps their seats in one turn,
-                    // where a caller finding the state free would run a
-                    // narrow one of its own.
-                    if self.arrival_within(HELPER_HOLD) {
-                        continue;
-                    }
-                    break;
-                }
-                if !self.wait_for_turn(&mut engine) {
-                    break;
-                }
-                engine.turn();
-            }
-            drop(engine);
-            if lock(&self.inbox).requests.is_empty() {
-                return;
-            }
+            // Never done: it has no call of its own.
+            self.combine(&|| false, Some(HELPER_HOLD));
         }
     }
 
@@ -487,7 +467,7 @@ impl Shard {
     /// running anyone's turn.
     pub fn kick(&self) {
         if self.mode == Mode::Combining {
-            self.combine(&|| true);
+            self.combine(&|| true, None);
         }
     }
 

@@ -27,6 +27,9 @@ laned-bench [--quick] [--model light|heavy|all|PATH [--pulse P] [--symbol S]] [-
                  budget-shards
   --frame-ms     real-time scenario: milliseconds of signal per frame (default 2.5;
                  a pulse of 4 frames is then due every 10 ms)
+  --seconds S    closed loop: seconds per run (default 1, --quick 0.25)
+  --repeats R    closed loop: interleaved runs per system (default 5, --quick 3)
+  --rt-max N     real time: the most streams a capacity search tries (default 2048)
   --skip-real-time
                  closed loop only
   --skip-closed-loop
@@ -62,6 +65,10 @@ struct Args {
     systems: Vec<System>,
     /// Real-time systems by short name; `None`: all.
     rt_systems: Option<Vec<&'static str>>,
+    /// Closed-loop seconds per run and runs per system, where given.
+    seconds: Option<f64>,
+    repeats: Option<usize>,
+    rt_max: usize,
     out: PathBuf,
 }
 
@@ -77,6 +84,9 @@ fn args() -> Result<Args, String> {
         streams: vec![1, 4, 16, 64],
         systems: SYSTEMS.to_vec(),
         rt_systems: None,
+        seconds: None,
+        repeats: None,
+        rt_max: 2048,
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/laned-bench"),
     };
     let (mut pulse, mut symbol) = (4usize, "S".to_string());
@@ -123,6 +133,18 @@ fn args() -> Result<Args, String> {
             "--frame-ms" => {
                 let v = it.next().ok_or("--frame-ms needs a number")?;
                 a.frame_ms = v.parse().map_err(|e| format!("--frame-ms {v:?}: {e}"))?;
+            }
+            "--seconds" => {
+                let v = it.next().ok_or("--seconds needs a number")?;
+                a.seconds = Some(v.parse().map_err(|e| format!("--seconds {v:?}: {e}"))?);
+            }
+            "--repeats" => {
+                let v = it.next().ok_or("--repeats needs a number")?;
+                a.repeats = Some(v.parse().map_err(|e| format!("--repeats {v:?}: {e}"))?);
+            }
+            "--rt-max" => {
+                let v = it.next().ok_or("--rt-max needs a number")?;
+                a.rt_max = v.parse().map_err(|e| format!("--rt-max {v:?}: {e}"))?;
             }
             "--skip-real-time" => a.real_time = false,
             "--skip-closed-loop" => a.streams.clear(),
@@ -372,6 +394,7 @@ fn main() -> TractResult<()> {
         }
     };
     let (seconds, repeats) = if args.quick { (0.25, 3) } else { (1.0, 5) };
+    let (seconds, repeats) = (args.seconds.unwrap_or(seconds), args.repeats.unwrap_or(repeats).max(1));
     let d = Duration::from_secs_f64(seconds);
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let mut progress = Progress {
@@ -479,9 +502,13 @@ fn main() -> TractResult<()> {
         for repeat in 0..rt_repeats {
             for (ix, (label, system)) in systems.iter().enumerate() {
                 progress.step(&format!("real time {name} #{}: capacity of {label}", repeat + 1));
-                searches[ix].push(capacity(
-                    &fixture, &plan, &name, label, *system, period, budget, probe_time,
-                )?);
+                let scenario = RtScenario {
+                    period,
+                    budget,
+                    probe_time,
+                    max_streams: args.rt_max,
+                };
+                searches[ix].push(capacity(&fixture, &plan, &name, label, *system, &scenario)?);
             }
         }
         for mut runs in searches {
@@ -632,19 +659,34 @@ fn rt_runnable(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractRes
     })
 }
 
-/// The most streams served with p99 latency within `budget`: doubling from 8
-/// while within, then bisecting between the last within and the first over.
-#[allow(clippy::too_many_arguments)]
+/// What a real-time capacity search measures under.
+struct RtScenario {
+    /// Each stream sends a pulse this often.
+    period: Duration,
+    /// The p99 latency a probe must stay within.
+    budget: Duration,
+    /// How long each probe runs.
+    probe_time: Duration,
+    /// The most streams the search tries.
+    max_streams: usize,
+}
+
+/// The most streams served with p99 latency within the budget: doubling from
+/// 8 while within, then bisecting between the last within and the first over.
 fn capacity(
     fixture: &Fixture,
     plan: &Arc<dyn Runnable>,
     model: &str,
     label: &str,
     system: RtSystem,
-    period: Duration,
-    budget: Duration,
-    probe_time: Duration,
+    scenario: &RtScenario,
 ) -> TractResult<RealTime> {
+    let RtScenario {
+        period,
+        budget,
+        probe_time,
+        max_streams,
+    } = *scenario;
     let mut probes: Vec<(Probe, load::Latencies)> = vec![];
     let mut probe = |n: usize| -> TractResult<bool> {
         let runnable = rt_runnable(plan, system, n)?;
@@ -672,7 +714,7 @@ fn capacity(
         probes.push((p, lat));
         Ok(ok)
     };
-    let good = load::search_capacity(8, 2048, 4, &mut probe)?;
+    let good = load::search_capacity(8, max_streams.max(8), 4, &mut probe)?;
     let cdf = probes
         .iter()
         .find(|(p, _)| p.streams == good)

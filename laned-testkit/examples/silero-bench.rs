@@ -18,8 +18,9 @@ silero-bench [--streams 64] [--seconds 2] [--repeats 3] [--skip-real-time]
 Closed loop (a thread per stream, each sending its next chunk once answered):
 chunks/s of a state per stream (a thread each, and one thread cycling them),
 the ideal loop (one thread, one batched state, inputs pre-stacked) and ours
-in both modes. Real time: a chunk every 32 ms per stream; capacity is the
-most streams with p99 latency within 16 ms.
+in both modes; then a state per core: the shards ideal loop (a thread per
+core) and ours with a shard per core. Real time: a chunk every 32 ms per
+stream; capacity is the most streams with p99 latency within 16 ms.
 ";
 
 struct Args {
@@ -79,11 +80,18 @@ fn solo_step(state: &mut Box<dyn State>, inputs: &TVec<TValue>, h: &mut TValue) 
     Ok(1)
 }
 
-fn ours(plan: &Arc<dyn Runnable>, n: usize, mode: Mode, policy: Option<TurnPolicy>) -> TractResult<LanedRunner> {
+/// Ours on `shards` states of `n / shards` lanes each (rounded up).
+fn ours(
+    plan: &Arc<dyn Runnable>,
+    n: usize,
+    shards: usize,
+    mode: Mode,
+    policy: Option<TurnPolicy>,
+) -> TractResult<LanedRunner> {
     let mut config = RunnerConfig::builder()
         .state(StateSpec::Pairs(vec![StatePair::new("state", 1)]))
-        .shards(1)
-        .max_lanes(n)
+        .shards(shards)
+        .max_lanes(n.div_ceil(shards))
         .mode(mode)
         .linger(Duration::ZERO);
     if let Some(policy) = policy {
@@ -97,7 +105,12 @@ enum System {
     SoloThreads,
     SoloOneThread,
     Ideal,
+    /// The ideal loop on a thread per core, each its own batched state of
+    /// `n / cores` lanes.
+    IdealShards(usize),
     Ours(Mode),
+    /// Ours in worker mode with a shard per core.
+    OursShards(usize),
 }
 
 impl System {
@@ -106,6 +119,8 @@ impl System {
             System::SoloThreads => "a state per stream, a thread each",
             System::SoloOneThread => "a state per stream, one thread cycling",
             System::Ideal => "ideal loop (one batched state)",
+            System::IdealShards(_) => "shards ideal loop (a batched state per core, a thread each)",
+            System::OursShards(_) => "ours (worker, a shard per core)",
             System::Ours(Mode::Worker) => "ours (worker)",
             System::Ours(Mode::Combining) => "ours (combining)",
         }
@@ -136,38 +151,48 @@ fn measure(system: System, plan: &Arc<dyn Runnable>, n: usize, d: Duration) -> T
                 Ok(streams.len() as u64)
             },
         ),
-        System::Ideal => load::closed_loop(
-            1,
-            d,
-            move |_| {
-                let mut state = plan.spawn()?;
-                let lanes: Vec<LaneId> = (0..n).map(LaneId).collect();
-                state.reset_lanes(&lanes)?;
-                let rows: Vec<TVec<TValue>> = (0..n).map(chunk_inputs).collect();
-                let parts: TVec<&Tensor> = rows.iter().map(|r| &*r[0]).collect();
-                let input = Tensor::stack_tensors(0, &parts)?.into_tvalue();
-                Ok((state, lanes, input, zeros_state(n)))
-            },
-            move |(state, lanes, input, h)| {
-                state.seat(Seating::new(n, lanes.iter().copied())?)?;
-                let out = state.run(tvec!(input.clone(), tensor0(SAMPLE_RATE).into_tvalue(), h.clone()))?;
-                *h = out[1].clone();
-                Ok(n as u64)
-            },
-        ),
-        System::Ours(mode) => {
-            let runner = ours(&plan, n, mode, None)?;
-            load::closed_loop(
-                n,
-                d,
-                move |s| Ok((runner.try_spawn()?, chunk_inputs(s))),
-                |(handle, inputs)| {
-                    handle.call(inputs.clone())?;
-                    Ok(1)
-                },
-            )
-        }
+        System::Ideal => ideal(plan, 1, n, d),
+        System::IdealShards(cores) => ideal(plan, cores, n.div_ceil(cores), d),
+        System::Ours(mode) => ours_loop(ours(&plan, n, 1, mode, None)?, n, d),
+        System::OursShards(cores) => ours_loop(ours(&plan, n, cores, Mode::Worker, None)?, n, d),
     }
+}
+
+/// `threads` threads, each running one batched state of `n` lanes, all
+/// seated every turn, inputs pre-stacked: no queue at all.
+fn ideal(plan: Arc<dyn Runnable>, threads: usize, n: usize, d: Duration) -> TractResult<f64> {
+    load::closed_loop(
+        threads,
+        d,
+        move |_| {
+            let mut state = plan.spawn()?;
+            let lanes: Vec<LaneId> = (0..n).map(LaneId).collect();
+            state.reset_lanes(&lanes)?;
+            let rows: Vec<TVec<TValue>> = (0..n).map(chunk_inputs).collect();
+            let parts: TVec<&Tensor> = rows.iter().map(|r| &*r[0]).collect();
+            let input = Tensor::stack_tensors(0, &parts)?.into_tvalue();
+            Ok((state, lanes, input, zeros_state(n)))
+        },
+        move |(state, lanes, input, h)| {
+            state.seat(Seating::new(n, lanes.iter().copied())?)?;
+            let out = state.run(tvec!(input.clone(), tensor0(SAMPLE_RATE).into_tvalue(), h.clone()))?;
+            *h = out[1].clone();
+            Ok(n as u64)
+        },
+    )
+}
+
+/// A thread per stream calling `runner`.
+fn ours_loop(runner: LanedRunner, n: usize, d: Duration) -> TractResult<f64> {
+    load::closed_loop(
+        n,
+        d,
+        move |s| Ok((runner.try_spawn()?, chunk_inputs(s))),
+        |(handle, inputs)| {
+            handle.call(inputs.clone())?;
+            Ok(1)
+        },
+    )
 }
 
 /// Builds the runnable serving `n` streams.
@@ -188,7 +213,7 @@ fn capacity(
         probes.push((n, p99));
         Ok(p99 as u128 <= budget.as_micros())
     };
-    let good = load::search_capacity(4, 1024, 8, &mut run)?;
+    let good = load::search_capacity(4, 4096, 8, &mut run)?;
     Ok((good, probes))
 }
 
@@ -266,6 +291,8 @@ fn main() -> TractResult<()> {
         System::Ideal,
         System::Ours(Mode::Worker),
         System::Ours(Mode::Combining),
+        System::IdealShards(cores),
+        System::OursShards(cores),
     ];
     let mut runs: Vec<Vec<f64>> = vec![vec![]; systems.len()];
     // Interleaved: every system once per repeat, so drift hits all alike.
@@ -280,17 +307,19 @@ fn main() -> TractResult<()> {
         "\n## Closed loop, {n} streams (median of {} runs of {} s)\n",
         args.repeats, args.seconds
     );
-    println!("| system | chunks/s | runs | / best solo | / ideal |");
-    println!("|---|---|---|---|---|");
+    let shards_ideal = rates[systems.len() - 2];
+    println!("| system | chunks/s | runs | / best solo | / ideal | / shards ideal |");
+    println!("|---|---|---|---|---|---|");
     for (ix, system) in systems.iter().enumerate() {
         let all: Vec<String> = runs[ix].iter().map(|r| format!("{r:.0}")).collect();
         println!(
-            "| {} | {:.0} | {} | {:.2}x | {:.2} |",
+            "| {} | {:.0} | {} | {:.2}x | {:.2} | {:.2} |",
             system.label(),
             rates[ix],
             all.join(", "),
             rates[ix] / best_solo,
-            rates[ix] / rates[2]
+            rates[ix] / rates[2],
+            rates[ix] / shards_ideal
         );
     }
     if args.real_time {
@@ -305,19 +334,30 @@ fn main() -> TractResult<()> {
         println!("|---|---|---|");
         let per_stream = |_: usize| -> TractResult<Arc<dyn Runnable>> { Ok(Arc::new(PerStream(plan.clone()))) };
         let no_linger =
-            |n: usize| -> TractResult<Arc<dyn Runnable>> { Ok(Arc::new(ours(&plan, n, Mode::Worker, None)?)) };
+            |n: usize| -> TractResult<Arc<dyn Runnable>> { Ok(Arc::new(ours(&plan, n, 1, Mode::Worker, None)?)) };
         let budgeted = |n: usize| -> TractResult<Arc<dyn Runnable>> {
             Ok(Arc::new(ours(
                 &plan,
                 n,
+                1,
                 Mode::Worker,
                 Some(TurnPolicy::latency_budget(budget)),
             )?))
         };
-        let rt: [(&str, &MakeRunnable<'_>); 3] = [
+        let sharded = |n: usize| -> TractResult<Arc<dyn Runnable>> {
+            Ok(Arc::new(ours(
+                &plan,
+                n,
+                cores,
+                Mode::Worker,
+                Some(TurnPolicy::latency_budget(budget)),
+            )?))
+        };
+        let rt: [(&str, &MakeRunnable<'_>); 4] = [
             ("a state per stream, a thread each", &per_stream),
             ("ours (worker, no linger)", &no_linger),
             ("ours (worker, latency budget 16 ms)", &budgeted),
+            ("ours (a shard per core, latency budget 16 ms)", &sharded),
         ];
         for (label, make) in rt {
             let (cap, probes) = capacity(make, period, budget, probe)?;

@@ -21,6 +21,10 @@ tasks:
                            the property tests with many cases (default 2000); with
                            --model, the seating property on your NNEF model
   ci                       what CI runs: fmt check, clippy, the test suite, doc tests
+  device [--smoke]         prepare the 16-core device measurements (.device/measure.sh):
+                           stripped release bench binaries and the Silero model in
+                           target/device/, to carry; --smoke then runs the script here,
+                           tiny, into target/device-smoke/
 
 criterion benches of the crates (cargo bench -p CRATE):
   kernel-memo              memo: hit, miss, alternating occupancies (one-entry vs bounded)
@@ -39,6 +43,7 @@ fn main() {
         "bench" => bench(rest),
         "fuzz" => fuzz(rest),
         "ci" => ci(),
+        "device" => device(rest),
         "help" | "--help" | "-h" => {
             print!("{TASKS}");
             true
@@ -115,10 +120,7 @@ fn bench_silero(args: &[String]) -> bool {
     if !run(build) {
         return false;
     }
-    let target = env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("target"));
-    let binary = target.join("release").join("examples").join("silero-bench");
+    let binary = target_dir().join("release").join("examples").join("silero-bench");
     let Ok(n) = cores.parse::<usize>() else {
         eprintln!("bench: --cores {cores:?} is not a number");
         return false;
@@ -193,6 +195,100 @@ fn fuzz(args: &[String]) -> bool {
         command.env("LANED_PROPTEST_SEED", seed);
     }
     run(command)
+}
+
+/// The most a device run may carry (the tool's limit is 64 MiB, the
+/// working tree included).
+const CARRY_LIMIT: u64 = 60 << 20;
+
+/// Build the bench binaries in release, strip them into `target/device/`
+/// with the Silero model beside them, and check they fit what a device run
+/// carries. The device machine has no registry, so nothing is built there.
+fn device(args: &[String]) -> bool {
+    let smoke = match args {
+        [] => false,
+        [flag] if flag == "--smoke" => true,
+        other => {
+            eprintln!("device: unknown arguments {other:?} (expected nothing or --smoke)");
+            return false;
+        }
+    };
+    let mut bench = cargo();
+    bench.args(["build", "--release", "-p", "laned-runner", "--example", "laned-bench"]);
+    let mut silero = cargo();
+    silero.args([
+        "build",
+        "--release",
+        "-p",
+        "laned-testkit",
+        "--features",
+        "silero",
+        "--example",
+        "silero-bench",
+    ]);
+    if !(run(bench) && run(silero)) {
+        return false;
+    }
+    let target = target_dir();
+    let pack = target.join("device");
+    if let Err(e) = std::fs::create_dir_all(&pack) {
+        eprintln!("device: creating {}: {e}", pack.display());
+        return false;
+    }
+    for name in ["laned-bench", "silero-bench"] {
+        let built = target.join("release").join("examples").join(name);
+        let packed = pack.join(name);
+        let _ = std::fs::remove_file(&packed);
+        let mut strip = Command::new("strip");
+        strip.arg("-o").arg(&packed).arg(&built);
+        if !run(strip) {
+            eprintln!("device: cannot strip {}; copying it whole", built.display());
+            if let Err(e) = std::fs::copy(&built, &packed) {
+                eprintln!("device: copying {}: {e}", built.display());
+                return false;
+            }
+        }
+    }
+    let model = target.join("silero").join("silero_vad_op18_ifless.onnx");
+    if model.is_file() {
+        if let Err(e) = std::fs::copy(&model, pack.join("silero_vad_op18_ifless.onnx")) {
+            eprintln!("device: copying {}: {e}", model.display());
+            return false;
+        }
+    } else {
+        eprintln!(
+            "device: {} is missing (the Silero test or `cargo xtask bench --model silero` fetches it); \
+             the Silero steps will be skipped",
+            model.display()
+        );
+    }
+    let size: u64 = std::fs::read_dir(&pack)
+        .map(|dir| dir.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+        .unwrap_or(0);
+    eprintln!("device: {} holds {} MiB", pack.display(), size >> 20);
+    if size > CARRY_LIMIT {
+        eprintln!("device: over the {} MiB a device run carries", CARRY_LIMIT >> 20);
+        return false;
+    }
+    if smoke {
+        let mut script = Command::new("bash");
+        script
+            .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.device/measure.sh"))
+            .env("LANED_DEVICE_SMOKE", "1")
+            .env("OUT", target.join("device-smoke"));
+        return run(script);
+    }
+    eprintln!(
+        "device: ready. On the device machine, once:\n  \
+         run(command=\"bash .device/measure.sh\", carry=[\"target/device\"], timeout_s=330)"
+    );
+    true
+}
+
+fn target_dir() -> PathBuf {
+    env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("target"))
 }
 
 fn ci() -> bool {

@@ -44,7 +44,11 @@ step() {
     fi
     [ $((SECONDS + limit)) -gt "$BUDGET" ] && limit=$((BUDGET - SECONDS))
     log "start $name (limit ${limit}s): $*"
-    timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.txt" 2>&1
+    if command -v timeout >/dev/null; then
+        timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.txt" 2>&1
+    else
+        "$@" >"$OUT/$name.txt" 2>&1
+    fi
     local rc=$?
     log "end $name: exit $rc"
     [ $rc -eq 0 ] || FAILED+=("$name")

@@ -246,6 +246,9 @@ struct ClosedLoop {
     max: f64,
     /// Mean seats per turn, for the laned runners.
     mean_occupancy: Option<f64>,
+    /// Process CPU time (every thread) per pulse, microseconds, median of
+    /// the repeats.
+    cpu_us_per_pulse: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -335,15 +338,15 @@ fn ours(
     Ok((Arc::new(runner.clone()), runner))
 }
 
-/// One measurement of `system` with `n` streams; returns pulses/s and the
-/// mean occupancy where the system has turns.
+/// One measurement of `system` with `n` streams; returns pulses/s with
+/// their CPU, and the mean occupancy where the system has turns.
 fn measure(
     system: System,
     fixture: &Fixture,
     plan: &Arc<dyn Runnable>,
     n: usize,
     d: Duration,
-) -> TractResult<(f64, Option<f64>)> {
+) -> TractResult<(load::Throughput, Option<f64>)> {
     match system {
         System::Solo => Ok((load::solo_states(fixture, plan.clone(), n, d)?, None)),
         System::Ideal => Ok((load::ideal(fixture, plan.clone(), n, d)?, Some(n as f64))),
@@ -409,13 +412,15 @@ fn main() -> TractResult<()> {
         for &n in &args.streams {
             let mut runs: Vec<Vec<f64>> = vec![vec![]; args.systems.len()];
             let mut occupancy: Vec<Vec<f64>> = vec![vec![]; args.systems.len()];
+            let mut cpu: Vec<Vec<f64>> = vec![vec![]; args.systems.len()];
             // Interleaved: every system once per repeat, so drift hits all alike.
             for _ in 0..repeats {
                 for (ix, system) in args.systems.iter().enumerate() {
                     progress.step(&format!("closed loop {name} n={n} {}", system.label()));
-                    let (rate, occ) = measure(*system, &fixture, &plan, n, d)?;
-                    runs[ix].push(rate);
+                    let (run, occ) = measure(*system, &fixture, &plan, n, d)?;
+                    runs[ix].push(run.per_sec);
                     occupancy[ix].extend(occ);
+                    cpu[ix].extend(run.cpu_per_pulse.map(|c| c.as_secs_f64() * 1e6));
                 }
             }
             for (ix, system) in args.systems.iter().enumerate() {
@@ -429,6 +434,7 @@ fn main() -> TractResult<()> {
                     max: r.iter().cloned().fold(0.0, f64::max),
                     runs: r.clone(),
                     mean_occupancy: (!occupancy[ix].is_empty()).then(|| load::median(&occupancy[ix])),
+                    cpu_us_per_pulse: (!cpu[ix].is_empty()).then(|| load::median(&cpu[ix])),
                 });
             }
         }
@@ -785,14 +791,14 @@ fn cdf_svg(rt: &[RealTime]) -> String {
 fn markdown(r: &Report) -> String {
     let mut out = String::new();
     out += &format!(
-        "# laned bench\n\n{} cores; closed loop, a thread per stream; {} repeats of {:.2} s, interleaved; median pulses/s (min..max); ratio = median / ideal's median; occ = mean seats per turn.\n\n",
+        "# laned bench\n\n{} cores; closed loop, a thread per stream; {} repeats of {:.2} s, interleaved; median pulses/s (min..max); ratio = median / ideal's median; occ = mean seats per turn; CPU = process CPU time (every thread) per pulse, median.\n\n",
         r.machine_cores, r.repeats, r.seconds_per_run
     );
     let mut models: Vec<&str> = r.closed_loop.iter().map(|c| c.model.as_str()).collect();
     models.dedup();
     for model in models {
         out += &format!(
-            "## {model}\n\n| streams | system | pulses/s | spread | / ideal | occ |\n|---|---|---|---|---|---|\n"
+            "## {model}\n\n| streams | system | pulses/s | spread | / ideal | occ | CPU µs/pulse |\n|---|---|---|---|---|---|---|\n"
         );
         let rows: Vec<&ClosedLoop> = r.closed_loop.iter().filter(|c| c.model == model).collect();
         for row in &rows {
@@ -802,14 +808,15 @@ fn markdown(r: &Report) -> String {
                 .map(|c| c.median)
                 .unwrap_or(f64::NAN);
             out += &format!(
-                "| {} | {} | {:.0} | {:.0}..{:.0} | {:.2} | {} |\n",
+                "| {} | {} | {:.0} | {:.0}..{:.0} | {:.2} | {} | {} |\n",
                 row.streams,
                 row.system.label(),
                 row.median,
                 row.min,
                 row.max,
                 row.median / ideal,
-                row.mean_occupancy.map(|o| format!("{o:.1}")).unwrap_or_default()
+                row.mean_occupancy.map(|o| format!("{o:.1}")).unwrap_or_default(),
+                row.cpu_us_per_pulse.map(|c| format!("{c:.1}")).unwrap_or_default()
             );
         }
         out += "\n";

@@ -129,7 +129,7 @@ impl System {
 
 fn measure(system: System, plan: &Arc<dyn Runnable>, n: usize, d: Duration) -> TractResult<f64> {
     let plan = plan.clone();
-    match system {
+    let run = match system {
         System::SoloThreads => load::closed_loop(
             n,
             d,
@@ -155,12 +155,13 @@ fn measure(system: System, plan: &Arc<dyn Runnable>, n: usize, d: Duration) -> T
         System::IdealShards(cores) => ideal(plan, cores, n.div_ceil(cores), d),
         System::Ours(mode) => ours_loop(ours(&plan, n, 1, mode, None)?, n, d),
         System::OursShards(cores) => ours_loop(ours(&plan, n, cores, Mode::Worker, None)?, n, d),
-    }
+    }?;
+    Ok(run.per_sec)
 }
 
 /// `threads` threads, each running one batched state of `n` lanes, all
 /// seated every turn, inputs pre-stacked: no queue at all.
-fn ideal(plan: Arc<dyn Runnable>, threads: usize, n: usize, d: Duration) -> TractResult<f64> {
+fn ideal(plan: Arc<dyn Runnable>, threads: usize, n: usize, d: Duration) -> TractResult<load::Throughput> {
     load::closed_loop(
         threads,
         d,
@@ -183,7 +184,7 @@ fn ideal(plan: Arc<dyn Runnable>, threads: usize, n: usize, d: Duration) -> Trac
 }
 
 /// A thread per stream calling `runner`.
-fn ours_loop(runner: LanedRunner, n: usize, d: Duration) -> TractResult<f64> {
+fn ours_loop(runner: LanedRunner, n: usize, d: Duration) -> TractResult<load::Throughput> {
     load::closed_loop(
         n,
         d,

@@ -14,20 +14,26 @@ use tract_core::plan::{LaneId, Seating};
 
 use crate::fixtures::{Fixture, Lcg};
 
-/// Pulses per second over a run, all streams together.
-fn rate(pulses: u64, elapsed: Duration) -> f64 {
-    pulses as f64 / elapsed.as_secs_f64()
+/// What a closed-loop run served.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Throughput {
+    /// Pulses per second, all streams together.
+    pub per_sec: f64,
+    /// CPU time of the whole process (every thread: callers, runner,
+    /// anything else running) per pulse over the timed part of the run;
+    /// `None` where the platform does not tell.
+    pub cpu_per_pulse: Option<Duration>,
 }
 
 /// Runs `n` threads, each with the state `setup` gives it, calling `step`
 /// until `duration` has passed since they all started; returns pulses per
-/// second. `step` returns the pulses it served.
+/// second and the CPU each cost. `step` returns the pulses it served.
 pub fn closed_loop<S: Send + 'static>(
     n: usize,
     duration: Duration,
     setup: impl Fn(usize) -> TractResult<S> + Send + Sync + 'static,
     step: impl Fn(&mut S) -> TractResult<u64> + Send + Sync + 'static,
-) -> TractResult<f64> {
+) -> TractResult<Throughput> {
     let setup = Arc::new(setup);
     let step = Arc::new(step);
     let stop = Arc::new(AtomicBool::new(false));
@@ -58,8 +64,12 @@ pub fn closed_loop<S: Send + 'static>(
     // Taken before the release: the stream threads cannot count a pulse
     // before it, even when this thread is scheduled late after the barrier.
     let started = Instant::now();
+    let cpu_before = process_cpu_time();
     ready.wait();
     std::thread::sleep(duration);
+    // Read before the stop: what the threads spend stopping and dropping
+    // their states is not the load's.
+    let cpu_after = process_cpu_time();
     stop.store(true, Ordering::Relaxed);
     let mut result = Ok(());
     for t in threads {
@@ -73,11 +83,22 @@ pub fn closed_loop<S: Send + 'static>(
     }
     let elapsed = started.elapsed();
     result?;
-    Ok(rate(total.load(Ordering::Relaxed), elapsed))
+    let pulses = total.load(Ordering::Relaxed);
+    Ok(Throughput {
+        per_sec: pulses as f64 / elapsed.as_secs_f64(),
+        cpu_per_pulse: cpu_before
+            .zip(cpu_after)
+            .map(|(a, b)| Duration::from_secs_f64(b.saturating_sub(a).as_secs_f64() / pulses.max(1) as f64)),
+    })
 }
 
 /// One plain state per stream, one thread per stream.
-pub fn solo_states(fixture: &Fixture, plan: Arc<dyn Runnable>, n: usize, duration: Duration) -> TractResult<f64> {
+pub fn solo_states(
+    fixture: &Fixture,
+    plan: Arc<dyn Runnable>,
+    n: usize,
+    duration: Duration,
+) -> TractResult<Throughput> {
     let fixture = fixture.clone();
     closed_loop(
         n,
@@ -91,7 +112,12 @@ pub fn solo_states(fixture: &Fixture, plan: Arc<dyn Runnable>, n: usize, duratio
 }
 
 /// Any runnable (a laned runner): a thread per stream, each with its handle.
-pub fn through(fixture: &Fixture, runnable: Arc<dyn Runnable>, n: usize, duration: Duration) -> TractResult<f64> {
+pub fn through(
+    fixture: &Fixture,
+    runnable: Arc<dyn Runnable>,
+    n: usize,
+    duration: Duration,
+) -> TractResult<Throughput> {
     let fixture = fixture.clone();
     closed_loop(
         n,
@@ -106,7 +132,7 @@ pub fn through(fixture: &Fixture, runnable: Arc<dyn Runnable>, n: usize, duratio
 
 /// The ideal loop: one thread, one laned state of `n` lanes, all seated
 /// every turn, inputs pre-stacked. No queue at all.
-pub fn ideal(fixture: &Fixture, plan: Arc<dyn Runnable>, n: usize, duration: Duration) -> TractResult<f64> {
+pub fn ideal(fixture: &Fixture, plan: Arc<dyn Runnable>, n: usize, duration: Duration) -> TractResult<Throughput> {
     let fixture = fixture.clone();
     closed_loop(
         1,
@@ -138,7 +164,7 @@ pub fn ideal_shards(
     n: usize,
     shards: usize,
     duration: Duration,
-) -> TractResult<f64> {
+) -> TractResult<Throughput> {
     let fixture = fixture.clone();
     let shards = shards.clamp(1, n.max(1));
     closed_loop(
@@ -348,6 +374,38 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
         assert!(median(&[]).is_nan());
+    }
+
+    /// The CPU per pulse covers the timed run only (not the setup) and is
+    /// per pulse: one thread burning CPU uses at most a core per second of
+    /// the run, and some of one (Linux).
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn closed_loop_counts_the_timed_runs_cpu_per_pulse() {
+        fn burn(d: Duration) {
+            let t = Instant::now();
+            while t.elapsed() < d {
+                std::hint::spin_loop();
+            }
+        }
+        let run = closed_loop(
+            1,
+            Duration::from_millis(400),
+            |_| {
+                burn(Duration::from_millis(400));
+                Ok(())
+            },
+            |_| {
+                burn(Duration::from_millis(1));
+                Ok(1)
+            },
+        )
+        .unwrap();
+        let cores = run.cpu_per_pulse.expect("Linux tells the CPU time").as_secs_f64() * run.per_sec;
+        assert!(
+            (0.05..=1.3).contains(&cores),
+            "one burning thread used {cores:.2} cores: {run:?}"
+        );
     }
 
     /// The search finds the largest accepted count within a sixteenth, and

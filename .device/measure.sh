@@ -10,10 +10,13 @@
 # Prepared here with `cargo xtask device` (stripped release binaries and the
 # Silero model in target/device/), then run once on the device machine:
 #   run(command="bash .device/measure.sh", carry=["target/device"], timeout_s=330)
-# Every report lands under $OUT; log.txt says what ran, for how long, and
-# with what exit status. Each step has its own time limit, and a step that
-# would start past the run's budget is skipped, so a slow step costs itself,
-# not the rest. `cargo xtask device --smoke` runs it here, tiny.
+# A device run hands back at most 8 files from $OUT, so everything lands in
+# three: log.txt (what ran, how long, its exit status; the machine),
+# summary.md (every step's tables, appended as each step ends, so a run cut
+# short still returns what it finished) and raw.tar.gz (every report, JSON
+# and plot). Each step has its own time limit, and a step that would start
+# past the run's budget is skipped, so a slow step costs itself, not the
+# rest. `cargo xtask device --smoke` runs it here, tiny.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +24,10 @@ BIN=${LANED_DEVICE_BIN:-target/device}
 OUT=${OUT:-target/device-out}
 # Seconds the whole run may take; steps that would start later are skipped.
 BUDGET=${LANED_DEVICE_BUDGET:-300}
+WORK=$(mktemp -d)
 mkdir -p "$OUT"
+: >"$OUT/log.txt"
+: >"$OUT/summary.md"
 
 if [ -n "${LANED_DEVICE_SMOKE:-}" ]; then
     # A check of the script itself, on any machine: tiny loads, short runs.
@@ -34,7 +40,8 @@ fi
 
 log() { echo "[$(date -u +%T) +${SECONDS}s] $*" | tee -a "$OUT/log.txt"; }
 
-# step NAME LIMIT_S COMMAND...: run COMMAND with its output in $OUT/NAME.txt.
+# step NAME LIMIT_S COMMAND...: run COMMAND, its output in $WORK/NAME.txt and
+# its report (if it writes one, under $WORK/NAME/) appended to summary.md.
 step() {
     local name=$1 limit=$2
     shift 2
@@ -45,13 +52,24 @@ step() {
     [ $((SECONDS + limit)) -gt "$BUDGET" ] && limit=$((BUDGET - SECONDS))
     log "start $name (limit ${limit}s): $*"
     if command -v timeout >/dev/null; then
-        timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.txt" 2>&1
+        timeout --kill-after=5 "$limit" "$@" >"$WORK/$name.txt" 2>&1
     else
-        "$@" >"$OUT/$name.txt" 2>&1
+        "$@" >"$WORK/$name.txt" 2>&1
     fi
     local rc=$?
     log "end $name: exit $rc"
     [ $rc -eq 0 ] || FAILED+=("$name")
+    {
+        echo "# $name (exit $rc): $*"
+        echo
+        if [ -f "$WORK/$name/report.md" ]; then
+            cat "$WORK/$name/report.md"
+        else
+            # The binary's own tables; progress lines left out.
+            grep -v '^\[' "$WORK/$name.txt" | tail -n 60
+        fi
+        echo
+    } >>"$OUT/summary.md"
 }
 FAILED=()
 
@@ -64,25 +82,25 @@ pin() {
 
 all=$(nproc)
 log "machine: $all cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-{ uname -a; nproc; free -g; grep -m1 'model name' /proc/cpuinfo; } >"$OUT/machine.txt" 2>&1
+{ uname -a; free -g; } >>"$OUT/log.txt" 2>&1
 for b in laned-bench silero-bench; do
     [ -x "$BIN/$b" ] || { log "missing $BIN/$b: run \`cargo xtask device\` before carrying target/device"; exit 2; }
 done
 
 # #10 first: its searches take longest and matter most to the open issues.
 step rt-light 150 "$BIN/laned-bench" --model light --skip-closed-loop --quick --rt-max "$RT_MAX" \
-    --systems tract,worker,linger,budget,budget-shards --out "$OUT/rt-light"
+    --systems tract,worker,linger,budget,budget-shards --out "$WORK/rt-light"
 
 # #3: one state, every core free for the callers.
 step one-state 90 "$BIN/laned-bench" --skip-real-time "${SHORT[@]}" --streams "$NS" \
-    --systems solo,tract,worker,combining --out "$OUT/one-state"
+    --systems solo,tract,worker,combining --out "$WORK/one-state"
 
 # #9: shards, pinned to 1, 4 and every core.
 for cores in 1 4 "$all"; do
     [ "$cores" -gt "$all" ] && continue
     # shellcheck disable=SC2046 # the prefix is words
     step "shards-$cores-cores" 30 $(pin "$cores") "$BIN/laned-bench" --model light --skip-real-time "${SHORT[@]}" \
-        --streams "$STREAMS" --systems solo,tract,shards,combining-shards,ideal-shards --out "$OUT/shards-$cores-cores"
+        --streams "$STREAMS" --systems solo,tract,shards,combining-shards,ideal-shards --out "$WORK/shards-$cores-cores"
 done
 
 if [ -f "$BIN/silero_vad_op18_ifless.onnx" ]; then
@@ -93,6 +111,8 @@ if [ -f "$BIN/silero_vad_op18_ifless.onnx" ]; then
 else
     log "skip silero: $BIN/silero_vad_op18_ifless.onnx is missing"
 fi
+
+tar -czf "$OUT/raw.tar.gz" -C "$WORK" . && rm -rf "$WORK"
 if [ ${#FAILED[@]} -gt 0 ]; then
     log "done; failed: ${FAILED[*]}"
     exit 1

@@ -91,6 +91,22 @@ fn bench(args: &[String]) -> bool {
     run(command)
 }
 
+/// The Silero bench needs the testkit's `silero` feature (tract-onnx).
+fn build_silero_bench() -> bool {
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "laned-testkit",
+        "--features",
+        "silero",
+        "--example",
+        "silero-bench",
+    ]);
+    run(build)
+}
+
 /// Silero VAD: built with the `silero` feature (tract-onnx), then run pinned
 /// to `--cores N` CPUs (default 1) with `taskset`, where the machine has it.
 fn bench_silero(args: &[String]) -> bool {
@@ -106,18 +122,7 @@ fn bench_silero(args: &[String]) -> bool {
             _ => rest.push(arg.clone()),
         }
     }
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "laned-testkit",
-        "--features",
-        "silero",
-        "--example",
-        "silero-bench",
-    ]);
-    if !run(build) {
+    if !build_silero_bench() {
         return false;
     }
     let binary = target_dir().join("release").join("examples").join("silero-bench");
@@ -215,18 +220,7 @@ fn device(args: &[String]) -> bool {
     };
     let mut bench = cargo();
     bench.args(["build", "--release", "-p", "laned-runner", "--example", "laned-bench"]);
-    let mut silero = cargo();
-    silero.args([
-        "build",
-        "--release",
-        "-p",
-        "laned-testkit",
-        "--features",
-        "silero",
-        "--example",
-        "silero-bench",
-    ]);
-    if !(run(bench) && run(silero)) {
+    if !(run(bench) && build_silero_bench()) {
         return false;
     }
     let target = target_dir();

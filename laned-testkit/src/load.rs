@@ -92,23 +92,15 @@ pub fn closed_loop<S: Send + 'static>(
     })
 }
 
-/// One plain state per stream, one thread per stream.
+/// One plain state per stream, one thread per stream: [`through`] the
+/// plan itself, whose `spawn` gives each stream a state of its own.
 pub fn solo_states(
     fixture: &Fixture,
     plan: Arc<dyn Runnable>,
     n: usize,
     duration: Duration,
 ) -> TractResult<Throughput> {
-    let fixture = fixture.clone();
-    closed_loop(
-        n,
-        duration,
-        move |s| Ok((plan.spawn()?, fixture.inputs(1, s as u64))),
-        |(state, inputs)| {
-            state.run(inputs.clone())?;
-            Ok(1)
-        },
-    )
+    through(fixture, plan, n, duration)
 }
 
 /// Any runnable (a laned runner): a thread per stream, each with its handle.

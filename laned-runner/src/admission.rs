@@ -90,8 +90,14 @@ impl Admission {
 
     /// Wait until `ticket` is at the front and a lane may be free (or
     /// `tick` passed, for callers that must look after idle streams), or
-    /// until `deadline`.
-    pub fn wait_turn(&self, ticket: &Ticket, seen_freed: u64, deadline: Instant, tick: Option<Duration>) -> Turn {
+    /// until `deadline` (`None`: a wait too long for the clock, forever).
+    pub fn wait_turn(
+        &self,
+        ticket: &Ticket,
+        seen_freed: u64,
+        deadline: Option<Instant>,
+        tick: Option<Duration>,
+    ) -> Turn {
         let mut state = self.lock();
         let mut first = true;
         loop {
@@ -103,7 +109,7 @@ impl Admission {
                 return Turn::Try;
             }
             let now = Instant::now();
-            if now >= deadline {
+            if deadline.is_some_and(|d| now >= d) {
                 return Turn::Leave(SpawnError::TimedOut {
                     waited: Duration::ZERO,
                     lanes: 0,
@@ -111,7 +117,10 @@ impl Admission {
             }
             // A bounded wait: a lane freed between the try and this wait is
             // seen at the latest after the tick.
-            let mut until = deadline.min(now + Duration::from_millis(20));
+            let mut until = now + Duration::from_millis(20);
+            if let Some(deadline) = deadline {
+                until = until.min(deadline);
+            }
             if let Some(tick) = tick {
                 until = until.min(now + tick);
             }

@@ -103,6 +103,12 @@ impl RunnerConfig {
                 "max_lanes is 0: a laned state needs one lane at least".into(),
             ));
         }
+        if self.max_lanes > MAX_LANES {
+            return Err(NewRunnerError::Config(format!(
+                "max_lanes is {}, past the limit of {MAX_LANES} lanes per shard (every lane holds a row of every stateful op's buffers): use shards for more streams",
+                self.max_lanes
+            )));
+        }
         let max_seats = match self.max_seats {
             Some(n) => n,
             None => env_knob("TRACT_MAX_SEATS")?.unwrap_or(256) as usize,
@@ -116,6 +122,14 @@ impl RunnerConfig {
             Some(us) => us,
             None => env_knob("TRACT_TURN_LINGER_US")?.unwrap_or(0),
         };
+        if linger_us > MAX_WAIT_US {
+            return Err(NewRunnerError::Config(format!(
+                "linger_us is {linger_us}, past the limit of {MAX_WAIT_US} µs (an hour): a turn would hold its seats longer than any caller waits"
+            )));
+        }
+        if let Some(policy) = self.policy {
+            policy.check().map_err(NewRunnerError::Config)?;
+        }
         if self.idle_timeout_ms == Some(0) {
             return Err(NewRunnerError::Config(
                 "idle_timeout_ms is 0: every stream would be evicted at once".into(),
@@ -128,6 +142,11 @@ impl RunnerConfig {
             return Err(NewRunnerError::Config(
                 "shards is 0: a runner needs one laned state at least".into(),
             ));
+        }
+        if shards > MAX_SHARDS {
+            return Err(NewRunnerError::Config(format!(
+                "shards is {shards}, past the limit of {MAX_SHARDS} (a shard is a laned state and a thread)"
+            )));
         }
         Ok(Resolved {
             shards,
@@ -147,6 +166,18 @@ impl RunnerConfig {
     }
 }
 
+/// Lanes a shard's state may have at most: the runner's per-lane books
+/// (metrics, learned turn times) are sized by lanes, so an absurd count
+/// would abort on allocation rather than fail.
+pub(crate) const MAX_LANES: usize = 1 << 20;
+
+/// Shards a runner may have at most.
+pub(crate) const MAX_SHARDS: usize = 4096;
+
+/// The longest wait a policy may plan (a linger, a latency budget, a tick
+/// period), in microseconds: an hour.
+pub(crate) const MAX_WAIT_US: u64 = 3_600_000_000;
+
 fn env_knob(name: &str) -> Result<Option<u64>, NewRunnerError> {
     match std::env::var(name) {
         Ok(v) => v
@@ -154,7 +185,10 @@ fn env_knob(name: &str) -> Result<Option<u64>, NewRunnerError> {
             .parse::<u64>()
             .map(Some)
             .map_err(|_| NewRunnerError::Config(format!("{name}={v:?} is not a non-negative integer"))),
-        Err(_) => Ok(None),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(NewRunnerError::Config(format!(
+            "{name}={v:?} is not valid UTF-8, so not a non-negative integer"
+        ))),
     }
 }
 
@@ -277,8 +311,11 @@ impl RunnerConfigBuilder {
         self
     }
 
+    /// How long a turn waits for more seats (saturating: a linger too long
+    /// for `u64` microseconds is refused by `LanedRunner::new`, never
+    /// wrapped).
     pub fn linger(mut self, linger: Duration) -> Self {
-        self.config.linger_us = Some(linger.as_micros() as u64);
+        self.config.linger_us = Some(u64::try_from(linger.as_micros()).unwrap_or(u64::MAX));
         self
     }
 
@@ -303,7 +340,7 @@ impl RunnerConfigBuilder {
     }
 
     pub fn idle_timeout(mut self, idle: Duration) -> Self {
-        self.config.idle_timeout_ms = Some(idle.as_millis().max(1) as u64);
+        self.config.idle_timeout_ms = Some(u64::try_from(idle.as_millis().max(1)).unwrap_or(u64::MAX));
         self
     }
 

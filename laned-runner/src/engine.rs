@@ -4,6 +4,7 @@
 //! its lock) touches any of it: taking a lane resets it, and a reset writes
 //! the state.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -163,8 +164,56 @@ impl QueuedSeat for QSeat {
 /// A call with seats still to land.
 struct Pending {
     slot: Arc<Slot<CallResult>>,
+    /// The caller's lane: its row 0 advances that lane's state.
+    lane: lane_table::LaneId,
     served: TVec<Option<TVec<TValue>>>,
     remaining: usize,
+}
+
+/// Why a turn failed, and whether the state was touched before it did: a
+/// turn refused before tract saw it (its inputs could not be stacked, a
+/// borrowed lane could not be reset) leaves every stream's state as it was.
+struct Failure {
+    why: String,
+    touched: bool,
+}
+
+impl Failure {
+    fn untouched(why: String) -> Failure {
+        Failure { why, touched: false }
+    }
+
+    fn touched(why: String) -> Failure {
+        Failure { why, touched: true }
+    }
+}
+
+/// What a caught panic carried, as text.
+fn panic_text(panic: Box<dyn Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}
+
+/// Reset `lanes` of `state`: an op state that errs or panics doing so is
+/// reported as an error, never unwinds into the runner.
+fn reset_caught(state: &mut dyn State, lanes: &[TractLane]) -> Result<(), String> {
+    match catch_unwind(AssertUnwindSafe(|| state.reset_lanes(lanes))) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("{e:#}")),
+        Err(panic) => Err(format!("an op state panicked resetting lanes: {}", panic_text(panic))),
+    }
+}
+
+/// Spawn a state from `inner`, a panic caught.
+fn spawn_caught(inner: &dyn Runnable) -> Result<Box<dyn State>, String> {
+    match catch_unwind(AssertUnwindSafe(|| inner.spawn())) {
+        Ok(Ok(state)) => Ok(state),
+        Ok(Err(e)) => Err(format!("{e:#}")),
+        Err(panic) => Err(format!("spawning the state panicked: {}", panic_text(panic))),
+    }
 }
 
 pub(crate) struct Engine {
@@ -229,12 +278,16 @@ pub(crate) struct Engine {
 }
 
 fn resettable(state: &mut Box<dyn State>, inner: &dyn Runnable, lanes: &[TractLane]) -> Result<(), NewRunnerError> {
-    if let Err(e) = state.reset_lanes(lanes) {
+    if let Err(e) = reset_caught(&mut **state, lanes) {
         let (mut node, mut op) = (None, None);
         if let (Some(simple), Some(model)) = (state.downcast_mut::<TypedSimpleState>(), inner.typed_model()) {
             for (ix, op_state) in simple.op_states.iter_mut().enumerate() {
                 if let Some(op_state) = op_state {
-                    if op_state.reset_lanes(lanes).is_err() {
+                    let failed = !matches!(
+                        catch_unwind(AssertUnwindSafe(|| op_state.reset_lanes(lanes))),
+                        Ok(Ok(()))
+                    );
+                    if failed {
                         node = model.nodes.get(ix).map(|n| n.name.clone());
                         op = model.nodes.get(ix).map(|n| n.op.name().to_string());
                         break;
@@ -242,11 +295,7 @@ fn resettable(state: &mut Box<dyn State>, inner: &dyn Runnable, lanes: &[TractLa
                 }
             }
         }
-        return Err(NewRunnerError::Reset {
-            node,
-            op,
-            cause: format!("{e:#}"),
-        });
+        return Err(NewRunnerError::Reset { node, op, cause: e });
     }
     Ok(())
 }
@@ -275,7 +324,7 @@ impl Engine {
         } = parts;
         let max_streams = config.max_lanes;
         let max_lanes = max_streams + 1;
-        let mut state = inner.spawn().map_err(|e| NewRunnerError::Spawn(format!("{e:#}")))?;
+        let mut state = spawn_caught(&*inner).map_err(NewRunnerError::Spawn)?;
         let every: Vec<TractLane> = (0..max_lanes).map(TractLane).collect();
         resettable(&mut state, &*inner, &every)?;
         let explicit = ExplicitState::new(&iface, max_lanes)?;
@@ -424,13 +473,12 @@ impl Engine {
     /// lane goes back and the next waiter is tried.
     fn grant(&mut self, slot: Arc<Slot<SpawnResult>>, waited: Option<std::time::Duration>) {
         let Some(lane) = self.table.take() else { return };
-        let state = self.state.as_mut().expect("open engine has a state");
-        if let Err(e) = state
-            .reset_lanes(&[tract_lane(lane)])
-            .and_then(|_| self.explicit.reset(&[lane.0]))
-        {
+        if let Err(why) = self.reset_lane(lane) {
+            // The lane goes back free: whatever the failed reset left in it,
+            // its next holder (a stream or a borrowed row) resets it first,
+            // and gets it only if that reset succeeds.
             let _ = self.table.give_back(lane);
-            slot.fill(Err(SpawnError::Reset(format!("{e:#}"))));
+            slot.fill(Err(SpawnError::Reset(why)));
             return;
         }
         let stream = self.next_stream;
@@ -440,16 +488,37 @@ impl Engine {
         self.owner[lane.0] = Some(stream);
         self.last_active[lane.0] = Instant::now();
         self.metrics.set_lanes_taken(self.table.taken());
-        if slot.offer(Ok(Grant { lane, stream })).is_err() {
-            // The spawner gave up meanwhile.
-            self.owner[lane.0] = None;
-            let _ = self.table.give_back(lane);
-            self.metrics.set_lanes_taken(self.table.taken());
-            return;
-        }
+        slot.fill(Ok(Grant { lane, stream }));
         match waited {
             Some(wait) => self.metrics.record_admission_waited(wait),
             None => self.metrics.record_admission(),
+        }
+    }
+
+    /// Reset `lane` (its op states and its explicit state) for a new holder.
+    fn reset_lane(&mut self, lane: lane_table::LaneId) -> Result<(), String> {
+        let Some(state) = self.state.as_mut() else {
+            return Err("the laned state is closed".into());
+        };
+        reset_caught(&mut **state, &[tract_lane(lane)])?;
+        self.explicit.reset(&[lane.0]).map_err(|e| format!("{e:#}"))
+    }
+
+    /// A fresh state in place of the current one, every lane reset; the
+    /// streams holding a lane lose their state (`why` says why). If even
+    /// that fails, the current state is kept: its next turn fails too, and
+    /// says so.
+    fn rebuild(&mut self, why: &str) {
+        let every: Vec<TractLane> = (0..self.table.max_lanes()).map(TractLane).collect();
+        let fresh = spawn_caught(&*self.inner).and_then(|mut s| reset_caught(&mut *s, &every).map(|_| s));
+        let Ok(fresh) = fresh else { return };
+        self.state = Some(fresh);
+        let every: Vec<usize> = (0..self.table.max_lanes()).collect();
+        let _ = self.explicit.reset(&every);
+        for lane in 0..self.owner.len() {
+            if self.owner[lane].is_some() {
+                self.lost[lane] = Some(format!("the state was rebuilt after a turn failed: {why}"));
+            }
         }
     }
 
@@ -477,17 +546,21 @@ impl Engine {
         }
     }
 
+    /// A cancelled call: dropped and answered `Cancelled` if none of its
+    /// seats was seated yet (requests are taken between turns, so no seat is
+    /// in a turn now); left to complete otherwise, its answer the verdict.
+    /// A call no longer pending was answered already: that answer stands.
     fn cancel(&mut self, slot: &Arc<Slot<CallResult>>) {
-        let Some(id) = self
-            .pending
-            .iter()
-            .find(|(_, p)| Arc::ptr_eq(&p.slot, slot))
-            .map(|(id, _)| *id)
-        else {
+        let Some((id, pending)) = self.pending.iter().find(|(_, p)| Arc::ptr_eq(&p.slot, slot)) else {
             return;
         };
-        self.pending.remove(&id);
+        if pending.remaining < pending.served.len() {
+            return;
+        }
+        let id = *id;
+        let pending = self.pending.remove(&id).expect("present");
         self.unqueue_where(|seat| seat.call == id);
+        pending.slot.fill(Err(RunError::new(RunErrorKind::Cancelled)));
     }
 
     /// Take the queued seats matching `which` out of the queue, oldest
@@ -511,6 +584,9 @@ impl Engine {
     /// queued); returns when the next one would be due.
     pub fn evict_idle(&mut self) -> Option<Instant> {
         let idle = self.idle_timeout?;
+        if self.closed {
+            return None;
+        }
         let now = Instant::now();
         let mut next: Option<Instant> = None;
         for lane in 0..self.owner.len() {
@@ -518,18 +594,26 @@ impl Engine {
             if self.queued_per_lane[lane] > 0 {
                 continue;
             }
-            let due = self.last_active[lane] + idle;
+            let Some(due) = self.last_active[lane].checked_add(idle) else {
+                continue;
+            };
             if due <= now {
                 self.evicted.insert(stream, format!("it did not call for {idle:?}"));
-                let state = self.state.as_mut().expect("open engine has a state");
-                let _ = state.reset_lanes(&[TractLane(lane)]);
-                let _ = self.explicit.reset(&[lane]);
-                self.free_lane(lane_table::LaneId(lane));
+                // A reset that fails here is not the evicted stream's
+                // concern: the lane's next holder resets it again first.
+                let lane = lane_table::LaneId(lane);
+                let _ = self.reset_lane(lane);
+                self.free_lane(lane);
             } else {
                 next = Some(next.map_or(due, |n: Instant| n.min(due)));
             }
         }
         next
+    }
+
+    /// Whether the engine was closed (its state dropped).
+    pub fn is_closed(&self) -> bool {
+        self.closed
     }
 
     /// Take no new stream or call from now on.
@@ -579,6 +663,7 @@ impl Engine {
             id,
             Pending {
                 slot: call.slot,
+                lane: call.stream.lane,
                 served: (0..rows).map(|_| None).collect(),
                 remaining: rows,
             },
@@ -644,7 +729,11 @@ impl Engine {
         }
 
         let ran = Instant::now();
-        let result = self.run_seated(&seated, lanes.clone(), &borrowed);
+        // `run_seated` catches what tract raises; this catches the rest (a
+        // bug of ours while stacking or scattering), so that a turn never
+        // unwinds into the thread serving the shard.
+        let result = catch_unwind(AssertUnwindSafe(|| self.run_seated(&seated, lanes.clone(), &borrowed)))
+            .unwrap_or_else(|panic| Err(Failure::touched(format!("the turn panicked: {}", panic_text(panic)))));
         if result.is_ok() {
             self.times.record(seated.len(), ran.elapsed());
         }
@@ -699,10 +788,12 @@ impl Engine {
                 // system call each: wake them as a tree instead.
                 crate::slot::wake_all(&mut self.wakes);
             }
-            Err(why) => {
+            Err(Failure { why, touched }) => {
                 self.metrics.record_failed_turn();
                 self.metrics.record_failed_seats(occupancy);
-                self.recover(&seated, &lanes, &borrowed, &why);
+                if touched {
+                    self.recover(&seated, &lanes, &borrowed, &why);
+                }
                 for seat in &seated {
                     self.land(seat.call, seat.place, Err(why.clone()));
                 }
@@ -713,24 +804,12 @@ impl Engine {
         self.seated = seated;
     }
 
-    /// After a failed turn: the seated streams' lanes are reset and marked
-    /// lost (their state may be half-advanced); if even that fails, the state
-    /// is rebuilt and every stream is lost.
+    /// After a failed turn that touched the state: the seated streams' lanes
+    /// are reset and marked lost (their state may be half-advanced); if even
+    /// that fails (or panics), the state is rebuilt and every stream is lost.
     fn recover(&mut self, seated: &[QSeat], lanes: &[TractLane], borrowed: &[lane_table::LaneId], why: &str) {
-        let state = self.state.as_mut().expect("open engine has a state");
-        // A run cut short leaves the turn's values and symbols (the batch
-        // extent among them) in the state; the next turn must start clean.
-        let cleared = match state.downcast_mut::<TypedSimpleState>() {
-            Some(simple) => simple.reset_turn().is_ok(),
-            None => false,
-        };
-        let reset = if cleared {
-            catch_unwind(AssertUnwindSafe(|| state.reset_lanes(lanes)))
-        } else {
-            Ok(Err(format_err!("cannot clear the turn")))
-        };
-        let lane_ixs: Vec<usize> = lanes.iter().map(|l| l.0).collect();
-        if matches!(reset, Ok(Ok(()))) && self.explicit.reset(&lane_ixs).is_ok() {
+        let cleaned = catch_unwind(AssertUnwindSafe(|| self.clean(lanes))).unwrap_or(false);
+        if cleaned {
             for seat in seated {
                 if !borrowed.contains(&seat.lane) {
                     self.lost[seat.lane.0] = Some(why.to_string());
@@ -738,21 +817,33 @@ impl Engine {
             }
             return;
         }
-        let every: Vec<TractLane> = (0..self.table.max_lanes()).map(TractLane).collect();
-        match self.inner.spawn().and_then(|mut s| s.reset_lanes(&every).map(|_| s)) {
-            Ok(fresh) => {
-                self.state = Some(fresh);
-                let every: Vec<usize> = (0..self.table.max_lanes()).collect();
-                let _ = self.explicit.reset(&every);
-            }
-            Err(_) => {
-                // Keep the old state: the next turn will fail too, and say so.
-            }
+        self.rebuild(why);
+    }
+
+    /// Clear what a failed run left in the state, and reset `lanes`: true
+    /// when the state is clean again.
+    fn clean(&mut self, lanes: &[TractLane]) -> bool {
+        let Some(state) = self.state.as_mut() else {
+            return false;
+        };
+        let Some(simple) = state.downcast_mut::<TypedSimpleState>() else {
+            return false;
+        };
+        // A run cut short leaves the turn's values and symbols (the batch
+        // extent among them) in the state; the next turn must start clean.
+        // A state that failed before its first value was set has no value
+        // table yet, and tract's `reset_turn` would index the empty one:
+        // then there are only the symbols to clear.
+        if simple.turn_state.values.is_empty() {
+            simple.turn_state.resolved_symbols = SymbolValues::default();
+        } else if simple.reset_turn().is_err() {
+            return false;
         }
-        let held: Vec<lane_table::LaneId> = self.table.taken_lanes().collect();
-        for lane in held {
-            self.lost[lane.0] = Some(format!("the state was rebuilt after a turn failed: {why}"));
+        if let Some(at_spawn) = &self.symbols_at_spawn {
+            simple.turn_state.resolved_symbols = at_spawn.clone();
         }
+        let lane_ixs: Vec<usize> = lanes.iter().map(|l| l.0).collect();
+        reset_caught(&mut **state, lanes).is_ok() && self.explicit.reset(&lane_ixs).is_ok()
     }
 
     /// Stack the seats' inputs, run the state once, slice the outputs back.
@@ -761,27 +852,29 @@ impl Engine {
         seated: &[QSeat],
         lanes: Vec<TractLane>,
         borrowed: &[lane_table::LaneId],
-    ) -> Result<TVec<TValue>, String> {
+    ) -> Result<TVec<TValue>, Failure> {
         let occupancy = seated.len();
         let group = seated[0].group.clone();
         // Borrowed lanes are reset before anything reads them: the explicit
         // state gathered below must be the initial one, not what the lane's
         // last borrower left.
+        // A borrowed lane that fails to reset fails the turn before the
+        // state ran: its streams keep their state, and the lane is reset
+        // again at its next use.
         if !borrowed.is_empty() {
             let borrowed_ixs: Vec<usize> = borrowed.iter().map(|l| l.0).collect();
-            let borrowed: Vec<TractLane> = borrowed.iter().map(|l| tract_lane(*l)).collect();
+            let tract_lanes: Vec<TractLane> = borrowed.iter().map(|l| tract_lane(*l)).collect();
             let state = self.state.as_mut().expect("open engine has a state");
-            state
-                .reset_lanes(&borrowed)
-                .and_then(|_| self.explicit.reset(&borrowed_ixs))
-                .map_err(|e| format!("resetting borrowed lanes: {e:#}"))?;
+            reset_caught(&mut **state, &tract_lanes)
+                .and_then(|_| self.explicit.reset(&borrowed_ixs).map_err(|e| format!("{e:#}")))
+                .map_err(|why| Failure::untouched(format!("resetting borrowed lanes: {why}")))?;
         }
         let mut inputs: TVec<TValue> = TVec::with_capacity(self.iface.inputs.len());
         let mut batched_slot = 0;
         let mut shared_slot = 0;
         for ix in 0..self.iface.inputs.len() {
             if let Some(gathered) = self.explicit.gather(ix, &lanes) {
-                inputs.push(gathered.map_err(|e| format!("gathering state input {ix}: {e:#}"))?);
+                inputs.push(gathered.map_err(|e| Failure::untouched(format!("gathering state input {ix}: {e:#}")))?);
             } else if self.iface.inputs[ix].batched {
                 let k = batched_slot;
                 batched_slot += 1;
@@ -791,7 +884,7 @@ impl Engine {
                     inputs.push(
                         self.stacker
                             .stack(ix, seated.iter().map(|s| &*s.inputs[k]))
-                            .map_err(|e| format!("stacking input {ix}: {e:#}"))?,
+                            .map_err(|e| Failure::untouched(format!("stacking input {ix}: {e:#}")))?,
                     );
                 }
             } else {
@@ -800,8 +893,9 @@ impl Engine {
             }
         }
         let state = self.state.as_mut().expect("open engine has a state");
-        let seating = Seating::new(self.table.max_lanes(), lanes.iter().copied()).map_err(|e| format!("{e:#}"))?;
-        state.seat(seating).map_err(|e| format!("{e:#}"))?;
+        let seating = Seating::new(self.table.max_lanes(), lanes.iter().copied())
+            .map_err(|e| Failure::untouched(format!("{e:#}")))?;
+        state.seat(seating).map_err(|e| Failure::touched(format!("{e:#}")))?;
         let resolved = group.resolved();
         if !resolved.is_empty() {
             let simple = state.downcast_mut::<TypedSimpleState>().expect("checked at enqueue");
@@ -817,31 +911,26 @@ impl Engine {
         }
         let outputs = match ran {
             Ok(Ok(outputs)) => outputs,
-            Ok(Err(e)) => return Err(format!("{e:#}")),
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".into());
-                return Err(format!("the model panicked: {what}"));
-            }
+            Ok(Err(e)) => return Err(Failure::touched(format!("{e:#}"))),
+            Err(panic) => return Err(Failure::touched(format!("the model panicked: {}", panic_text(panic)))),
         };
         for (ix, output) in outputs.iter().enumerate() {
             if self.iface.batch_out.get(ix).copied().unwrap_or(false)
                 && (output.rank() == 0 || output.shape()[0] != occupancy)
             {
-                return Err(format!(
+                return Err(Failure::touched(format!(
                     "the turn seats {occupancy}, output {ix} has shape {:?}",
                     output.shape()
-                ));
+                )));
             }
         }
         // Explicit state goes back to its lanes; the caller gets the rest.
         if self.iface.state.is_empty() {
             return Ok(outputs);
         }
-        self.explicit.scatter(&outputs, &lanes).map_err(|e| format!("{e:#}"))?;
+        self.explicit
+            .scatter(&outputs, &lanes)
+            .map_err(|e| Failure::touched(format!("{e:#}")))?;
         Ok(self.iface.data_outputs.iter().map(|ix| outputs[*ix].clone()).collect())
     }
 
@@ -855,6 +944,12 @@ impl Engine {
                 let pending = self.pending.remove(&id).expect("present");
                 // Drop the call's seats still queued.
                 self.unqueue_where(|seat| seat.call == id);
+                // Its row 0 ran in an earlier turn and advanced the stream's
+                // state, yet the call fails: the stream cannot go on as if
+                // it had not been made.
+                if pending.served[0].is_some() {
+                    self.lost[pending.lane.0] = Some(format!("part of a wide call ran before the rest failed: {why}"));
+                }
                 pending.slot.fill(Err(RunError::new(RunErrorKind::Turn(why))));
             }
             Ok(outputs) => {

@@ -15,6 +15,9 @@ pub enum NewRunnerError {
     BatchAxis(String),
     /// No output carries the batch axis, so no stream could get its row.
     NoBatchedOutput { outputs: usize },
+    /// An output without the batch axis depends on a batched input: it
+    /// would mix the streams of a turn into one value every stream gets.
+    MixedOutput { output: String, input: String },
     /// The model describes itself incompletely (a fact could not be read).
     Model(String),
     /// Resetting every lane once up front failed: an op state that cannot
@@ -36,6 +39,10 @@ impl fmt::Display for NewRunnerError {
             NewRunnerError::NoBatchedOutput { outputs } => write!(
                 f,
                 "none of the model's {outputs} outputs carries the batch symbol on axis 0, so no stream could get its row back"
+            ),
+            NewRunnerError::MixedOutput { output, input } => write!(
+                f,
+                "output {output} carries no batch axis yet depends on batched input {input}: every stream of a turn would get the same value, mixed from all of them"
             ),
             NewRunnerError::Model(why) => write!(f, "cannot read the model's interface: {why}"),
             NewRunnerError::Reset { node, op, cause } => {

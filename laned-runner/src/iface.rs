@@ -30,6 +30,9 @@ pub(crate) struct Interface {
     pub state: Vec<StateIo>,
     /// How a stream of a pulsed model ends, from tract-pulse's properties.
     pub pulse: Option<PulseInfo>,
+    /// Whether a batched input has a free dim besides the batch: then seats
+    /// of different shapes can be fed, and the shape joins the group key.
+    pub free_dims: bool,
 }
 
 /// What ending a stream needs to know of a pulsed model.
@@ -198,6 +201,9 @@ fn state_pairs(
 pub(crate) struct Checked {
     pub seats: TVec<TVec<TValue>>,
     pub shared: TVec<TValue>,
+    /// Where the batched inputs have free dims: their shapes past axis 0,
+    /// one after the other (seats of different shapes never share a turn).
+    pub shapes: TVec<usize>,
 }
 
 /// `fact`'s shape for one stream: `batch_axis` (if any) of extent 1, every
@@ -406,6 +412,11 @@ impl Interface {
                 outputs: batch_out.len(),
             });
         }
+        for (ix, batched) in batch_out.iter().enumerate() {
+            if !*batched && !state_out(ix) {
+                unbatched_output_is_shared(inner, ix, &out_ports[ix].0, &inputs)?;
+            }
+        }
         let data_inputs: Vec<usize> = (0..inputs.len()).filter(|ix| !inputs[*ix].state).collect();
         let batched_inputs = (0..data_inputs.len())
             .filter(|k| inputs[data_inputs[*k]].batched)
@@ -416,6 +427,10 @@ impl Interface {
         let data_outputs: Vec<usize> = (0..batch_out.len()).filter(|ix| !state_out(*ix)).collect();
         let data_batch_out = data_outputs.iter().map(|ix| batch_out[*ix]).collect();
         let pulse = PulseInfo::of(inner, &inputs);
+        let free_dims = inputs
+            .iter()
+            .filter(|p| p.batched)
+            .any(|p| p.fact.shape.dims().iter().skip(1).any(|d| d.to_usize().is_err()));
         Ok(Interface {
             batch,
             inputs,
@@ -427,6 +442,7 @@ impl Interface {
             shared_inputs,
             state,
             pulse,
+            free_dims,
         })
     }
 
@@ -446,9 +462,10 @@ impl Interface {
     }
 
     /// Check a call's inputs against the facts (count, datum type, rank,
-    /// every concrete dim but the batch axis) and split it into seats. Any
-    /// failure hands the inputs back inside the error.
-    pub fn check(&self, inputs: TVec<TValue>) -> Result<Checked, RunError> {
+    /// every concrete dim but the batch axis, every dim that is a symbol
+    /// `resolved` pins) and split it into seats. Any failure hands the
+    /// inputs back inside the error.
+    pub fn check(&self, inputs: TVec<TValue>, resolved: &[(Symbol, i64)]) -> Result<Checked, RunError> {
         if inputs.len() != self.data_inputs.len() {
             let kind = RunErrorKind::InputCount {
                 got: inputs.len(),
@@ -472,17 +489,27 @@ impl Interface {
                         if axis == 0 && port.batched {
                             return *got == 0;
                         }
-                        match want.to_usize() {
-                            Ok(want) => want != *got,
-                            Err(_) => false,
+                        match (want.to_usize(), want) {
+                            (Ok(want), _) => want != *got,
+                            (Err(_), TDim::Sym(s)) => resolved.iter().any(|(r, v)| r == s && *v != *got as i64),
+                            (Err(_), _) => false,
                         }
                     });
             if mismatch {
+                let mut wanted = shape_text(fact);
+                let pins: Vec<String> = resolved
+                    .iter()
+                    .filter(|(r, _)| fact.shape.dims().iter().any(|d| matches!(d, TDim::Sym(s) if s == r)))
+                    .map(|(r, v)| format!("{r} = {v}"))
+                    .collect();
+                if !pins.is_empty() {
+                    wanted = format!("{wanted} with {} resolved for this call", pins.join(", "));
+                }
                 let kind = RunErrorKind::Input {
                     index,
                     name: port.name.clone(),
                     got: tensor_text(input),
-                    wanted: shape_text(fact),
+                    wanted,
                 };
                 return Err(RunError::with_inputs(kind, inputs));
             }
@@ -505,6 +532,14 @@ impl Interface {
         }
         let rows = rows.map(|r| r.0).unwrap_or(1);
         let shared: TVec<TValue> = self.shared_inputs.iter().map(|ix| inputs[*ix].clone()).collect();
+        let shapes: TVec<usize> = if self.free_dims {
+            self.batched_inputs
+                .iter()
+                .flat_map(|ix| inputs[*ix].shape()[1..].iter().copied())
+                .collect()
+        } else {
+            TVec::new()
+        };
         let seats = if rows == 1 {
             let mut inputs = inputs;
             let seat: TVec<TValue> = if self.shared_inputs.is_empty() {
@@ -530,8 +565,47 @@ impl Interface {
             }
             seats
         };
-        Ok(Checked { seats, shared })
+        Ok(Checked { seats, shared, shapes })
     }
+}
+
+/// An output without the batch axis is one value for the whole turn: fine
+/// when it depends only on shared inputs and constants, a leak between
+/// streams when anything batched (a batched input, an explicit state) flows
+/// into it. Refused then, naming the output and the input.
+fn unbatched_output_is_shared(
+    inner: &dyn Runnable,
+    ix: usize,
+    name: &str,
+    inputs: &[Port],
+) -> Result<(), NewRunnerError> {
+    let Some(model) = inner.typed_model() else {
+        return Err(NewRunnerError::MixedOutput {
+            output: format!("{ix} ({name:?})"),
+            input: "(unknown: the runnable exposes no typed model to trace it through)".into(),
+        });
+    };
+    let Some(outlet) = model.outputs.get(ix) else {
+        return Ok(());
+    };
+    let mut seen = vec![false; model.nodes.len()];
+    let mut todo = vec![outlet.node];
+    while let Some(node) = todo.pop() {
+        if std::mem::replace(&mut seen[node], true) {
+            continue;
+        }
+        if let Some(input) = model.inputs.iter().position(|i| i.node == node) {
+            let port = &inputs[input];
+            if port.batched || port.state {
+                return Err(NewRunnerError::MixedOutput {
+                    output: format!("{ix} ({name:?})"),
+                    input: format!("{input} ({:?})", port.name),
+                });
+            }
+        }
+        todo.extend(model.nodes[node].inputs.iter().map(|i| i.node));
+    }
+    Ok(())
 }
 
 /// Seats share a turn only when they agree on the shared inputs and on the
@@ -544,24 +618,33 @@ pub(crate) struct Group(pub Option<Arc<GroupKey>>);
 pub(crate) struct GroupKey {
     pub shared: TVec<TValue>,
     pub resolved: Vec<(Symbol, i64)>,
+    /// The seats' shapes where the model leaves dims free (see
+    /// [`Checked::shapes`]).
+    pub shapes: TVec<usize>,
 }
 
 impl PartialEq for Group {
     fn eq(&self, other: &Group) -> bool {
         match (&self.0, &other.0) {
             (None, None) => true,
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || (a.resolved == b.resolved && a.shared == b.shared),
+            (Some(a), Some(b)) => {
+                Arc::ptr_eq(a, b) || (a.resolved == b.resolved && a.shapes == b.shapes && a.shared == b.shared)
+            }
             _ => false,
         }
     }
 }
 
 impl Group {
-    pub fn new(shared: TVec<TValue>, resolved: Vec<(Symbol, i64)>) -> Group {
-        if shared.is_empty() && resolved.is_empty() {
+    pub fn new(shared: TVec<TValue>, resolved: Vec<(Symbol, i64)>, shapes: TVec<usize>) -> Group {
+        if shared.is_empty() && resolved.is_empty() && shapes.is_empty() {
             Group(None)
         } else {
-            Group(Some(Arc::new(GroupKey { shared, resolved })))
+            Group(Some(Arc::new(GroupKey {
+                shared,
+                resolved,
+                shapes,
+            })))
         }
     }
 

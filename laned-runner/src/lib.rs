@@ -43,6 +43,7 @@ mod runner;
 mod shard;
 mod slot;
 mod stack;
+mod sync;
 
 pub use config::{InitialState, Mode, PortRef, RunnerConfig, RunnerConfigBuilder, StatePair, StateSpec};
 pub use err::{NewRunnerError, RunError, RunErrorKind, SpawnError};

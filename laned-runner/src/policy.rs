@@ -91,6 +91,33 @@ pub enum Decision {
     WaitUntil(Instant),
 }
 
+impl TurnPolicy {
+    /// Refuse waits past [`MAX_WAIT_US`](crate::config::MAX_WAIT_US), naming
+    /// the policy: a wait that long is a unit mistake.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let us = match *self {
+            TurnPolicy::Immediate => 0,
+            TurnPolicy::Linger { us } | TurnPolicy::LatencyBudget { us } => us,
+            TurnPolicy::Tick { period_us } => period_us,
+        };
+        if us > crate::config::MAX_WAIT_US {
+            return Err(format!(
+                "{self:?} waits {us} µs, past the limit of {} µs (an hour)",
+                crate::config::MAX_WAIT_US
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `t + d`, or a day after `t` where that would overflow the clock: a wait
+/// that long is as good as forever, and is re-decided on every arrival.
+fn later(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d)
+        .or_else(|| t.checked_add(Duration::from_secs(86_400)))
+        .unwrap_or(t)
+}
+
 /// The decision for the queue in `q` at `now`.
 pub fn decide(policy: &TurnPolicy, q: &QueueState, times: &dyn TurnTimes, now: Instant) -> Decision {
     let at = |t: Instant| {
@@ -106,7 +133,7 @@ pub fn decide(policy: &TurnPolicy, q: &QueueState, times: &dyn TurnTimes, now: I
             if q.full() {
                 Decision::RunNow
             } else {
-                at(q.oldest + Duration::from_micros(us))
+                at(later(q.oldest, Duration::from_micros(us)))
             }
         }
         TurnPolicy::LatencyBudget { us } => {
@@ -121,7 +148,7 @@ pub fn decide(policy: &TurnPolicy, q: &QueueState, times: &dyn TurnTimes, now: I
                 return Decision::RunNow;
             };
             match budget.checked_sub(turn) {
-                Some(slack) => at(q.oldest + slack),
+                Some(slack) => at(later(q.oldest, slack)),
                 None => Decision::RunNow,
             }
         }
@@ -129,7 +156,11 @@ pub fn decide(policy: &TurnPolicy, q: &QueueState, times: &dyn TurnTimes, now: I
             let period = Duration::from_micros(period_us.max(1));
             let since = q.oldest.saturating_duration_since(q.epoch);
             let ticks = since.as_nanos().div_ceil(period.as_nanos());
-            at(q.epoch + period * ticks as u32)
+            let next = u32::try_from(ticks)
+                .ok()
+                .and_then(|ticks| period.checked_mul(ticks))
+                .map_or_else(|| later(q.oldest, period), |d| later(q.epoch, d));
+            at(next)
         }
     }
 }
@@ -141,7 +172,7 @@ pub fn decide(policy: &TurnPolicy, q: &QueueState, times: &dyn TurnTimes, now: I
 /// and run at once, narrow, when waiting was still free.
 fn planned_width(q: &QueueState, budget: Duration, now: Instant) -> usize {
     let widest = q.held.min(q.max_seats).max(1);
-    let left = (q.oldest + budget).saturating_duration_since(now).as_secs_f64();
+    let left = later(q.oldest, budget).saturating_duration_since(now).as_secs_f64();
     let expected = q.queued as f64 + (q.arrivals_per_sec.max(0.0) * left).ceil();
     (expected.min(widest as f64) as usize).max(1)
 }

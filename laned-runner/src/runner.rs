@@ -202,6 +202,13 @@ impl LanedRunner {
                     waiting,
                 });
             }
+            // Nobody waits: a free lane is taken at once, without a place in
+            // the admission queue (which may hold none: `max_waiting` 0).
+            (Some(wait), 0) => match core.try_shards(None) {
+                Ok(placed) => placed,
+                Err(SpawnError::Full { .. }) => self.wait_for_lane(wait)?,
+                Err(e) => return Err(e),
+            },
             (Some(wait), _) => self.wait_for_lane(wait)?,
         };
         Ok(LanedStateHandle {
@@ -224,7 +231,8 @@ impl LanedRunner {
     fn wait_for_lane(&self, wait: Duration) -> Result<(usize, Grant), SpawnError> {
         let core = &self.core;
         let since = Instant::now();
-        let deadline = since + wait;
+        // `None`: a wait too long for the clock (`Duration::MAX`) waits on.
+        let deadline = since.checked_add(wait);
         let ticket = core.admission.enter().inspect_err(|e| {
             if matches!(e, SpawnError::Busy { .. }) {
                 core.metrics[0].record_admission_refused();
@@ -433,9 +441,12 @@ impl Drop for Stream {
     }
 }
 
-/// Cancels a call from another thread: a seat not yet seated is removed; one
-/// already seated completes and its answer is dropped. The call returns
-/// `RunErrorKind::Cancelled` (or its answer, if that landed first).
+/// Cancels a call from another thread. The call then ends one of two ways,
+/// and its result says which: `RunErrorKind::Cancelled` when none of its
+/// seats had been seated (they are removed: nothing of the call ran, the
+/// stream's state is as before it), or its answer when a seat had already
+/// been seated (the call completed; cancelling came too late). A cancel
+/// affects only the call it guards, never the stream's next one.
 #[derive(Clone, Default)]
 pub struct CancelToken {
     inner: Arc<TokenInner>,
@@ -444,8 +455,10 @@ pub struct CancelToken {
 #[derive(Default)]
 struct TokenInner {
     cancelled: std::sync::atomic::AtomicBool,
-    /// The slot of the call the token guards now, if any.
-    target: std::sync::Mutex<Option<Arc<dyn Cancel>>>,
+    /// The call the token guards now, if any: its slot, and the call's
+    /// number there (a cancel reaching the slot after that call ended is
+    /// ignored by it).
+    target: std::sync::Mutex<Option<(Arc<dyn Cancel>, u64)>>,
 }
 
 impl fmt::Debug for CancelToken {
@@ -462,8 +475,8 @@ impl CancelToken {
     pub fn cancel(&self) {
         self.inner.cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
         let target = self.inner.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(target) = target {
-            target.cancel();
+        if let Some((slot, call)) = target {
+            slot.cancel(call);
         }
     }
 
@@ -471,7 +484,7 @@ impl CancelToken {
         self.inner.cancelled.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn guard(&self, target: Option<Arc<dyn Cancel>>) {
+    fn guard(&self, target: Option<(Arc<dyn Cancel>, u64)>) {
         *self.inner.target.lock().unwrap_or_else(|e| e.into_inner()) = target;
     }
 }
@@ -567,16 +580,22 @@ impl LanedStateHandle {
         if self.stream.shard().is_closed() {
             return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
         }
+        // The call's number on the slot: a cancel meant for an earlier call
+        // that raced its answer finds another number, and is ignored.
+        let call_no = self.slot.begin();
         if let Some(token) = token {
             // Guard first, then look: a cancel landing in between still
             // reaches the slot.
-            token.guard(Some(self.slot.clone()));
+            let slot: Arc<dyn Cancel> = self.slot.clone();
+            token.guard(Some((slot, call_no)));
             if token.is_cancelled() {
                 token.guard(None);
                 return Err(RunError::with_inputs(RunErrorKind::Cancelled, inputs));
             }
         }
-        let checked = match core.iface.check(inputs) {
+        // Resolved symbols hold for this call only, refused or not.
+        let resolved = std::mem::take(&mut self.resolved);
+        let checked = match core.iface.check(inputs, &resolved) {
             Ok(checked) => checked,
             Err(e) => {
                 if let Some(token) = token {
@@ -586,7 +605,7 @@ impl LanedStateHandle {
             }
         };
         let rows = checked.seats.len();
-        let group = Group::new(checked.shared, std::mem::take(&mut self.resolved));
+        let group = Group::new(checked.shared, resolved, checked.shapes);
         let call = Call {
             stream: self.stream.grant,
             seats: checked.seats,
@@ -597,15 +616,18 @@ impl LanedStateHandle {
         self.stream.shard().push(Request::Call(call));
         let answer = match self.stream.shard().wait(&self.slot, None) {
             Wake::Value(answer) => answer,
-            _ => {
-                // Cancelled: drop the seats still queued; an answer that
-                // lands later is refused by the abandoned slot, which this
-                // handle replaces.
+            Wake::Cancelled | Wake::TimedOut => {
+                // Cancelled: the engine drops the call if none of its seats
+                // was seated yet and answers `Cancelled`; otherwise the call
+                // completes and its answer comes. Either way the slot gets
+                // exactly one verdict, at the latest after the turn running
+                // now, and the caller learns whether its call ran.
                 self.stream.shard().push(Request::Cancel(self.slot.clone()));
-                self.stream.shard().kick();
-                let landed = self.slot.abandon();
-                self.slot = Arc::new(Slot::new());
-                landed.unwrap_or_else(|| Err(RunError::new(RunErrorKind::Cancelled)))
+                loop {
+                    if let Wake::Value(answer) = self.stream.shard().wait(&self.slot, None) {
+                        break answer;
+                    }
+                }
             }
         };
         if let Some(token) = token {

@@ -334,6 +334,11 @@ impl Shard {
                     if inbox.closed {
                         return false;
                     }
+                    // Draining: nothing new can join the turn, waiting for
+                    // more would only hold up the drain.
+                    if inbox.draining {
+                        return true;
+                    }
                     // Arrivals change the decision only by making the turn
                     // full, or wider than a latency budget planned for: a
                     // push wakes us once that many seats came. Anything
@@ -372,6 +377,11 @@ impl Shard {
             Err(TryLockError::Poisoned(e)) => e.into_inner(),
             Err(TryLockError::WouldBlock) => return None,
         };
+        // A close between the look above and the lock: the engine is closed
+        // (its state gone), and the closing thread answers everyone.
+        if engine.is_closed() {
+            return None;
+        }
         engine.evict_idle();
         Some(engine)
     }

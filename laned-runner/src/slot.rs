@@ -1,13 +1,19 @@
-//! A one-value answer channel, which can also be *cancelled* (its waiter
-//! should give up) and *abandoned* (its waiter gave up: a late answer is
-//! refused and handed back to whoever offered it).
+//! A one-value answer channel, reused call after call, which can also be
+//! *cancelled*: its waiter should stop waiting for the call it serves now.
+//!
+//! A cancel names the call it was meant for (the number [`Slot::begin`]
+//! handed out): one that arrives after its call ended, racing the answer,
+//! finds another number and is ignored, so it never reaches the next call.
+//! An answer always wins over a cancel it raced: the waiter takes the value
+//! and forgets the cancel.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Instant;
 
+use crate::sync::{AtomicBool, Condvar, Mutex, MutexGuard, Ordering};
+
 /// Who may touch it: the waiter (one thread: the handle's or spawner's
-/// caller) waits, takes and abandons; whoever answers (the worker, a
+/// caller) begins calls, waits and takes; whoever answers (the worker, a
 /// combining caller or the helper) offers; a [`CancelToken`](crate::CancelToken)
 /// cancels. All go through `inner`.
 pub(crate) struct Slot<T> {
@@ -21,10 +27,12 @@ pub(crate) struct Slot<T> {
 
 struct Inner<T> {
     value: Option<T>,
-    /// Set by a cancel token; consumed by the waiter.
+    /// The call the slot serves now: bumped by the waiter at each call's
+    /// start (`begin`), compared by `cancel`.
+    call: u64,
+    /// Set by a cancel of the current call; consumed by the waiter, or
+    /// forgotten when the answer is taken first.
     cancelled: bool,
-    /// Set by the waiter once it gave up: no value is accepted any more.
-    abandoned: bool,
     /// Set by the waiter while it sleeps on `cv`: only then does a signal
     /// need a futex wake (a spinning or running waiter sees the change
     /// itself), which saves a system call per answer.
@@ -49,8 +57,8 @@ impl<T> Slot<T> {
         Slot {
             inner: Mutex::new(Inner {
                 value: None,
+                call: 0,
                 cancelled: false,
-                abandoned: false,
                 parked: false,
                 duty: Vec::new(),
             }),
@@ -64,39 +72,39 @@ impl<T> Slot<T> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Hand the waiter its answer; refused (and handed back) once the waiter
-    /// gave up.
-    pub fn offer(&self, value: T) -> Result<(), T> {
-        if self.land(value)? {
-            self.cv.notify_one();
-        }
-        Ok(())
+    /// A new call starts on this slot: a cancel meant for an earlier one is
+    /// forgotten, and later ones for it are ignored. Returns the call's
+    /// number, for [`Slot::cancel`].
+    pub fn begin(&self) -> u64 {
+        let mut inner = self.lock();
+        inner.call = inner.call.wrapping_add(1);
+        inner.cancelled = false;
+        inner.call
     }
 
-    /// [`Slot::offer`] for answers nobody needs back.
+    /// Hand the waiter its answer.
     pub fn fill(&self, value: T) {
-        let _ = self.offer(value);
+        if self.land(value) {
+            self.cv.notify_one();
+        }
     }
 
     /// [`Slot::fill`] without the futex wake: returns whether the waiter is
     /// parked, in which case the caller must see it woken ([`wake_all`]).
     pub fn fill_quietly(&self, value: T) -> bool {
-        self.land(value).unwrap_or(false)
+        self.land(value)
     }
 
-    /// Store the answer unless the waiter gave up; returns whether the
-    /// waiter sleeps (read under the lock it parks under, so a waiter about
-    /// to park sees the value instead).
-    fn land(&self, value: T) -> Result<bool, T> {
+    /// Store the answer; returns whether the waiter sleeps (read under the
+    /// lock it parks under, so a waiter about to park sees the value
+    /// instead).
+    fn land(&self, value: T) -> bool {
         let mut inner = self.lock();
-        if inner.abandoned {
-            return Err(value);
-        }
         inner.value = Some(value);
         let parked = inner.parked;
         drop(inner);
         self.signalled.store(true, Ordering::Release);
-        Ok(parked)
+        parked
     }
 
     /// Wake the waiter if it sleeps.
@@ -118,8 +126,13 @@ impl<T> Slot<T> {
         }
     }
 
-    pub fn cancel(&self) {
+    /// Cancel call number `call`: ignored when the slot serves another call
+    /// by now (the cancel lost the race with the answer).
+    pub fn cancel(&self, call: u64) {
         let mut inner = self.lock();
+        if inner.call != call {
+            return;
+        }
         inner.cancelled = true;
         self.signal(inner);
     }
@@ -140,16 +153,9 @@ impl<T> Slot<T> {
         self.lock().value.is_some()
     }
 
-    /// Give up waiting: from now on offers are refused. Returns the answer
-    /// if it landed first.
-    pub fn abandon(&self) -> Option<T> {
-        let mut inner = self.lock();
-        inner.abandoned = true;
-        inner.value.take()
-    }
-
-    /// Block until a value lands, the slot is cancelled, or
-    /// `deadline` passes.
+    /// Block until a value lands, the current call is cancelled, or
+    /// `deadline` passes. A value wins over a cancel: taking it forgets the
+    /// cancel, which came too late to matter.
     pub fn wait_until(&self, deadline: Option<Instant>, spin: bool) -> Wake<T> {
         // With `spin`, a short spin first: a light model's turn is often
         // shorter than a park and a wake-up. Bounded, so a waiter never
@@ -166,6 +172,7 @@ impl<T> Slot<T> {
         let mut inner = self.lock();
         loop {
             if let Some(v) = inner.value.take() {
+                inner.cancelled = false;
                 let duty = std::mem::take(&mut inner.duty);
                 drop(inner);
                 for other in duty {
@@ -229,12 +236,13 @@ pub(crate) fn wake_all<T>(slots: &mut Vec<Arc<Slot<T>>>) {
 
 /// What a cancel token can reach: the slot of the call it guards.
 pub(crate) trait Cancel: Send + Sync {
-    fn cancel(&self);
+    /// Cancel call number `call` of the slot (see [`Slot::begin`]).
+    fn cancel(&self, call: u64);
 }
 
 impl<T: Send> Cancel for Slot<T> {
-    fn cancel(&self) {
-        Slot::cancel(self)
+    fn cancel(&self, call: u64) {
+        Slot::cancel(self, call)
     }
 }
 

@@ -71,12 +71,13 @@ impl Stacker {
                 "input {slot}: seat {seat} is {:?}, seat 0 {dt:?}",
                 t.datum_type()
             );
-            let src = t.as_bytes();
             ensure!(
-                src.len() == row,
-                "input {slot}: seat {seat} feeds {} bytes, seat 0 {row}",
-                src.len()
+                t.shape() == first.shape(),
+                "input {slot}: seat {seat} has shape {:?}, seat 0 {:?}",
+                t.shape(),
+                first.shape()
             );
+            let src = t.as_bytes();
             bytes[seat * row..(seat + 1) * row].copy_from_slice(src);
         }
         Ok(TValue::from_const(buffer.clone()))

@@ -38,6 +38,7 @@ mod engine;
 mod err;
 mod explicit;
 mod iface;
+mod inbox;
 pub mod policy;
 mod runner;
 mod shard;

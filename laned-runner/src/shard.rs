@@ -17,50 +17,15 @@ use crate::config::{Mode, Resolved};
 use crate::engine::{Engine, Live, Request};
 use crate::err::NewRunnerError;
 use crate::iface::Interface;
+use crate::inbox::Inbox;
 use crate::policy::{decide, recheck_after, Decision, LearnedTurnTimes};
 use crate::slot::{Slot, Wake};
 use arc_swap::ArcSwap;
 
-/// Requests not yet seen by the engine.
-struct Inbox {
-    requests: Vec<Request>,
-    /// Set once by `close`; afterwards the engine answers everything `Closed`.
-    closed: bool,
-    /// Set once by `drain`; the worker then sets `drained` (and signals
-    /// `quiet`) when nothing is queued any more.
-    draining: bool,
-    drained: bool,
-    /// Whether the thread serving the engine sleeps on `arrived`, and after
-    /// how many more queued seats it must be woken: `Some(1)` while idle;
-    /// while a turn policy waits, `policy::recheck_after` (the seats that
-    /// could make the turn full, or wider than a latency budget planned
-    /// for: the only ways an arrival changes its decision). `None`: nobody
-    /// sleeps, pushes need not signal. Set by the sleeper, cleared by the
-    /// push that wakes it or by the sleeper on waking.
-    sleeper: Option<usize>,
-    /// Seats pushed since the sleeper went to sleep.
-    pushed_seats: usize,
-    /// `Combining` mode: set by a combiner leaving the state with seats
-    /// still queued, taken by the helper, which then serves the queue.
-    help_wanted: bool,
-}
-
-impl Inbox {
-    /// The engine's thread goes to sleep until `seats` more seats arrive
-    /// (or anything else does).
-    fn sleep_until_seats(&mut self, seats: usize) {
-        self.sleeper = Some(seats.max(1));
-        self.pushed_seats = 0;
-    }
-}
-
 pub(crate) struct Shard {
     /// Who may touch it: any thread pushes (handles, spawns, drops); the
     /// thread holding `engine` drains it.
-    inbox: Mutex<Inbox>,
-    /// Signalled by a push that can change the sleeper's mind (see
-    /// `Inbox::sleeper`): wakes the worker, or a lingering combiner.
-    arrived: Condvar,
+    inbox: Inbox<Request>,
     /// `Combining` mode: signalled (with the inbox lock) when help is wanted
     /// or the shard closes; the helper sleeps on it.
     help: Condvar,
@@ -84,9 +49,6 @@ pub(crate) struct Shard {
     /// Callers blocked in `wait` right now (any thread, relaxed: a hint for
     /// whether to spin).
     waiters: AtomicUsize,
-    /// Requests ever pushed: incremented by `push` under the inbox lock,
-    /// read without it by the worker spinning for the next arrival.
-    pushed: AtomicUsize,
 }
 
 /// The machine's cores, read once.
@@ -211,21 +173,11 @@ impl Shard {
     fn new(engine: Engine, config: &Resolved, live: Arc<ArcSwap<Live>>) -> Shard {
         let can_forget_symbols = engine.can_forget_symbols();
         Shard {
-            inbox: Mutex::new(Inbox {
-                requests: Vec::new(),
-                closed: false,
-                draining: false,
-                drained: false,
-                sleeper: None,
-                pushed_seats: 0,
-                help_wanted: false,
-            }),
+            inbox: Inbox::new(),
             help: Condvar::new(),
             quiet: Condvar::new(),
             idle_timeout: config.idle_timeout,
             waiters: AtomicUsize::new(0),
-            pushed: AtomicUsize::new(0),
-            arrived: Condvar::new(),
             engine: Mutex::new(engine),
             mode: config.mode,
             live,
@@ -242,31 +194,12 @@ impl Shard {
     /// shard is closed nobody drains the inbox, so the request is answered
     /// here.
     pub fn push(&self, request: Request) {
-        let mut inbox = lock(&self.inbox);
-        if inbox.closed {
-            drop(inbox);
-            refuse(request);
-            return;
-        }
-        // Only a push that can change the sleeper's mind signals: a
-        // futex wake and a context switch per call would cost the worker
-        // more than the turn under a linger or a latency budget.
-        let wake = match (&request, inbox.sleeper) {
-            (_, None) => false,
-            (Request::Call(call), Some(seats)) => {
-                inbox.pushed_seats += call.seats.len();
-                inbox.pushed_seats >= seats
-            }
-            (_, Some(_)) => true,
+        let seats = match &request {
+            Request::Call(call) => Some(call.seats.len()),
+            _ => None,
         };
-        inbox.requests.push(request);
-        self.pushed.fetch_add(1, Ordering::Release);
-        if wake {
-            inbox.sleeper = None;
-        }
-        drop(inbox);
-        if wake {
-            self.arrived.notify_one();
+        if let Err(request) = self.inbox.push(request, seats) {
+            refuse(request);
         }
     }
 
@@ -301,7 +234,7 @@ impl Shard {
 
     /// Move every request of the inbox into the engine.
     fn take_inbox(&self, engine: &mut Engine) -> bool {
-        let requests = std::mem::take(&mut lock(&self.inbox).requests);
+        let requests = std::mem::take(&mut self.inbox.lock().requests);
         let any = !requests.is_empty();
         for request in requests {
             engine.accept(request);
@@ -330,7 +263,7 @@ impl Shard {
                 }
                 Decision::WaitUntil(until) => {
                     waited.get_or_insert(now);
-                    let mut inbox = lock(&self.inbox);
+                    let inbox = self.inbox.lock();
                     if inbox.closed {
                         return false;
                     }
@@ -344,12 +277,8 @@ impl Shard {
                     // push wakes us once that many seats came. Anything
                     // else pushed, or a policy change, wakes us at once.
                     if inbox.requests.is_empty() {
-                        inbox.sleep_until_seats(recheck_after(&live.policy, &queue, now));
-                        let (mut inbox, _) = self
-                            .arrived
-                            .wait_timeout(inbox, until.saturating_duration_since(now))
-                            .unwrap_or_else(|e| e.into_inner());
-                        inbox.sleeper = None;
+                        let seats = recheck_after(&live.policy, &queue, now);
+                        drop(self.inbox.sleep(inbox, seats, Some(until.saturating_duration_since(now))));
                     }
                 }
             }
@@ -359,8 +288,8 @@ impl Shard {
     /// A new policy or `max_seats`: wake whoever waits on the old one.
     pub fn set_live(&self, live: Live) {
         self.live.store(Arc::new(live));
-        let _inbox = lock(&self.inbox);
-        self.arrived.notify_all();
+        let _inbox = self.inbox.lock();
+        self.inbox.notify_all();
     }
 
     /// Combining mode: the state, if it is free and the shard open, with
@@ -421,7 +350,7 @@ impl Shard {
             // A request pushed while we held the state found it busy and
             // relies on us: queued seats go to the helper, and requests
             // still in the inbox make us go round once more.
-            let mut inbox = lock(&self.inbox);
+            let mut inbox = self.inbox.lock();
             if queued {
                 inbox.help_wanted = true;
                 drop(inbox);
@@ -442,7 +371,7 @@ impl Shard {
     fn help(&self) {
         loop {
             {
-                let mut inbox = lock(&self.inbox);
+                let mut inbox = self.inbox.lock();
                 while !inbox.help_wanted && !inbox.closed {
                     inbox = self.help.wait(inbox).unwrap_or_else(|e| e.into_inner());
                 }
@@ -459,15 +388,9 @@ impl Shard {
     /// Sleep until a request arrives (true) or `hold` passes or the shard
     /// closes (false).
     fn arrival_within(&self, hold: Duration) -> bool {
-        let mut inbox = lock(&self.inbox);
+        let mut inbox = self.inbox.lock();
         if inbox.requests.is_empty() && !inbox.closed {
-            inbox.sleep_until_seats(1);
-            inbox = self
-                .arrived
-                .wait_timeout(inbox, hold)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-            inbox.sleeper = None;
+            inbox = self.inbox.sleep(inbox, 1, Some(hold));
         }
         !inbox.requests.is_empty() && !inbox.closed
     }
@@ -500,34 +423,25 @@ impl Shard {
                 gauge.record(hit);
             }
             let (requests, closed) = {
-                let mut inbox = lock(&self.inbox);
+                let mut inbox = self.inbox.lock();
                 while inbox.requests.is_empty() && !inbox.closed && !engine.has_queue() {
                     if inbox.draining && engine.is_quiet() {
                         inbox.drained = true;
                         self.quiet.notify_all();
                     }
-                    inbox.sleep_until_seats(1);
-                    match next_eviction {
-                        None => inbox = self.arrived.wait(inbox).unwrap_or_else(|e| e.into_inner()),
-                        Some(due) => {
-                            let now = Instant::now();
-                            if due <= now {
-                                inbox.sleeper = None;
-                                break;
-                            }
-                            inbox = self
-                                .arrived
-                                .wait_timeout(inbox, due - now)
-                                .unwrap_or_else(|e| e.into_inner())
-                                .0;
-                        }
-                    }
-                    inbox.sleeper = None;
+                    let timeout = match next_eviction {
+                        None => None,
+                        Some(due) => match due.checked_duration_since(Instant::now()) {
+                            Some(left) if !left.is_zero() => Some(left),
+                            _ => break,
+                        },
+                    };
+                    inbox = self.inbox.sleep(inbox, 1, timeout);
                 }
                 if inbox.draining {
                     engine.start_draining();
                 }
-                taken = self.pushed.load(Ordering::Relaxed);
+                taken = self.inbox.pushed();
                 (std::mem::take(&mut inbox.requests), inbox.closed)
             };
             if closed {
@@ -551,7 +465,7 @@ impl Shard {
         let start = Instant::now();
         loop {
             for _ in 0..64 {
-                if self.pushed.load(Ordering::Acquire) != taken {
+                if self.inbox.pushed() != taken {
                     return true;
                 }
                 std::hint::spin_loop();
@@ -565,11 +479,11 @@ impl Shard {
     /// Stop taking new streams and calls, and return once everything queued
     /// has been answered.
     pub fn drain(&self) {
-        lock(&self.inbox).draining = true;
-        self.arrived.notify_all();
+        self.inbox.lock().draining = true;
+        self.inbox.notify_all();
         match self.mode {
             Mode::Worker => {
-                let mut inbox = lock(&self.inbox);
+                let mut inbox = self.inbox.lock();
                 // The worker sets `drained` once it took the draining flag in
                 // and nothing is queued.
                 while !inbox.drained && !inbox.closed {
@@ -593,8 +507,8 @@ impl Shard {
     /// Refuse everything from now on, answer every waiting caller, and (in
     /// `Worker` mode) join the worker, which drops the state.
     pub fn close(&self) {
-        lock(&self.inbox).closed = true;
-        self.arrived.notify_all();
+        self.inbox.lock().closed = true;
+        self.inbox.notify_all();
         self.help.notify_all();
         let worker = lock(&self.worker).take();
         // Never the current thread: joining oneself fails.
@@ -608,7 +522,7 @@ impl Shard {
                 engine.close();
                 // Requests pushed after the close are answered by the same
                 // close: the engine is closed for good.
-                let requests = std::mem::take(&mut lock(&self.inbox).requests);
+                let requests = std::mem::take(&mut self.inbox.lock().requests);
                 for request in requests {
                     engine.accept(request);
                 }
@@ -619,7 +533,7 @@ impl Shard {
 
 impl Shard {
     pub fn is_closed(&self) -> bool {
-        lock(&self.inbox).closed
+        self.inbox.lock().closed
     }
 }
 

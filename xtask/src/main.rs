@@ -20,7 +20,11 @@ tasks:
   fuzz [--cases N] [--seed S] [--model PATH --pulse P [--symbol S]]
                            the property tests with many cases (default 2000); with
                            --model, the seating property on your NNEF model
-  ci                       what CI runs: fmt check, clippy, the test suite, doc tests
+  ci                       what CI runs: fmt check, clippy, the test suite, doc tests,
+                           the loom model checks
+  loom                     model-check the answer slot and the inbox's sleeper rule
+                           with loom (laned-runner built with --cfg loom, in
+                           target/loom so the main build is left alone)
   device [--smoke]         prepare the 16-core device measurements (.device/measure.sh):
                            stripped release bench binaries and the Silero model in
                            target/device/, to carry; --smoke then runs the script here,
@@ -43,6 +47,7 @@ fn main() {
         "bench" => bench(rest),
         "fuzz" => fuzz(rest),
         "ci" => ci(),
+        "loom" => loom(),
         "device" => device(rest),
         "help" | "--help" | "-h" => {
             print!("{TASKS}");
@@ -303,5 +308,19 @@ fn ci() -> bool {
     tests.args(["nextest", "run", "--workspace", "--features", "laned-testkit/silero"]);
     let mut doc = cargo();
     doc.args(["test", "--workspace", "--doc", "--features", "laned-testkit/silero"]);
-    [fmt, clippy, tests, doc].into_iter().all(run)
+    [fmt, clippy, tests, doc].into_iter().all(run) && loom()
+}
+
+/// The loom model checks: the runner's library built with `--cfg loom`
+/// (its slot and inbox then run on loom's primitives), only the
+/// `loom_tests` modules run. A target directory of its own, since the flag
+/// rebuilds every crate.
+fn loom() -> bool {
+    let mut command = cargo();
+    command
+        .args(["test", "-p", "laned-runner", "--lib", "loom_tests"])
+        .env("RUSTFLAGS", "--cfg loom")
+        .env("CARGO_TARGET_DIR", target_dir().join("loom"))
+        .env("LOOM_MAX_PREEMPTIONS", "3");
+    run(command)
 }

@@ -5,7 +5,7 @@
 //! own.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use crate::iface::Interface;
 use crate::inbox::Inbox;
 use crate::policy::{decide, recheck_after, Decision, LearnedTurnTimes};
 use crate::slot::{Slot, Wake};
+use crate::sync::Condvar;
 use arc_swap::ArcSwap;
 
 pub(crate) struct Shard {
@@ -278,7 +279,10 @@ impl Shard {
                     // else pushed, or a policy change, wakes us at once.
                     if inbox.requests.is_empty() {
                         let seats = recheck_after(&live.policy, &queue, now);
-                        drop(self.inbox.sleep(inbox, seats, Some(until.saturating_duration_since(now))));
+                        drop(
+                            self.inbox
+                                .sleep(inbox, seats, Some(until.saturating_duration_since(now))),
+                        );
                     }
                 }
             }

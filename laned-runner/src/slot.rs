@@ -299,8 +299,8 @@ mod loom_tests {
     }
 
     /// Three waiters answered quietly and woken as a tree: whatever the
-    /// interleaving (a waiter not yet asleep refuses its duty), every waiter
-    /// gets its value and none sleeps forever.
+    /// interleaving (a waiter not asleep refuses its duty, which someone
+    /// else then does), every waiter gets its value and none sleeps forever.
     #[test]
     fn a_wake_tree_leaves_no_waiter_asleep() {
         let mut model = loom::model::Builder::new();
@@ -317,11 +317,13 @@ mod loom_tests {
                     })
                 })
                 .collect();
+            // Every slot goes in the tree, asleep or not: a waiter that is not
+            // parked when handed its duty (it has not slept yet, or took its
+            // value already) must refuse it, and the duty still be done.
             let mut wakes = vec![];
             for (v, slot) in slots.iter().enumerate() {
-                if slot.fill_quietly(v) {
-                    wakes.push(slot.clone());
-                }
+                slot.fill_quietly(v);
+                wakes.push(slot.clone());
             }
             wake_all(&mut wakes);
             let got: Vec<usize> = waiters.into_iter().map(|w| w.join().unwrap()).collect();

@@ -3,6 +3,8 @@
 //! test names the defect it guards; every wait is bounded, so a hang fails
 //! the test instead of stalling the suite.
 
+mod churn;
+mod fuzz;
 mod ops;
 
 use std::sync::mpsc;

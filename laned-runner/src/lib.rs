@@ -28,9 +28,13 @@
 //! ```
 //!
 //! Isolation: each call is checked against the model's facts before it is
-//! queued; seats disagreeing on shared inputs go to different turns instead
-//! of failing; a turn that errors or panics fails its own seats only (their
-//! streams are told their state was lost), and the runner keeps serving.
+//! queued; seats disagreeing on shared inputs, resolved symbols or free
+//! dims go to different turns instead of failing or mixing; a model whose
+//! unbatched output mixes streams is refused; whatever an op does (errs or
+//! panics creating its state, resetting a lane or running a turn) fails
+//! only the spawn or the seats concerned (their streams are told when their
+//! state was lost), and the runner keeps serving. A cancelled call either
+//! never ran (`Cancelled`) or completed (its answer), never half of each.
 
 mod admission;
 mod config;

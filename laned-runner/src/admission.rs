@@ -30,7 +30,7 @@ struct State {
 /// A waiter's place in the queue.
 pub(crate) struct Ticket(u64);
 
-pub(crate) enum Turn {
+pub(crate) enum Next {
     /// This ticket is at the front: try the shards now.
     Try,
     /// Refused (closed, draining) or out of time.
@@ -97,20 +97,20 @@ impl Admission {
         seen_freed: u64,
         deadline: Option<Instant>,
         tick: Option<Duration>,
-    ) -> Turn {
+    ) -> Next {
         let mut state = self.lock();
         let mut first = true;
         loop {
             if let Some(e) = &state.refused {
-                return Turn::Leave(e.clone());
+                return Next::Leave(e.clone());
             }
             let front = state.queue.front() == Some(&ticket.0);
             if front && (state.freed != seen_freed || !first) {
-                return Turn::Try;
+                return Next::Try;
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
-                return Turn::Leave(SpawnError::TimedOut {
+                return Next::Leave(SpawnError::TimedOut {
                     waited: Duration::ZERO,
                     lanes: 0,
                 });
@@ -131,7 +131,7 @@ impl Admission {
             state = guard;
             first = false;
             if timeout.timed_out() && tick.is_some() {
-                return Turn::Try;
+                return Next::Try;
             }
         }
     }

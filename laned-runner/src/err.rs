@@ -131,6 +131,9 @@ pub enum RunErrorKind {
     Lost(String),
     /// The turn seating this call failed.
     Turn(String),
+    /// The turn ran, but this call's outputs (or its stream's state) could
+    /// not be cut from it or read.
+    Output(String),
     /// The stream lost its lane for being idle: spawn a new stream.
     Evicted(String),
     /// The call was cancelled before it was answered.
@@ -215,6 +218,7 @@ impl fmt::Display for RunError {
                 )
             }
             RunErrorKind::Turn(why) => write!(f, "the turn seating this call failed: {why}"),
+            RunErrorKind::Output(why) => write!(f, "the call's outputs could not be delivered: {why}"),
             RunErrorKind::Evicted(why) => write!(f, "the stream was evicted ({why}); spawn a new stream"),
             RunErrorKind::Cancelled => f.write_str("the call was cancelled"),
             RunErrorKind::Draining => f.write_str("the laned runner is draining and takes no new call"),

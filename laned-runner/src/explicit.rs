@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use kernel_memo::{Memo, MemoConfig};
+use lane_table::LaneId;
 use tract_core::internal::*;
-use tract_core::plan::LaneId;
 
 use crate::err::NewRunnerError;
 use crate::iface::{one_stream_shape, Interface, StateIo};

@@ -37,21 +37,26 @@
 //! never ran (`Cancelled`) or completed (its answer), never half of each.
 
 mod admission;
+mod cancel;
 mod config;
 mod engine;
 mod err;
 mod explicit;
+mod handle;
 mod iface;
 mod inbox;
 pub mod policy;
+mod protocol;
 mod runner;
 mod shard;
 mod slot;
 mod stack;
 mod sync;
 
+pub use cancel::CancelToken;
 pub use config::{InitialState, Mode, PortRef, RunnerConfig, RunnerConfigBuilder, StatePair, StateSpec};
 pub use err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
+pub use handle::LanedStateHandle;
 pub use policy::TurnPolicy;
-pub use runner::{CancelToken, LanedRunner, LanedStateHandle};
+pub use runner::LanedRunner;
 pub use stack::Stacker;

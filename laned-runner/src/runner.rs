@@ -1,5 +1,5 @@
-//! The runner (tract's `Runnable`) and the per-stream handle (tract's
-//! `State`).
+//! The runner (tract's `Runnable`): its shards, admission across them, and
+//! the settings that change while serving.
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,33 +8,37 @@ use std::time::{Duration, Instant};
 use laned_metrics::{Metrics, Snapshot};
 use tract_core::internal::*;
 
-use crate::admission::{Admission, Turn};
+use crate::admission::{Admission, Next};
 use crate::config::{Resolved, RunnerConfig};
-use crate::engine::{Call, CallResult, Grant, Live, Request};
-use crate::err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
-use crate::iface::{Group, Interface};
+use crate::engine::Parts;
+use crate::err::{NewRunnerError, SpawnError};
+use crate::handle::{LanedStateHandle, Stream};
+use crate::iface::Interface;
 use crate::policy::{LearnedTurnTimes, TurnPolicy};
-use crate::shard::{Parts, Shard};
-use crate::slot::{Cancel, Slot, Wake};
+use crate::protocol::{Grant, Live, Request};
+use crate::shard::Shard;
+use crate::slot::{Slot, Wake};
 use arc_swap::ArcSwap;
 
 /// What every clone of the runner and every handle share.
-pub(crate) struct Core {
-    inner: Arc<dyn Runnable>,
-    iface: Arc<Interface>,
+pub(crate) struct Common {
+    pub(crate) inner: Arc<dyn Runnable>,
+    pub(crate) iface: Arc<Interface>,
     /// The laned states; a stream stays on the shard it was placed on.
-    shards: Vec<Arc<Shard>>,
-    /// Per shard.
-    metrics: Vec<Arc<Metrics>>,
-    times: Vec<Arc<LearnedTurnTimes>>,
+    pub(crate) shards: Vec<Arc<Shard>>,
+    /// Per shard: what its engine records (turns, seats, lanes, ...).
+    pub(crate) metrics: Vec<Arc<Metrics>>,
+    /// Runner-wide events, no shard's: admission refusals, policy changes.
+    pub(crate) events: Arc<Metrics>,
+    pub(crate) times: Vec<Arc<LearnedTurnTimes>>,
     /// Spawners waiting for a lane on any shard.
-    admission: Arc<Admission>,
-    config: Resolved,
+    pub(crate) admission: Arc<Admission>,
+    pub(crate) config: Resolved,
     /// The live policy and `max_seats` (shared with every shard).
-    live: Arc<ArcSwap<Live>>,
+    pub(crate) live: Arc<ArcSwap<Live>>,
 }
 
-impl Core {
+impl Common {
     /// Shards in placement order: most free lanes first, lowest index on ties.
     fn placement(&self) -> Vec<usize> {
         let mut order: Vec<(u64, usize)> = self
@@ -84,7 +88,7 @@ impl Core {
 /// waiting caller is answered, the workers joined. Handles do not own the
 /// runner.
 struct Owner {
-    core: Arc<Core>,
+    core: Arc<Common>,
 }
 
 impl Drop for Owner {
@@ -101,7 +105,7 @@ impl Drop for Owner {
 /// later call is answered with an error and the worker is joined.
 #[derive(Clone)]
 pub struct LanedRunner {
-    core: Arc<Core>,
+    pub(crate) core: Arc<Common>,
     /// `None` in the copy a handle keeps for [`State::runnable`].
     _owner: Option<Arc<Owner>>,
 }
@@ -156,11 +160,12 @@ impl LanedRunner {
                 }
             }
         }
-        let core = Arc::new(Core {
+        let core = Arc::new(Common {
             inner,
             iface,
             shards,
             metrics,
+            events: Arc::new(Metrics::new(1)),
             times,
             admission,
             config,
@@ -192,11 +197,11 @@ impl LanedRunner {
         let (shard, grant) = match (wait, core.admission.waiting()) {
             (None, 0) => core.try_shards(None).inspect_err(|e| {
                 if matches!(e, SpawnError::Full { .. }) {
-                    core.metrics[0].record_admission_refused();
+                    core.events.record_admission_refused();
                 }
             })?,
             (None, waiting) => {
-                core.metrics[0].record_admission_refused();
+                core.events.record_admission_refused();
                 return Err(SpawnError::Full {
                     lanes: core.total_lanes(),
                     waiting,
@@ -235,13 +240,12 @@ impl LanedRunner {
         let deadline = since.checked_add(wait);
         let ticket = core.admission.enter().inspect_err(|e| {
             if matches!(e, SpawnError::Busy { .. }) {
-                core.metrics[0].record_admission_refused();
+                core.events.record_admission_refused();
             }
         })?;
-        // In combining mode nobody else may be around to evict idle streams:
-        // look after them now and then while waiting.
-        let tick = (core.config.mode == crate::Mode::Combining && core.config.idle_timeout.is_some())
-            .then(|| Duration::from_millis(5));
+        // Where no thread of the runner's own watches the clock (combining
+        // mode), waiters look after idle streams now and then.
+        let tick = core.shards.iter().filter_map(|s| s.idle_tick()).min();
         loop {
             let seen = core.admission.freed();
             if core.admission.at_front(&ticket) {
@@ -258,18 +262,18 @@ impl LanedRunner {
                 }
             }
             match core.admission.wait_turn(&ticket, seen, deadline, tick) {
-                Turn::Try => {
+                Next::Try => {
                     if tick.is_some() {
                         for shard in &core.shards {
-                            shard.kick();
+                            shard.tend();
                         }
                     }
                 }
-                Turn::Leave(e) => {
+                Next::Leave(e) => {
                     core.admission.leave(ticket);
                     let e = match e {
                         SpawnError::TimedOut { .. } => {
-                            core.metrics[0].record_admission_refused();
+                            core.events.record_admission_refused();
                             SpawnError::TimedOut {
                                 waited: wait,
                                 lanes: core.total_lanes(),
@@ -305,17 +309,16 @@ impl LanedRunner {
         }
     }
 
-    /// What the runner has served so far, every shard together.
+    /// What the runner has served so far: every shard's records together,
+    /// with the runner-wide events (admission refusals, policy changes).
     pub fn metrics(&self) -> Snapshot {
-        let shards = self.shard_metrics();
-        let mut total = shards[0].clone();
-        for s in &shards[1..] {
-            total = total.merge(s);
-        }
-        total
+        self.shard_metrics()
+            .iter()
+            .fold(self.core.events.snapshot(), |total, shard| total.merge(shard))
     }
 
-    /// What each shard has served (occupancy per shard shows imbalance).
+    /// What each shard has served (occupancy per shard shows imbalance);
+    /// runner-wide events are in [`LanedRunner::metrics`] only.
     pub fn shard_metrics(&self) -> Vec<Snapshot> {
         self.core.metrics.iter().map(|m| m.snapshot()).collect()
     }
@@ -342,38 +345,37 @@ impl LanedRunner {
 
     /// Change the turn policy while serving. Queued calls are not lost: the
     /// next turn is decided by the new policy (a waiting worker re-decides at
-    /// once). Counted in the metrics (`policy_changes`).
+    /// once). Counted in the metrics (`policy_changes`). Concurrent changes
+    /// of the policy and of `max_seats` never undo each other.
     pub fn set_policy(&self, policy: TurnPolicy) {
-        let live = Live {
-            policy,
-            ..**self.core.live.load()
-        };
-        for shard in &self.core.shards {
-            shard.set_live(live);
-        }
-        self.core.metrics[0].record_policy_change();
+        self.update_live(|live| Live { policy, ..*live });
     }
 
     /// Change the widest turn while serving (clamped to the state's lanes,
     /// 1 at least).
     pub fn set_max_seats(&self, max_seats: usize) {
         let max_seats = max_seats.clamp(1, self.core.config.max_lanes + 1);
-        let live = Live {
-            max_seats,
-            ..**self.core.live.load()
-        };
+        self.update_live(|live| Live { max_seats, ..*live });
+    }
+
+    /// Apply `change` to the live settings as one read-modify-write (`rcu`:
+    /// retried if another setter stored in between), then wake whoever
+    /// waits on the old ones.
+    fn update_live(&self, change: impl Fn(&Live) -> Live) {
+        self.core.live.rcu(|live| Arc::new(change(live)));
         for shard in &self.core.shards {
-            shard.set_live(live);
+            shard.live_changed();
         }
-        self.core.metrics[0].record_policy_change();
+        self.core.events.record_policy_change();
     }
 
-    /// The turn time learned per occupancy on the first shard: (occupancy,
-    /// mean turn time).
-    pub fn turn_time_curve(&self) -> Vec<(usize, Duration)> {
-        self.core.times[0].curve()
+    /// The turn time learned per occupancy, per shard (each shard learns
+    /// its own): for each, (occupancy, mean turn time).
+    pub fn turn_time_curves(&self) -> Vec<Vec<(usize, Duration)>> {
+        self.core.times.iter().map(|t| t.curve()).collect()
     }
 
+    /// Who runs the turns.
     pub fn mode(&self) -> crate::Mode {
         self.core.config.mode
     }
@@ -416,305 +418,5 @@ impl Runnable for LanedRunner {
 
     fn output_fact(&self, ix: usize) -> TractResult<&TypedFact> {
         self.core.inner.output_fact(ix)
-    }
-}
-
-/// The lane a stream holds, shared by its handle's clones; the last one
-/// dropped sends the lane back.
-struct Stream {
-    grant: Grant,
-    /// The shard the stream was placed on, for its whole life.
-    shard: usize,
-    core: Arc<Core>,
-}
-
-impl Stream {
-    fn shard(&self) -> &Shard {
-        &self.core.shards[self.shard]
-    }
-}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        self.shard().push(Request::Release(self.grant));
-        self.shard().kick();
-    }
-}
-
-/// Cancels a call from another thread. The call then ends one of two ways,
-/// and its result says which: `RunErrorKind::Cancelled` when none of its
-/// seats had been seated (they are removed: nothing of the call ran, the
-/// stream's state is as before it), or its answer when a seat had already
-/// been seated (the call completed; cancelling came too late). A cancel
-/// affects only the call it guards, never the stream's next one.
-#[derive(Clone, Default)]
-pub struct CancelToken {
-    inner: Arc<TokenInner>,
-}
-
-#[derive(Default)]
-struct TokenInner {
-    cancelled: std::sync::atomic::AtomicBool,
-    /// The call the token guards now, if any: its slot, and the call's
-    /// number there (a cancel reaching the slot after that call ended is
-    /// ignored by it).
-    target: std::sync::Mutex<Option<(Arc<dyn Cancel>, u64)>>,
-}
-
-impl fmt::Debug for CancelToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CancelToken(cancelled: {})", self.is_cancelled())
-    }
-}
-
-impl CancelToken {
-    pub fn new() -> CancelToken {
-        CancelToken::default()
-    }
-
-    pub fn cancel(&self) {
-        self.inner.cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
-        let target = self.inner.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some((slot, call)) = target {
-            slot.cancel(call);
-        }
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.inner.cancelled.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn guard(&self, target: Option<(Arc<dyn Cancel>, u64)>) {
-        *self.inner.target.lock().unwrap_or_else(|e| e.into_inner()) = target;
-    }
-}
-
-/// One stream's view of a [`LanedRunner`]. Clones are the same stream
-/// (same lane); each clone has its own answer slot, and a symbol resolved on
-/// one clone holds for that clone's next call only.
-pub struct LanedStateHandle {
-    stream: Arc<Stream>,
-    /// This clone's answer channel, reused call after call.
-    slot: Arc<Slot<CallResult>>,
-    /// Symbols resolved for the next call only.
-    resolved: Vec<(Symbol, i64)>,
-    /// Frames this clone fed its stream so far (pulsed models), for `finish`.
-    frames: usize,
-    runner: LanedRunner,
-}
-
-impl Clone for LanedStateHandle {
-    fn clone(&self) -> LanedStateHandle {
-        LanedStateHandle {
-            stream: self.stream.clone(),
-            slot: Arc::new(Slot::new()),
-            resolved: vec![],
-            frames: self.frames,
-            runner: self.runner.clone(),
-        }
-    }
-}
-
-impl fmt::Debug for LanedStateHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LanedStateHandle(lane {})", self.stream.grant.lane.0)
-    }
-}
-
-impl LanedStateHandle {
-    /// The shard this stream was placed on (for its whole life).
-    pub fn shard(&self) -> usize {
-        self.stream.shard
-    }
-
-    /// This stream's explicit state (a tensor per state pair, the batch
-    /// axis of extent 1), read between turns: to save it, or to move the
-    /// stream to another runner with [`LanedStateHandle::restore_state`].
-    pub fn state_snapshot(&self) -> Result<TVec<Tensor>, RunError> {
-        let slot = Arc::new(Slot::new());
-        self.stream.shard().push(Request::ReadState {
-            stream: self.stream.grant,
-            slot: slot.clone(),
-        });
-        match self.stream.shard().wait(&slot, None) {
-            Wake::Value(read) => read,
-            _ => Err(RunError::new(RunErrorKind::Closed)),
-        }
-    }
-
-    /// Overwrite this stream's explicit state (as `state_snapshot` gives
-    /// it); the next call continues from it.
-    pub fn restore_state(&mut self, state: TVec<Tensor>) -> Result<(), RunError> {
-        let slot = Arc::new(Slot::new());
-        self.stream.shard().push(Request::WriteState {
-            stream: self.stream.grant,
-            state,
-            slot: slot.clone(),
-        });
-        match self.stream.shard().wait(&slot, None) {
-            Wake::Value(written) => written,
-            _ => Err(RunError::new(RunErrorKind::Closed)),
-        }
-    }
-
-    /// The lane this stream holds on its shard.
-    pub fn lane(&self) -> usize {
-        self.stream.grant.lane.0
-    }
-
-    /// Run one call: one seat per row of the batched inputs (usually one).
-    /// Inputs are checked against the model's facts first; a refused call
-    /// hands its inputs back in the error.
-    pub fn call(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
-        self.call_inner(inputs, None)
-    }
-
-    /// [`LanedStateHandle::call`], cancellable from another thread through
-    /// `token`.
-    pub fn call_with(&mut self, inputs: TVec<TValue>, token: &CancelToken) -> Result<TVec<TValue>, RunError> {
-        self.call_inner(inputs, Some(token))
-    }
-
-    fn call_inner(&mut self, inputs: TVec<TValue>, token: Option<&CancelToken>) -> Result<TVec<TValue>, RunError> {
-        let core = self.stream.core.clone();
-        if self.stream.shard().is_closed() {
-            return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
-        }
-        // The call's number on the slot: a cancel meant for an earlier call
-        // that raced its answer finds another number, and is ignored.
-        let call_no = self.slot.begin();
-        if let Some(token) = token {
-            // Guard first, then look: a cancel landing in between still
-            // reaches the slot.
-            let slot: Arc<dyn Cancel> = self.slot.clone();
-            token.guard(Some((slot, call_no)));
-            if token.is_cancelled() {
-                token.guard(None);
-                return Err(RunError::with_inputs(RunErrorKind::Cancelled, inputs));
-            }
-        }
-        // Resolved symbols hold for this call only, refused or not.
-        let resolved = std::mem::take(&mut self.resolved);
-        let checked = match core.iface.check(inputs, &resolved) {
-            Ok(checked) => checked,
-            Err(e) => {
-                if let Some(token) = token {
-                    token.guard(None);
-                }
-                return Err(e);
-            }
-        };
-        let rows = checked.seats.len();
-        let group = Group::new(checked.shared, resolved, checked.shapes);
-        let call = Call {
-            stream: self.stream.grant,
-            seats: checked.seats,
-            group,
-            slot: self.slot.clone(),
-            queued: Instant::now(),
-        };
-        self.stream.shard().push(Request::Call(call));
-        let answer = match self.stream.shard().wait(&self.slot, None) {
-            Wake::Value(answer) => answer,
-            Wake::Cancelled | Wake::TimedOut => {
-                // Cancelled: the engine drops the call if none of its seats
-                // was seated yet and answers `Cancelled`; otherwise the call
-                // completes and its answer comes. Either way the slot gets
-                // exactly one verdict, at the latest after the turn running
-                // now, and the caller learns whether its call ran.
-                self.stream.shard().push(Request::Cancel(self.slot.clone()));
-                loop {
-                    if let Wake::Value(answer) = self.stream.shard().wait(&self.slot, None) {
-                        break answer;
-                    }
-                }
-            }
-        };
-        if let Some(token) = token {
-            token.guard(None);
-        }
-        let outputs = answer?.into_outputs(&core.iface.data_batch_out)?;
-        if let Some(pulse) = &core.iface.pulse {
-            if rows >= 1 {
-                self.frames += pulse.pulse;
-            }
-        }
-        Ok(outputs)
-    }
-
-    /// End the stream: feed its last pulse (`last`, of which only the first
-    /// `real_frames` frames are signal; `None` when the stream ended on a
-    /// pulse boundary), with the model's stream symbol resolved to the
-    /// stream's true length, then pulses of silence until every output frame
-    /// is out (the model's `pulse.delay`). Returns the outputs of those
-    /// calls, in order; the lane then goes back (once the last clone is
-    /// dropped).
-    pub fn finish(mut self, last: Option<TVec<TValue>>, real_frames: usize) -> Result<Vec<TVec<TValue>>, RunError> {
-        let core = self.stream.core.clone();
-        let Some(pulse) = core.iface.pulse.clone() else {
-            return Err(RunError::new(RunErrorKind::Finish(
-                "the model carries no pulse properties (pulse.streaming_symbol, pulse.input_axes, pulse.delay): pulsify it with tract-pulse".into(),
-            )));
-        };
-        if real_frames > pulse.pulse || (last.is_none() && real_frames > 0) {
-            return Err(RunError::new(RunErrorKind::Finish(format!(
-                "the last pulse holds {real_frames} real frames; a pulse holds at most {} (and none without a last pulse)",
-                pulse.pulse
-            ))));
-        }
-        let total = self.frames + real_frames;
-        let mut fed = self.frames;
-        let mut outputs = vec![];
-        if let Some(last) = last {
-            self.resolve(&pulse.symbol, total as i64)?;
-            outputs.push(self.call(last)?);
-            fed += pulse.pulse;
-        }
-        while fed < total + pulse.delay {
-            self.resolve(&pulse.symbol, total as i64)?;
-            outputs.push(
-                self.call(
-                    core.iface
-                        .silence()
-                        .map_err(|e| RunError::new(RunErrorKind::Finish(e)))?,
-                )?,
-            );
-            fed += pulse.pulse;
-        }
-        Ok(outputs)
-    }
-
-    /// Pin `symbol` to `value` for this handle's next call only (a stream's
-    /// last, partial pulse). Seats resolving different values never share a
-    /// turn.
-    pub fn resolve(&mut self, symbol: &Symbol, value: i64) -> Result<(), RunError> {
-        let core = &self.stream.core;
-        if *symbol == core.iface.batch {
-            return Err(RunError::new(RunErrorKind::Symbol(format!(
-                "{symbol} is the batch symbol, which stands for the turn's occupancy, not for one stream"
-            ))));
-        }
-        if !self.stream.shard().can_forget_symbols() {
-            return Err(RunError::new(RunErrorKind::Symbol(
-                "this state cannot forget a resolved symbol after the turn".into(),
-            )));
-        }
-        self.resolved.retain(|(s, _)| s != symbol);
-        self.resolved.push((symbol.clone(), value));
-        Ok(())
-    }
-}
-
-impl State for LanedStateHandle {
-    fn run(&mut self, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        Ok(self.call(inputs)?)
-    }
-
-    fn resolve_symbol(&mut self, symbol: &Symbol, value: i64) -> TractResult<()> {
-        Ok(self.resolve(symbol, value)?)
-    }
-
-    fn runnable(&self) -> &dyn Runnable {
-        &self.runner
     }
 }

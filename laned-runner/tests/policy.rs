@@ -86,7 +86,7 @@ fn a_latency_budget_learns_turn_times_and_widens_turns() {
         for c in callers {
             c.join().unwrap();
         }
-        (r.metrics(), r.turn_time_curve())
+        (r.metrics(), r.turn_time_curves().remove(0))
     };
     let (immediate, _) = occupancy(TurnPolicy::Immediate);
     let (budget, curve) = occupancy(TurnPolicy::latency_budget(Duration::from_millis(20)));

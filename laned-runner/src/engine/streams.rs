@@ -1,0 +1,154 @@
+//! The streams: which stream holds which lane, when it last called, which
+//! lost their state or their lane and why; granting lanes (reset first),
+//! releasing them, evicting idle streams, rebuilding the state.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use lane_table::LaneId;
+
+use crate::err::{RunError, RunErrorKind, SpawnError};
+use crate::protocol::{Grant, SpawnResult};
+use crate::slot::Slot;
+
+use super::{reset_caught, spawn_caught, Engine};
+
+impl Engine {
+    /// The lane of `stream` while it holds one, the reason it lost it otherwise.
+    pub(super) fn own(&self, stream: Grant) -> Result<usize, RunError> {
+        if self.owner[stream.lane.0] == Some(stream.stream) {
+            return Ok(stream.lane.0);
+        }
+        Err(RunError::new(match self.evicted.get(&stream.stream) {
+            Some(why) => RunErrorKind::Evicted(why.clone()),
+            None => RunErrorKind::Closed,
+        }))
+    }
+
+    /// A lane for a new stream, or `Full` at once: waiting for a lane is
+    /// the runner's admission queue, which spans every shard.
+    pub(super) fn spawn(&mut self, slot: Arc<Slot<SpawnResult>>, waited: Option<std::time::Duration>) {
+        if self.closed {
+            return slot.fill(Err(SpawnError::Closed));
+        }
+        if self.draining {
+            return slot.fill(Err(SpawnError::Draining));
+        }
+        if self.table.taken() < self.max_streams {
+            self.grant(slot, waited);
+        } else {
+            slot.fill(Err(SpawnError::Full {
+                lanes: self.max_streams,
+                waiting: 0,
+            }));
+        }
+    }
+
+    /// Hand a free lane (reset) to a spawner; if it gave up meanwhile, the
+    /// lane goes back and the next waiter is tried.
+    pub(super) fn grant(&mut self, slot: Arc<Slot<SpawnResult>>, waited: Option<std::time::Duration>) {
+        let Some(lane) = self.table.take() else { return };
+        if let Err(why) = self.reset_lane(lane) {
+            // The lane goes back free: whatever the failed reset left in it,
+            // its next holder (a stream or a borrowed row) resets it first,
+            // and gets it only if that reset succeeds.
+            let _ = self.table.give_back(lane);
+            slot.fill(Err(SpawnError::Reset(why)));
+            return;
+        }
+        let stream = self.next_stream;
+        self.next_stream += 1;
+        // Book the lane before answering: a spawner reading the gauge right
+        // after this one returns must see the lane taken (placement reads it).
+        self.owner[lane.0] = Some(stream);
+        self.last_active[lane.0] = Instant::now();
+        self.metrics.set_lanes_taken(self.table.taken());
+        slot.fill(Ok(Grant { lane, stream }));
+        match waited {
+            Some(wait) => self.metrics.record_admission_waited(wait),
+            None => self.metrics.record_admission(),
+        }
+    }
+
+    /// Reset `lane` (its op states and its explicit state) for a new holder.
+    pub(super) fn reset_lane(&mut self, lane: LaneId) -> Result<(), String> {
+        let Some(state) = self.state.as_mut() else {
+            return Err("the laned state is closed".into());
+        };
+        reset_caught(&mut **state, &[lane])?;
+        self.explicit.reset(&[lane.0]).map_err(|e| format!("{e:#}"))
+    }
+
+    /// A fresh state in place of the current one, every lane reset; the
+    /// streams holding a lane lose their state (`why` says why). If even
+    /// that fails, the current state is kept: its next turn fails too, and
+    /// says so.
+    pub(super) fn rebuild(&mut self, why: &str) {
+        let every: Vec<LaneId> = (0..self.table.max_lanes()).map(LaneId).collect();
+        let fresh = spawn_caught(&*self.inner).and_then(|mut s| reset_caught(&mut *s, &every).map(|_| s));
+        let Ok(fresh) = fresh else { return };
+        self.state = Some(fresh);
+        let every: Vec<usize> = (0..self.table.max_lanes()).collect();
+        let _ = self.explicit.reset(&every);
+        for lane in 0..self.owner.len() {
+            if self.owner[lane].is_some() {
+                self.lost[lane] = Some(format!("the state was rebuilt after a turn failed: {why}"));
+            }
+        }
+    }
+
+    /// Free `lane`: its queued seats go (nobody waits for them), its marks
+    /// are cleared, it goes back to the table and waiters are admitted.
+    pub(super) fn free_lane(&mut self, lane: LaneId) {
+        for seat in self.unqueue_where(|seat| seat.lane == lane) {
+            if let Some(pending) = self.pending.remove(&seat.call) {
+                pending.slot.fill(Err(RunError::new(RunErrorKind::Cancelled)));
+            }
+        }
+        self.lost[lane.0] = None;
+        self.owner[lane.0] = None;
+        let _ = self.table.give_back(lane);
+        self.metrics.set_lanes_taken(self.table.taken());
+        // Spawners waiting (on any shard's lane) try again.
+        self.admission.lane_freed();
+    }
+
+    pub(super) fn release(&mut self, grant: Grant) {
+        self.evicted.remove(&grant.stream);
+        // An evicted stream's lane may be another stream's by now.
+        if self.owner[grant.lane.0] == Some(grant.stream) {
+            self.free_lane(grant.lane);
+        }
+    }
+
+    /// Evict the streams idle for longer than the timeout (none with a seat
+    /// queued); returns when the next one would be due.
+    pub fn evict_idle(&mut self) -> Option<Instant> {
+        let idle = self.idle_timeout?;
+        if self.closed {
+            return None;
+        }
+        let now = Instant::now();
+        let mut next: Option<Instant> = None;
+        for lane in 0..self.owner.len() {
+            let Some(stream) = self.owner[lane] else { continue };
+            if self.queued_per_lane[lane] > 0 {
+                continue;
+            }
+            let Some(due) = self.last_active[lane].checked_add(idle) else {
+                continue;
+            };
+            if due <= now {
+                self.evicted.insert(stream, format!("it did not call for {idle:?}"));
+                // A reset that fails here is not the evicted stream's
+                // concern: the lane's next holder resets it again first.
+                let lane = LaneId(lane);
+                let _ = self.reset_lane(lane);
+                self.free_lane(lane);
+            } else {
+                next = Some(next.map_or(due, |n: Instant| n.min(due)));
+            }
+        }
+        next
+    }
+}

@@ -1,0 +1,269 @@
+//! One stream's handle (tract's `State`): its calls, its explicit state,
+//! the end of its stream; and the lane it holds, given back when its last
+//! handle goes.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tract_core::internal::*;
+
+use crate::cancel::CancelToken;
+use crate::err::{RunError, RunErrorKind};
+use crate::iface::Group;
+use crate::protocol::{Call, CallResult, Grant, Request};
+use crate::runner::{Common, LanedRunner};
+use crate::shard::Shard;
+use crate::slot::{Cancel, Slot, Wake};
+
+/// The lane a stream holds, shared by its handle's clones; the last one
+/// dropped sends the lane back.
+pub(crate) struct Stream {
+    pub(crate) grant: Grant,
+    /// The shard the stream was placed on, for its whole life.
+    pub(crate) shard: usize,
+    pub(crate) core: Arc<Common>,
+}
+
+impl Stream {
+    pub(crate) fn shard(&self) -> &Shard {
+        &self.core.shards[self.shard]
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.shard().push(Request::Release(self.grant));
+        self.shard().tend();
+    }
+}
+
+/// One stream's view of a [`LanedRunner`]. Clones are the same stream
+/// (same lane); each clone has its own answer slot, and a symbol resolved on
+/// one clone holds for that clone's next call only.
+pub struct LanedStateHandle {
+    pub(crate) stream: Arc<Stream>,
+    /// This clone's answer channel, reused call after call.
+    pub(crate) slot: Arc<Slot<CallResult>>,
+    /// Symbols resolved for the next call only.
+    pub(crate) resolved: Vec<(Symbol, i64)>,
+    /// Frames this clone fed its stream so far (pulsed models), for `finish`.
+    pub(crate) frames: usize,
+    pub(crate) runner: LanedRunner,
+}
+
+impl Clone for LanedStateHandle {
+    fn clone(&self) -> LanedStateHandle {
+        LanedStateHandle {
+            stream: self.stream.clone(),
+            slot: Arc::new(Slot::new()),
+            resolved: vec![],
+            frames: self.frames,
+            runner: self.runner.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for LanedStateHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LanedStateHandle(lane {})", self.stream.grant.lane.0)
+    }
+}
+
+impl LanedStateHandle {
+    /// The shard this stream was placed on (for its whole life).
+    pub fn shard(&self) -> usize {
+        self.stream.shard
+    }
+
+    /// This stream's explicit state (a tensor per state pair, the batch
+    /// axis of extent 1), read between turns: to save it, or to move the
+    /// stream to another runner with [`LanedStateHandle::restore_state`].
+    pub fn state_snapshot(&self) -> Result<TVec<Tensor>, RunError> {
+        let slot = Arc::new(Slot::new());
+        self.stream.shard().push(Request::ReadState {
+            stream: self.stream.grant,
+            slot: slot.clone(),
+        });
+        match self.stream.shard().wait(&slot, None) {
+            Wake::Value(read) => read,
+            _ => Err(RunError::new(RunErrorKind::Closed)),
+        }
+    }
+
+    /// Overwrite this stream's explicit state (as `state_snapshot` gives
+    /// it); the next call continues from it.
+    pub fn restore_state(&mut self, state: TVec<Tensor>) -> Result<(), RunError> {
+        let slot = Arc::new(Slot::new());
+        self.stream.shard().push(Request::WriteState {
+            stream: self.stream.grant,
+            state,
+            slot: slot.clone(),
+        });
+        match self.stream.shard().wait(&slot, None) {
+            Wake::Value(written) => written,
+            _ => Err(RunError::new(RunErrorKind::Closed)),
+        }
+    }
+
+    /// The lane this stream holds on its shard.
+    pub fn lane(&self) -> usize {
+        self.stream.grant.lane.0
+    }
+
+    /// Run one call: one seat per row of the batched inputs (usually one).
+    /// Inputs are checked against the model's facts first; a refused call
+    /// hands its inputs back in the error.
+    pub fn call(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
+        self.call_inner(inputs, None)
+    }
+
+    /// [`LanedStateHandle::call`], cancellable from another thread through
+    /// `token`.
+    pub fn call_with(&mut self, inputs: TVec<TValue>, token: &CancelToken) -> Result<TVec<TValue>, RunError> {
+        self.call_inner(inputs, Some(token))
+    }
+
+    fn call_inner(&mut self, inputs: TVec<TValue>, token: Option<&CancelToken>) -> Result<TVec<TValue>, RunError> {
+        let core = self.stream.core.clone();
+        if self.stream.shard().is_closed() {
+            return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
+        }
+        // The call's number on the slot: a cancel meant for an earlier call
+        // that raced its answer finds another number, and is ignored.
+        let call_no = self.slot.begin();
+        if let Some(token) = token {
+            // Guard first, then look: a cancel landing in between still
+            // reaches the slot.
+            let slot: Arc<dyn Cancel> = self.slot.clone();
+            token.guard(Some((slot, call_no)));
+            if token.is_cancelled() {
+                token.guard(None);
+                return Err(RunError::with_inputs(RunErrorKind::Cancelled, inputs));
+            }
+        }
+        // Resolved symbols hold for this call only, refused or not.
+        let resolved = std::mem::take(&mut self.resolved);
+        let checked = match core.iface.check(inputs, &resolved) {
+            Ok(checked) => checked,
+            Err(e) => {
+                if let Some(token) = token {
+                    token.guard(None);
+                }
+                return Err(e);
+            }
+        };
+        let rows = checked.seats.len();
+        let group = Group::new(checked.shared, resolved, checked.shapes);
+        let call = Call {
+            stream: self.stream.grant,
+            seats: checked.seats,
+            group,
+            slot: self.slot.clone(),
+            queued: Instant::now(),
+        };
+        self.stream.shard().push(Request::Call(call));
+        let answer = match self.stream.shard().wait(&self.slot, None) {
+            Wake::Value(answer) => answer,
+            Wake::Cancelled | Wake::TimedOut => {
+                // Cancelled: the engine drops the call if none of its seats
+                // was seated yet and answers `Cancelled`; otherwise the call
+                // completes and its answer comes. Either way the slot gets
+                // exactly one verdict, at the latest after the turn running
+                // now, and the caller learns whether its call ran.
+                self.stream.shard().push(Request::Cancel(self.slot.clone()));
+                loop {
+                    if let Wake::Value(answer) = self.stream.shard().wait(&self.slot, None) {
+                        break answer;
+                    }
+                }
+            }
+        };
+        if let Some(token) = token {
+            token.guard(None);
+        }
+        let outputs = answer?.into_outputs(&core.iface.data_batch_out)?;
+        if let Some(pulse) = &core.iface.pulse {
+            if rows >= 1 {
+                self.frames += pulse.pulse;
+            }
+        }
+        Ok(outputs)
+    }
+
+    /// End the stream: feed its last pulse (`last`, of which only the first
+    /// `real_frames` frames are signal; `None` when the stream ended on a
+    /// pulse boundary), with the model's stream symbol resolved to the
+    /// stream's true length, then pulses of silence until every output frame
+    /// is out (the model's `pulse.delay`). Returns the outputs of those
+    /// calls, in order; the lane then goes back (once the last clone is
+    /// dropped).
+    pub fn finish(mut self, last: Option<TVec<TValue>>, real_frames: usize) -> Result<Vec<TVec<TValue>>, RunError> {
+        let core = self.stream.core.clone();
+        let Some(pulse) = core.iface.pulse.clone() else {
+            return Err(RunError::new(RunErrorKind::Finish(
+                "the model carries no pulse properties (pulse.streaming_symbol, pulse.input_axes, pulse.delay): pulsify it with tract-pulse".into(),
+            )));
+        };
+        if real_frames > pulse.pulse || (last.is_none() && real_frames > 0) {
+            return Err(RunError::new(RunErrorKind::Finish(format!(
+                "the last pulse holds {real_frames} real frames; a pulse holds at most {} (and none without a last pulse)",
+                pulse.pulse
+            ))));
+        }
+        let total = self.frames + real_frames;
+        let mut fed = self.frames;
+        let mut outputs = vec![];
+        if let Some(last) = last {
+            self.resolve(&pulse.symbol, total as i64)?;
+            outputs.push(self.call(last)?);
+            fed += pulse.pulse;
+        }
+        while fed < total + pulse.delay {
+            self.resolve(&pulse.symbol, total as i64)?;
+            outputs.push(
+                self.call(
+                    core.iface
+                        .silence()
+                        .map_err(|e| RunError::new(RunErrorKind::Finish(e)))?,
+                )?,
+            );
+            fed += pulse.pulse;
+        }
+        Ok(outputs)
+    }
+
+    /// Pin `symbol` to `value` for this handle's next call only (a stream's
+    /// last, partial pulse). Seats resolving different values never share a
+    /// turn.
+    pub fn resolve(&mut self, symbol: &Symbol, value: i64) -> Result<(), RunError> {
+        let core = &self.stream.core;
+        if *symbol == core.iface.batch {
+            return Err(RunError::new(RunErrorKind::Symbol(format!(
+                "{symbol} is the batch symbol, which stands for the turn's occupancy, not for one stream"
+            ))));
+        }
+        if !self.stream.shard().can_forget_symbols() {
+            return Err(RunError::new(RunErrorKind::Symbol(
+                "this state cannot forget a resolved symbol after the turn".into(),
+            )));
+        }
+        self.resolved.retain(|(s, _)| s != symbol);
+        self.resolved.push((symbol.clone(), value));
+        Ok(())
+    }
+}
+
+impl State for LanedStateHandle {
+    fn run(&mut self, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        Ok(self.call(inputs)?)
+    }
+
+    fn resolve_symbol(&mut self, symbol: &Symbol, value: i64) -> TractResult<()> {
+        Ok(self.resolve(symbol, value)?)
+    }
+
+    fn runnable(&self) -> &dyn Runnable {
+        &self.runner
+    }
+}

@@ -1,0 +1,163 @@
+//! `Mode::Combining`: no hand-off while the state is idle. The calling
+//! thread that finds the state free runs the turn itself; a caller whose
+//! own call is answered leaves at once, handing what is still queued to the
+//! shard's helper thread, which serves it as a worker would until nothing is
+//! queued for a moment.
+
+use std::sync::{Arc, MutexGuard, TryLockError};
+use std::time::Duration;
+
+use crate::config::Resolved;
+use crate::engine::{Engine, Parts};
+use crate::err::NewRunnerError;
+use crate::sync::lock;
+
+use super::Shard;
+
+/// How long the helper keeps the state once nothing is queued.
+const HELPER_HOLD: Duration = Duration::from_micros(200);
+
+impl Shard {
+    /// Build the engine on this thread and start the helper.
+    pub(super) fn start_combining(parts: Parts, config: &Resolved) -> Result<Arc<Shard>, NewRunnerError> {
+        let (index, live) = (parts.index, parts.live.clone());
+        let engine = Engine::start(parts, config)?;
+        let shard = Arc::new(Shard::new(engine, config, live));
+        let helper = shard.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("laned-helper-{index}"))
+            .spawn(move || helper.help())
+            .map_err(|e| NewRunnerError::Spawn(format!("starting the helper thread: {e}")))?;
+        *lock(&shard.worker) = Some(thread);
+        Ok(shard)
+    }
+
+    /// Combining mode: the state, if it is free and the shard open, with
+    /// idle streams evicted. `None` when busy: whoever holds it looks at the
+    /// inbox after letting go, and hands queued seats to the helper. `None`
+    /// once closed: the closing thread answers everyone, stay out of its
+    /// way.
+    pub(super) fn hold(&self) -> Option<MutexGuard<'_, Engine>> {
+        if self.is_closed() {
+            return None;
+        }
+        let mut engine = match self.engine.try_lock() {
+            Ok(engine) => engine,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        // A close between the look above and the lock: the engine is closed
+        // (its state gone), and the closing thread answers everyone.
+        if engine.is_closed() {
+            return None;
+        }
+        engine.evict_idle();
+        Some(engine)
+    }
+
+    /// Combining mode: while `done` is false and the state is free, hold it
+    /// and run turns. With `hold_when_empty` (the helper), wait that long
+    /// for the next request once nothing is queued before letting go.
+    /// Leaving with seats queued, hand them to the helper.
+    pub(super) fn combine(&self, done: &dyn Fn() -> bool, hold_when_empty: Option<Duration>) {
+        loop {
+            let Some(mut engine) = self.hold() else {
+                return;
+            };
+            loop {
+                self.take_inbox(&mut engine);
+                if !engine.has_queue() {
+                    // The callers just answered come back soon under load:
+                    // the helper waiting for them keeps their seats in one
+                    // turn, where a caller finding the state free would run
+                    // a narrow one of its own.
+                    if hold_when_empty.is_some_and(|hold| self.arrival_within(hold)) {
+                        continue;
+                    }
+                    break;
+                }
+                // Our own call answered, we leave at once: another turn here
+                // would keep this thread from its own stream's next call,
+                // which may be the one the others wait for. The helper
+                // serves what is queued.
+                if done() || !self.wait_for_turn(&mut engine) {
+                    break;
+                }
+                engine.turn();
+            }
+            let queued = engine.has_queue();
+            drop(engine);
+            // A request pushed while we held the state found it busy and
+            // relies on us: queued seats go to the helper, and requests
+            // still in the inbox make us go round once more.
+            let mut inbox = self.inbox.lock();
+            if queued {
+                inbox.help_wanted = true;
+                drop(inbox);
+                self.help.notify_one();
+                return;
+            }
+            if inbox.requests.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// Combining mode, the helper's loop: sleep until a combiner leaves
+    /// seats queued, then serve the state until nothing is queued, lingering
+    /// as the turn policy says. It has no call of its own, so under steady
+    /// load it serves as a worker would, and no caller is held up serving
+    /// others.
+    pub(super) fn help(&self) {
+        loop {
+            {
+                let mut inbox = self.inbox.lock();
+                while !inbox.help_wanted && !inbox.closed {
+                    inbox = self.help.wait(inbox).unwrap_or_else(|e| e.into_inner());
+                }
+                if inbox.closed {
+                    return;
+                }
+                inbox.help_wanted = false;
+            }
+            // Never done: it has no call of its own.
+            self.combine(&|| false, Some(HELPER_HOLD));
+        }
+    }
+
+    /// Sleep until a request arrives (true) or `hold` passes or the shard
+    /// closes (false).
+    pub(super) fn arrival_within(&self, hold: Duration) -> bool {
+        let mut inbox = self.inbox.lock();
+        if inbox.requests.is_empty() && !inbox.closed {
+            inbox = self.inbox.sleep(inbox, 1, Some(hold));
+        }
+        !inbox.requests.is_empty() && !inbox.closed
+    }
+
+    /// Draining, steps 2 and 3 in combining mode: this thread holds the
+    /// state and serves the queue until it is empty.
+    pub(super) fn drain_combining(&self) {
+        let mut engine = lock(&self.engine);
+        engine.start_draining();
+        loop {
+            self.take_inbox(&mut engine);
+            if !engine.has_queue() {
+                break;
+            }
+            engine.turn();
+        }
+    }
+
+    /// Closing, steps 3 and 4 in combining mode, on the closing thread.
+    pub(super) fn close_combining(&self) {
+        let mut engine = lock(&self.engine);
+        engine.close();
+        // Requests pushed after the close are answered by the same close:
+        // the engine is closed for good.
+        let requests = std::mem::take(&mut self.inbox.lock().requests);
+        for request in requests {
+            engine.accept(request);
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! One laned state behind its inbox, and who runs its turns. The two modes
+//! are sibling modules behind this one interface, as crossbeam-channel's
+//! flavors are: `worker` (a thread owns the state and runs every turn) and
+//! `combining` (whichever caller finds the state free runs the turn, and a
+//! helper thread serves what callers leave queued). A runner holds several
+//! shards (one per core by default); each is whole on its own.
+//!
+//! # Closing and draining
+//!
+//! Draining (`LanedRunner::drain`), per shard:
+//!
+//! 1. The inbox is marked draining and its sleeper woken: a turn policy
+//!    waiting for more seats starts the turn at once (nothing new can join).
+//! 2. The engine takes the flag in and refuses new streams and calls
+//!    (`Draining`); what is queued is served turn after turn (by the worker,
+//!    or by the draining thread holding the state in combining mode).
+//! 3. Once nothing is queued or waiting for an answer, the drain returns;
+//!    the runner then closes every shard.
+//!
+//! Closing (the last `LanedRunner` dropped, or after a drain), per shard:
+//!
+//! 1. The inbox is marked closed and everyone sleeping on it woken: from
+//!    now on a push is refused and answered `Closed` by the pusher itself.
+//! 2. The worker (or the helper) sees the flag and stops; the closing
+//!    thread joins it (never itself).
+//! 3. The engine is closed on a live thread (the worker in worker mode,
+//!    the closing thread otherwise): every pending call is answered
+//!    `Closed`, the queue dropped, and the state dropped with it.
+//! 4. Requests pushed between 1 and 3 are taken in and answered by the same
+//!    closed engine, so every request ever pushed gets exactly one answer.
+
+mod combining;
+mod worker;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::config::{Mode, Resolved};
+use crate::engine::{Engine, Parts};
+use crate::err::NewRunnerError;
+use crate::inbox::Inbox;
+use crate::policy::Decision;
+use crate::protocol::{Live, Request};
+use crate::slot::{Slot, Wake};
+use crate::sync::{lock, Condvar, Mutex};
+use arc_swap::ArcSwap;
+
+pub(crate) struct Shard {
+    /// Who may touch it: any thread pushes (handles, spawns, drops); the
+    /// thread holding `engine` drains it.
+    inbox: Inbox<Request>,
+    /// `Combining` mode: signalled (with the inbox lock) when help is wanted
+    /// or the shard closes; the helper sleeps on it.
+    help: Condvar,
+    /// Who may touch it: in `Worker` mode only the worker thread; in
+    /// `Combining` mode whichever caller or the helper wins `try_lock`, and
+    /// the closing thread.
+    engine: Mutex<Engine>,
+    mode: Mode,
+    /// The policy and `max_seats`: written by `set_policy` (any thread),
+    /// read before each turn by whoever runs it.
+    live: Arc<ArcSwap<Live>>,
+    /// The worker thread in `Worker` mode, the helper in `Combining` mode;
+    /// joined by `close`.
+    worker: Mutex<Option<JoinHandle<()>>>,
+    /// Whether calls resolving a symbol can be served (read-only).
+    can_forget_symbols: bool,
+    /// Signalled (with the inbox lock) by the worker when a draining shard
+    /// has nothing queued.
+    quiet: Condvar,
+    idle_timeout: Option<Duration>,
+    /// Callers blocked in `wait` right now (any thread, relaxed: a hint for
+    /// whether to spin).
+    waiters: AtomicUsize,
+}
+
+/// The machine's cores, read once.
+static CORES: std::sync::LazyLock<usize> =
+    std::sync::LazyLock::new(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+
+impl Shard {
+    /// Build the state and reset every lane on the thread that will own it:
+    /// the worker's in `Worker` mode, this one otherwise.
+    pub fn start(parts: Parts, config: &Resolved) -> Result<Arc<Shard>, NewRunnerError> {
+        match config.mode {
+            Mode::Combining => Shard::start_combining(parts, config),
+            Mode::Worker => Shard::start_worker(parts, config),
+        }
+    }
+
+    fn new(engine: Engine, config: &Resolved, live: Arc<ArcSwap<Live>>) -> Shard {
+        let can_forget_symbols = engine.can_forget_symbols();
+        Shard {
+            inbox: Inbox::new(),
+            help: Condvar::new(),
+            quiet: Condvar::new(),
+            idle_timeout: config.idle_timeout,
+            waiters: AtomicUsize::new(0),
+            engine: Mutex::new(engine),
+            mode: config.mode,
+            live,
+            worker: Mutex::new(None),
+            can_forget_symbols,
+        }
+    }
+
+    pub fn can_forget_symbols(&self) -> bool {
+        self.can_forget_symbols
+    }
+
+    /// Queue a request for the engine and wake whoever serves it. Once the
+    /// shard is closed nobody drains the inbox, so the request is answered
+    /// here.
+    pub fn push(&self, request: Request) {
+        let seats = match &request {
+            Request::Call(call) => Some(call.seats.len()),
+            _ => None,
+        };
+        if let Err(request) = self.inbox.push(request, seats) {
+            refuse(request);
+        }
+    }
+
+    /// Block until `slot` is answered: the worker serves it in `Worker` mode;
+    /// in `Combining` mode this thread serves the state whenever it is free.
+    /// Gives up at `deadline` (`Wake::TimedOut`) or when cancelled.
+    pub fn wait<T>(&self, slot: &Slot<T>, deadline: Option<Instant>) -> Wake<T> {
+        loop {
+            let mut until = deadline;
+            if self.mode == Mode::Combining {
+                if !slot.is_filled() {
+                    self.combine(&|| slot.is_filled(), None);
+                }
+                // Nobody else may be around to evict idle streams or admit
+                // waiters: look again now and then.
+                if self.idle_timeout.is_some() {
+                    let tick = Instant::now() + Duration::from_millis(5);
+                    until = Some(deadline.map_or(tick, |d| d.min(tick)));
+                }
+            }
+            // Spin before parking only while the waiters leave a core free
+            // for whoever runs the turn: more spinners would slow it down.
+            let waiters = self.waiters.fetch_add(1, Ordering::Relaxed) + 1;
+            let woke = slot.wait_until(until, waiters < *CORES);
+            self.waiters.fetch_sub(1, Ordering::Relaxed);
+            match woke {
+                Wake::TimedOut if deadline.is_none_or(|d| Instant::now() < d) => continue,
+                other => return other,
+            }
+        }
+    }
+
+    /// Move every request of the inbox into the engine.
+    fn take_inbox(&self, engine: &mut Engine) -> bool {
+        let requests = std::mem::take(&mut self.inbox.lock().requests);
+        let any = !requests.is_empty();
+        for request in requests {
+            engine.accept(request);
+        }
+        any
+    }
+
+    /// Wait as the turn policy says before the next turn, taking requests
+    /// in meanwhile. Returns false when the shard closed meanwhile: the turn
+    /// must not run, its seats are answered by the close.
+    fn wait_for_turn(&self, engine: &mut Engine) -> bool {
+        let mut waited: Option<Instant> = None;
+        loop {
+            self.take_inbox(engine);
+            let live = **self.live.load();
+            let now = Instant::now();
+            let Some((decision, recheck)) = engine.decide(&live, now) else {
+                return true;
+            };
+            match decision {
+                Decision::RunNow => {
+                    if let Some(since) = waited {
+                        engine.record_policy_wait(since.elapsed());
+                    }
+                    return true;
+                }
+                Decision::WaitUntil(until) => {
+                    waited.get_or_insert(now);
+                    let inbox = self.inbox.lock();
+                    if inbox.closed {
+                        return false;
+                    }
+                    // Draining: nothing new can join the turn, waiting for
+                    // more would only hold up the drain.
+                    if inbox.draining {
+                        return true;
+                    }
+                    // Arrivals change the decision only by making the turn
+                    // full, or wider than a latency budget planned for: a
+                    // push wakes us once that many seats came. Anything
+                    // else pushed, or a policy change, wakes us at once.
+                    if inbox.requests.is_empty() {
+                        drop(
+                            self.inbox
+                                .sleep(inbox, recheck, Some(until.saturating_duration_since(now))),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The live settings changed (the runner stored them): wake whoever
+    /// waits on the old ones.
+    pub fn live_changed(&self) {
+        let _inbox = self.inbox.lock();
+        self.inbox.notify_all();
+    }
+
+    /// Combining mode: hold the state a moment, if it is free, to take in
+    /// what is pending (a dropped handle's release), evict idle streams and
+    /// hand any queued call to the helper, without running anyone's turn.
+    /// Nobody else may be around to do it. The worker does it by itself.
+    pub fn tend(&self) {
+        if self.mode == Mode::Combining {
+            self.combine(&|| true, None);
+        }
+    }
+
+    /// How often a thread waiting on this shard must look after idle
+    /// streams (`tend`): only in combining mode with an idle
+    /// timeout, where no thread of the runner's own watches the clock.
+    pub fn idle_tick(&self) -> Option<Duration> {
+        (self.mode == Mode::Combining && self.idle_timeout.is_some()).then_some(Duration::from_millis(5))
+    }
+
+    /// Stop taking new streams and calls, and return once everything queued
+    /// has been answered (steps 1 to 3 of draining, above).
+    pub fn drain(&self) {
+        self.inbox.lock().draining = true;
+        self.inbox.notify_all();
+        match self.mode {
+            Mode::Worker => self.drain_worker(),
+            Mode::Combining => self.drain_combining(),
+        }
+    }
+
+    /// Refuse everything from now on, answer every waiting caller, and drop
+    /// the state on a live thread (the steps of closing, above).
+    pub fn close(&self) {
+        self.inbox.lock().closed = true;
+        self.inbox.notify_all();
+        self.help.notify_all();
+        let worker = lock(&self.worker).take();
+        // Never the current thread: joining oneself fails.
+        if let Some(worker) = worker.filter(|w| w.thread().id() != std::thread::current().id()) {
+            let _ = worker.join();
+        }
+        if self.mode == Mode::Combining {
+            self.close_combining();
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.inbox.lock().closed
+    }
+}
+
+/// Answer a request pushed after the close.
+fn refuse(request: Request) {
+    match request {
+        Request::Spawn { slot, .. } => slot.fill(Err(crate::err::SpawnError::Closed)),
+        Request::Call(call) => call
+            .slot
+            .fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
+        Request::ReadState { slot, .. } => slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
+        Request::WriteState { slot, .. } => slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
+        Request::Release(_) | Request::Cancel(_) => (),
+    }
+}

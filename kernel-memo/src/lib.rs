@@ -33,6 +33,8 @@
 //!   rebuilds on every alternation of occupancy. Keep the bound at the number
 //!   of occupancies the load really alternates between.
 
+#![warn(missing_docs)]
+
 use std::collections::HashMap;
 use std::hash::Hash;
 
@@ -53,6 +55,7 @@ impl MemoConfig {
         }
     }
 
+    /// The most entries kept per key (at least 1).
     pub fn shapes_per_key(&self) -> usize {
         self.shapes_per_key
     }
@@ -85,6 +88,7 @@ pub struct Memo<K, Q, V> {
 }
 
 impl<K: Hash + Eq + Clone, Q: PartialEq + Clone, V> Memo<K, Q, V> {
+    /// An empty memo keeping at most `config`'s bound of entries per key.
     pub fn new(config: MemoConfig) -> Memo<K, Q, V> {
         Memo {
             entries: HashMap::new(),
@@ -179,6 +183,7 @@ impl<K: Hash + Eq + Clone, Q: PartialEq + Clone, V> Memo<K, Q, V> {
         self.entries.clear();
     }
 
+    /// The configuration the memo was made with.
     pub fn config(&self) -> MemoConfig {
         self.config
     }

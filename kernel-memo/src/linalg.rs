@@ -22,6 +22,7 @@ pub struct KernelId {
 }
 
 impl KernelId {
+    /// The id of `mmm` running with packing number `packing`.
     pub fn of(mmm: &dyn MatMatMul, packing: usize) -> KernelId {
         KernelId {
             name: mmm.name().to_string(),
@@ -35,7 +36,9 @@ impl KernelId {
 /// Where the store's rows (m) and columns (n) sit in the output tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Axes {
+    /// The output axis holding the rows (m).
     pub m: usize,
+    /// The output axis holding the columns (n).
     pub n: usize,
 }
 
@@ -46,6 +49,7 @@ pub struct StoreMemo<K> {
 }
 
 impl<K: Hash + Eq + Clone> StoreMemo<K> {
+    /// An empty memo keeping at most `config`'s bound of stores per key.
     pub fn new(config: MemoConfig) -> StoreMemo<K> {
         StoreMemo {
             memo: Memo::new(config),

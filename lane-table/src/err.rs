@@ -43,9 +43,17 @@ impl std::error::Error for GiveBackError {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TakeLaneError {
     /// The lane is held already.
-    Taken { lane: LaneId },
+    Taken {
+        /// The lane asked for.
+        lane: LaneId,
+    },
     /// The lane is past the table.
-    OutOfRange { lane: LaneId, max_lanes: usize },
+    OutOfRange {
+        /// The lane asked for.
+        lane: LaneId,
+        /// The table's lane count.
+        max_lanes: usize,
+    },
 }
 
 impl fmt::Display for TakeLaneError {
@@ -66,9 +74,21 @@ impl std::error::Error for TakeLaneError {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeatError {
     /// A seat sits in a lane no stream holds.
-    NotTaken { seat: usize, lane: LaneId },
+    NotTaken {
+        /// The seat's index in the seating.
+        seat: usize,
+        /// The lane it sits in.
+        lane: LaneId,
+    },
     /// One lane takes two seats of one turn.
-    Twice { lane: LaneId, first: usize, second: usize },
+    Twice {
+        /// The lane seated twice.
+        lane: LaneId,
+        /// The index of its first seat in the seating.
+        first: usize,
+        /// The index of its second seat in the seating.
+        second: usize,
+    },
 }
 
 impl fmt::Display for SeatError {

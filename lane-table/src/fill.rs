@@ -41,9 +41,13 @@ pub trait QueuedSeat {
 /// A queued seat as plain data, for callers with nothing to attach to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeatInfo<G> {
+    /// The call this seat answers; unique per call.
     pub call: u64,
+    /// The seat's place in its call: 0 for the first row the caller fed.
     pub place: usize,
+    /// The lane the seat's caller holds.
     pub lane: LaneId,
+    /// Seats share a turn only with seats of an equal group.
     pub group: G,
 }
 

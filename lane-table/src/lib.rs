@@ -27,6 +27,8 @@
 //! # Ok::<(), lane_table::NewTableError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod err;
 mod fill;
 

@@ -116,22 +116,27 @@ impl HistogramSnapshot {
         Duration::from_nanos(self.max_ns)
     }
 
+    /// The median: [`quantile`](Self::quantile) at 0.5.
     pub fn p50(&self) -> Duration {
         self.quantile(0.50)
     }
 
+    /// [`quantile`](Self::quantile) at 0.9.
     pub fn p90(&self) -> Duration {
         self.quantile(0.90)
     }
 
+    /// [`quantile`](Self::quantile) at 0.99.
     pub fn p99(&self) -> Duration {
         self.quantile(0.99)
     }
 
+    /// The largest recorded value (zero when none was).
     pub fn max(&self) -> Duration {
         Duration::from_nanos(self.max_ns)
     }
 
+    /// The mean of the recorded values, rounded down to the nanosecond (zero when none was).
     pub fn mean(&self) -> Duration {
         Duration::from_nanos(self.sum_ns.checked_div(self.count).unwrap_or(0))
     }

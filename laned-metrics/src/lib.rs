@@ -20,6 +20,8 @@
 //! assert!(snap.to_prometheus(&[("runnable", "tdnn")]).contains("tract_autobatch_turns_total{runnable=\"tdnn\"} 1"));
 //! ```
 
+#![warn(missing_docs)]
+
 mod histogram;
 mod prometheus;
 

@@ -112,7 +112,7 @@ impl Admission {
             if deadline.is_some_and(|d| now >= d) {
                 return Next::Leave(SpawnError::TimedOut {
                     waited: Duration::ZERO,
-                    lanes: 0,
+                    total_lanes: 0,
                 });
             }
             // A bounded wait: a lane freed between the try and this wait is

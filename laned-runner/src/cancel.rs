@@ -32,10 +32,13 @@ impl fmt::Debug for CancelToken {
 }
 
 impl CancelToken {
+    /// A token not cancelled yet, guarding no call until one is made with it.
     pub fn new() -> CancelToken {
         CancelToken::default()
     }
 
+    /// Cancel the call the token guards now, and every later one made with
+    /// it (refused at once, inputs handed back).
     pub fn cancel(&self) {
         self.inner.cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
         let target = self.inner.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -44,6 +47,7 @@ impl CancelToken {
         }
     }
 
+    /// Whether [`CancelToken::cancel`] was called.
     pub fn is_cancelled(&self) -> bool {
         self.inner.cancelled.load(std::sync::atomic::Ordering::SeqCst)
     }

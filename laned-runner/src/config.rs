@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::err::NewRunnerError;
-use crate::policy::TurnPolicy;
+use crate::policy::{TurnPolicy, MAX_WAIT_US};
 
 /// Who runs the turns.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,6 +90,7 @@ impl Default for RunnerConfig {
 }
 
 impl RunnerConfig {
+    /// A builder starting from the defaults.
     pub fn builder() -> RunnerConfigBuilder {
         RunnerConfigBuilder {
             config: RunnerConfig::default(),
@@ -174,10 +175,6 @@ pub(crate) const MAX_LANES: usize = 1 << 20;
 /// Shards a runner may have at most.
 pub(crate) const MAX_SHARDS: usize = 4096;
 
-/// The longest wait a policy may plan (a linger, a latency budget, a tick
-/// period), in microseconds: an hour.
-pub(crate) const MAX_WAIT_US: u64 = 3_600_000_000;
-
 fn env_knob(name: &str) -> Result<Option<u64>, NewRunnerError> {
     match std::env::var(name) {
         Ok(v) => v
@@ -196,7 +193,9 @@ fn env_knob(name: &str) -> Result<Option<u64>, NewRunnerError> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum PortRef {
+    /// The input or output at this position.
     Index(usize),
+    /// The input or output whose node has this name.
     Name(String),
 }
 
@@ -214,7 +213,9 @@ pub enum PortRef {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StatePair {
+    /// The input the state is fed through.
     pub input: PortRef,
+    /// The output its next value comes out of.
     pub output: PortRef,
     /// What a new stream's state starts from; zeros when left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -246,7 +247,9 @@ impl StatePair {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InitialState {
+    /// One stream's shape of the state (1 on the batch axis).
     pub shape: Vec<usize>,
+    /// The values, row-major.
     pub values: Vec<f64>,
 }
 
@@ -296,16 +299,19 @@ pub struct RunnerConfigBuilder {
 }
 
 impl RunnerConfigBuilder {
+    /// Lanes of each shard (see [`RunnerConfig::max_lanes`]).
     pub fn max_lanes(mut self, lanes: usize) -> Self {
         self.config.max_lanes = lanes;
         self
     }
 
+    /// Laned states behind the runner (see [`RunnerConfig::shards`]).
     pub fn shards(mut self, shards: usize) -> Self {
         self.config.shards = Some(shards);
         self
     }
 
+    /// The widest turn (see [`RunnerConfig::max_seats`]).
     pub fn max_seats(mut self, seats: usize) -> Self {
         self.config.max_seats = Some(seats);
         self
@@ -319,31 +325,37 @@ impl RunnerConfigBuilder {
         self
     }
 
+    /// Who runs the turns.
     pub fn mode(mut self, mode: Mode) -> Self {
         self.config.mode = mode;
         self
     }
 
+    /// When a turn starts (see [`RunnerConfig::policy`]).
     pub fn policy(mut self, policy: TurnPolicy) -> Self {
         self.config.policy = Some(policy);
         self
     }
 
+    /// The model's explicit state (see [`RunnerConfig::state`]).
     pub fn state(mut self, state: StateSpec) -> Self {
         self.config.state = state;
         self
     }
 
+    /// Streams that may wait for a lane at once.
     pub fn max_waiting(mut self, streams: usize) -> Self {
         self.config.max_waiting = streams;
         self
     }
 
+    /// Evict a stream idle this long (at least a millisecond).
     pub fn idle_timeout(mut self, idle: Duration) -> Self {
         self.config.idle_timeout_ms = Some(u64::try_from(idle.as_millis().max(1)).unwrap_or(u64::MAX));
         self
     }
 
+    /// The configuration built (checked by `LanedRunner::new`).
     pub fn build(self) -> RunnerConfig {
         self.config
     }

@@ -8,23 +8,35 @@ use tract_core::internal::{TValue, TVec};
 /// [`LanedRunner::new`](crate::LanedRunner::new) refused the model or the
 /// configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum NewRunnerError {
     /// The configuration (or an environment knob) is invalid.
     Config(String),
     /// The batch axis is not one symbol on axis 0 of the batched tensors.
     BatchAxis(String),
     /// No output carries the batch axis, so no stream could get its row.
-    NoBatchedOutput { outputs: usize },
+    NoBatchedOutput {
+        /// The model's outputs, none batched.
+        outputs: usize,
+    },
     /// An output without the batch axis depends on a batched input: it
     /// would mix the streams of a turn into one value every stream gets.
-    MixedOutput { output: String, input: String },
+    MixedOutput {
+        /// The output, by index and name.
+        output: String,
+        /// A batched input (or explicit state) that flows into it.
+        input: String,
+    },
     /// The model describes itself incompletely (a fact could not be read).
     Model(String),
     /// Resetting every lane once up front failed: an op state that cannot
     /// serve several streams.
     Reset {
+        /// The node whose op state refused, when it could be found.
         node: Option<String>,
+        /// That node's op.
         op: Option<String>,
+        /// What the reset said.
         cause: String,
     },
     /// The state could not be spawned, or the worker thread not started.
@@ -63,14 +75,34 @@ impl fmt::Display for NewRunnerError {
 impl std::error::Error for NewRunnerError {}
 
 /// A stream was not given a lane.
+///
+/// "Lanes" here are the runner's, every shard's together (what
+/// `LanedRunner::total_lanes` says), unlike `RunnerConfig::max_lanes`,
+/// which counts one shard's.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SpawnError {
     /// Every lane is taken (and the caller would not wait).
-    Full { lanes: usize, waiting: usize },
+    Full {
+        /// Lanes of every shard together, all taken.
+        total_lanes: usize,
+        /// Spawners waiting for a lane meanwhile.
+        waiting: usize,
+    },
     /// The admission queue is full: busy, retry later.
-    Busy { waiting: usize, max_waiting: usize },
+    Busy {
+        /// Spawners waiting now.
+        waiting: usize,
+        /// Spawners that may wait (`RunnerConfig::max_waiting`).
+        max_waiting: usize,
+    },
     /// No lane freed up within the wait.
-    TimedOut { waited: std::time::Duration, lanes: usize },
+    TimedOut {
+        /// How long the spawner waited.
+        waited: std::time::Duration,
+        /// Lanes of every shard together.
+        total_lanes: usize,
+    },
     /// The runner is draining: it takes no new stream.
     Draining,
     /// The runner was dropped.
@@ -82,10 +114,10 @@ pub enum SpawnError {
 impl fmt::Display for SpawnError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SpawnError::Full { lanes, waiting } => {
+            SpawnError::Full { total_lanes, waiting } => {
                 write!(
                     f,
-                    "every one of the {lanes} lanes is taken ({waiting} streams waiting for one)"
+                    "every one of the {total_lanes} lanes is taken ({waiting} streams waiting for one)"
                 )
             }
             SpawnError::Busy { waiting, max_waiting } => {
@@ -94,8 +126,8 @@ impl fmt::Display for SpawnError {
                     "busy: {waiting} streams already wait for a lane (at most {max_waiting} may); retry later"
                 )
             }
-            SpawnError::TimedOut { waited, lanes } => {
-                write!(f, "no lane of the {lanes} freed up within {waited:?}")
+            SpawnError::TimedOut { waited, total_lanes } => {
+                write!(f, "no lane of the {total_lanes} freed up within {waited:?}")
             }
             SpawnError::Draining => f.write_str("the laned runner is draining and takes no new stream"),
             SpawnError::Closed => f.write_str("the laned runner was dropped"),
@@ -108,21 +140,36 @@ impl std::error::Error for SpawnError {}
 
 /// Why a call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RunErrorKind {
     /// The call fed another number of inputs than the model takes.
-    InputCount { got: usize, wanted: usize },
+    InputCount {
+        /// Inputs the call fed.
+        got: usize,
+        /// Inputs the model takes (its explicit state left out).
+        wanted: usize,
+    },
     /// An input does not match the model's fact for it.
     Input {
+        /// The input's position among the caller's inputs.
         index: usize,
+        /// The input's name in the model.
         name: String,
+        /// The datum type and shape the call fed.
         got: String,
+        /// The datum type and shape the model wants (with any symbol
+        /// resolved for the call).
         wanted: String,
     },
     /// The batched inputs disagree on how many rows the call feeds.
     Rows {
+        /// The input's position among the caller's inputs.
         index: usize,
+        /// The input's name in the model.
         name: String,
+        /// Rows it feeds.
         got: usize,
+        /// Rows the batched inputs before it feed.
         first: usize,
     },
     /// A symbol that cannot be resolved per stream.
@@ -171,8 +218,20 @@ impl RunError {
         }
     }
 
+    /// Why the call failed.
     pub fn kind(&self) -> &RunErrorKind {
         &self.inner.0
+    }
+
+    /// Whether the stream is gone for good: it lost its state in a failed
+    /// turn, was evicted, or its runner was dropped. Its handle will never
+    /// serve again; spawn a new stream. Any other failure concerns this
+    /// call only, and the stream may call again.
+    pub fn stream_is_gone(&self) -> bool {
+        matches!(
+            self.kind(),
+            RunErrorKind::Lost(_) | RunErrorKind::Evicted(_) | RunErrorKind::Closed
+        )
     }
 
     /// The inputs of a call refused before it was queued.

@@ -9,10 +9,10 @@ use std::time::Instant;
 use tract_core::internal::*;
 
 use crate::cancel::CancelToken;
+use crate::common::Common;
 use crate::err::{RunError, RunErrorKind};
 use crate::iface::Group;
 use crate::protocol::{Call, CallResult, Grant, Request};
-use crate::runner::{Common, LanedRunner};
 use crate::shard::Shard;
 use crate::slot::{Cancel, Slot, Wake};
 
@@ -38,7 +38,7 @@ impl Drop for Stream {
     }
 }
 
-/// One stream's view of a [`LanedRunner`]. Clones are the same stream
+/// One stream's view of a [`LanedRunner`](crate::LanedRunner). Clones are the same stream
 /// (same lane); each clone has its own answer slot, and a symbol resolved on
 /// one clone holds for that clone's next call only.
 pub struct LanedStateHandle {
@@ -49,7 +49,9 @@ pub struct LanedStateHandle {
     pub(crate) resolved: Vec<(Symbol, i64)>,
     /// Frames this clone fed its stream so far (pulsed models), for `finish`.
     pub(crate) frames: usize,
-    pub(crate) runner: LanedRunner,
+    /// A copy of the runner that does not keep it open, for
+    /// [`State::runnable`].
+    pub(crate) runner: Arc<dyn Runnable>,
 }
 
 impl Clone for LanedStateHandle {
@@ -264,6 +266,6 @@ impl State for LanedStateHandle {
     }
 
     fn runnable(&self) -> &dyn Runnable {
-        &self.runner
+        &*self.runner
     }
 }

@@ -1,7 +1,7 @@
 //! Serve many streams through one batched tract state.
 //!
 //! A [`LanedRunner`] wraps a prepared tract model whose batch symbol sits on
-//! axis 0. Each stream [`spawn`](LanedRunner::spawn_stream)s a handle holding
+//! axis 0. Each stream [`spawn`](LanedRunner::try_spawn)s a handle holding
 //! a lane of one long-lived state; a *turn* runs the model once for every
 //! stream with a call queued, one row per stream, and hands each stream back
 //! its own row: exactly what the stream would get running alone.
@@ -36,8 +36,11 @@
 //! state was lost), and the runner keeps serving. A cancelled call either
 //! never ran (`Cancelled`) or completed (its answer), never half of each.
 
+#![warn(missing_docs)]
+
 mod admission;
 mod cancel;
+mod common;
 mod config;
 mod engine;
 mod err;
@@ -45,7 +48,7 @@ mod explicit;
 mod handle;
 mod iface;
 mod inbox;
-pub mod policy;
+mod policy;
 mod protocol;
 mod runner;
 mod shard;
@@ -59,4 +62,3 @@ pub use err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
 pub use handle::LanedStateHandle;
 pub use policy::TurnPolicy;
 pub use runner::LanedRunner;
-pub use stack::Stacker;

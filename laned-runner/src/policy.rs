@@ -13,40 +13,53 @@ pub const HEADROOM: u32 = 2;
 /// When a turn starts once a seat is queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum TurnPolicy {
     /// At once, with whatever is queued.
     Immediate,
     /// Wait up to `us` microseconds after the oldest queued seat arrived, and
     /// start early once every held lane has a seat queued (nothing more can
     /// come) or the turn is full. tract's knob, with the early close.
-    Linger { us: u64 },
+    Linger {
+        /// The longest wait, in microseconds.
+        us: u64,
+    },
     /// Every seat answered within `us` microseconds of its arrival: start at
     /// the latest instant that still meets the oldest seat's deadline, given
     /// the learned turn time and keeping half the budget as headroom for
     /// scheduling; at once when nothing more can come or the turn is full,
     /// and at once (like `Immediate`) when the budget is below the turn time.
-    LatencyBudget { us: u64 },
+    LatencyBudget {
+        /// The budget, in microseconds.
+        us: u64,
+    },
     /// Turns at fixed instants, every `period_us` microseconds since the
     /// runner started, for streams that all send at the same cadence.
-    Tick { period_us: u64 },
+    Tick {
+        /// The period, in microseconds.
+        period_us: u64,
+    },
 }
 
 impl TurnPolicy {
+    /// [`TurnPolicy::Linger`] of `d`.
     pub fn linger(d: Duration) -> TurnPolicy {
         TurnPolicy::Linger {
-            us: d.as_micros() as u64,
+            us: u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
         }
     }
 
+    /// [`TurnPolicy::LatencyBudget`] of `d`.
     pub fn latency_budget(d: Duration) -> TurnPolicy {
         TurnPolicy::LatencyBudget {
-            us: d.as_micros() as u64,
+            us: u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
         }
     }
 
+    /// [`TurnPolicy::Tick`] of `period`.
     pub fn tick(period: Duration) -> TurnPolicy {
         TurnPolicy::Tick {
-            period_us: period.as_micros().max(1) as u64,
+            period_us: u64::try_from(period.as_micros().max(1)).unwrap_or(u64::MAX),
         }
     }
 }
@@ -91,8 +104,12 @@ pub enum Decision {
     WaitUntil(Instant),
 }
 
+/// The longest wait a policy may plan (a linger, a latency budget, a tick
+/// period), in microseconds: an hour.
+pub(crate) const MAX_WAIT_US: u64 = 3_600_000_000;
+
 impl TurnPolicy {
-    /// Refuse waits past [`MAX_WAIT_US`](crate::config::MAX_WAIT_US), naming
+    /// Refuse waits past [`MAX_WAIT_US`](MAX_WAIT_US), naming
     /// the policy: a wait that long is a unit mistake.
     pub(crate) fn check(&self) -> Result<(), String> {
         let us = match *self {
@@ -100,10 +117,10 @@ impl TurnPolicy {
             TurnPolicy::Linger { us } | TurnPolicy::LatencyBudget { us } => us,
             TurnPolicy::Tick { period_us } => period_us,
         };
-        if us > crate::config::MAX_WAIT_US {
+        if us > MAX_WAIT_US {
             return Err(format!(
                 "{self:?} waits {us} µs, past the limit of {} µs (an hour)",
-                crate::config::MAX_WAIT_US
+                MAX_WAIT_US
             ));
         }
         Ok(())

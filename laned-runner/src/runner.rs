@@ -9,80 +9,17 @@ use laned_metrics::{Metrics, Snapshot};
 use tract_core::internal::*;
 
 use crate::admission::{Admission, Next};
-use crate::config::{Resolved, RunnerConfig};
+use crate::common::Common;
+use crate::config::RunnerConfig;
 use crate::engine::Parts;
 use crate::err::{NewRunnerError, SpawnError};
 use crate::handle::{LanedStateHandle, Stream};
 use crate::iface::Interface;
 use crate::policy::{LearnedTurnTimes, TurnPolicy};
-use crate::protocol::{Grant, Live, Request};
+use crate::protocol::{Grant, Live};
 use crate::shard::Shard;
-use crate::slot::{Slot, Wake};
+use crate::slot::Slot;
 use arc_swap::ArcSwap;
-
-/// What every clone of the runner and every handle share.
-pub(crate) struct Common {
-    pub(crate) inner: Arc<dyn Runnable>,
-    pub(crate) iface: Arc<Interface>,
-    /// The laned states; a stream stays on the shard it was placed on.
-    pub(crate) shards: Vec<Arc<Shard>>,
-    /// Per shard: what its engine records (turns, seats, lanes, ...).
-    pub(crate) metrics: Vec<Arc<Metrics>>,
-    /// Runner-wide events, no shard's: admission refusals, policy changes.
-    pub(crate) events: Arc<Metrics>,
-    pub(crate) times: Vec<Arc<LearnedTurnTimes>>,
-    /// Spawners waiting for a lane on any shard.
-    pub(crate) admission: Arc<Admission>,
-    pub(crate) config: Resolved,
-    /// The live policy and `max_seats` (shared with every shard).
-    pub(crate) live: Arc<ArcSwap<Live>>,
-}
-
-impl Common {
-    /// Shards in placement order: most free lanes first, lowest index on ties.
-    fn placement(&self) -> Vec<usize> {
-        let mut order: Vec<(u64, usize)> = self
-            .metrics
-            .iter()
-            .enumerate()
-            .map(|(ix, m)| (m.lanes_taken(), ix))
-            .collect();
-        order.sort();
-        order.into_iter().map(|(_, ix)| ix).collect()
-    }
-
-    /// A lane on the first shard in placement order that has one.
-    fn try_shards(&self, waited: Option<Duration>) -> Result<(usize, Grant), SpawnError> {
-        let slot = Arc::new(Slot::new());
-        for ix in self.placement() {
-            self.shards[ix].push(Request::Spawn {
-                slot: slot.clone(),
-                waited,
-            });
-            match self.shards[ix].wait(&slot, None) {
-                Wake::Value(Ok(grant)) => return Ok((ix, grant)),
-                Wake::Value(Err(SpawnError::Full { .. })) => continue,
-                Wake::Value(Err(e)) => return Err(e),
-                _ => continue,
-            }
-        }
-        Err(SpawnError::Full {
-            lanes: self.total_lanes(),
-            waiting: self.admission.waiting(),
-        })
-    }
-
-    fn total_lanes(&self) -> usize {
-        self.config.max_lanes * self.shards.len()
-    }
-
-    fn close(&self) {
-        self.admission.refuse(SpawnError::Closed);
-        for shard in &self.shards {
-            shard.close();
-        }
-    }
-}
 
 /// Closes every shard when the last owning [`LanedRunner`] goes: every
 /// waiting caller is answered, the workers joined. Handles do not own the
@@ -203,7 +140,7 @@ impl LanedRunner {
             (None, waiting) => {
                 core.events.record_admission_refused();
                 return Err(SpawnError::Full {
-                    lanes: core.total_lanes(),
+                    total_lanes: core.total_lanes(),
                     waiting,
                 });
             }
@@ -225,10 +162,10 @@ impl LanedRunner {
             slot: Arc::new(Slot::new()),
             resolved: vec![],
             frames: 0,
-            runner: LanedRunner {
+            runner: Arc::new(LanedRunner {
                 core: core.clone(),
                 _owner: None,
-            },
+            }),
         })
     }
 
@@ -276,7 +213,7 @@ impl LanedRunner {
                             core.events.record_admission_refused();
                             SpawnError::TimedOut {
                                 waited: wait,
-                                lanes: core.total_lanes(),
+                                total_lanes: core.total_lanes(),
                             }
                         }
                         other => other,
@@ -328,9 +265,16 @@ impl LanedRunner {
         self.core.shards.len()
     }
 
-    /// Lanes of each shard.
+    /// Lanes of each shard (`RunnerConfig::max_lanes`): the most streams
+    /// one shard holds at once.
     pub fn max_lanes(&self) -> usize {
         self.core.config.max_lanes
+    }
+
+    /// Lanes of every shard together: the most streams the runner holds at
+    /// once (what [`SpawnError::Full`] counts).
+    pub fn total_lanes(&self) -> usize {
+        self.core.total_lanes()
     }
 
     /// The widest turn, after the environment and the clamp to the lanes.

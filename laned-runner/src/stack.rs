@@ -11,7 +11,7 @@ use tract_core::internal::*;
 /// of the same shape allocates nothing once the buffer exists, provided the
 /// previous turn's stacked value was dropped (the state drops its inputs at
 /// the end of a run).
-pub struct Stacker {
+pub(crate) struct Stacker {
     buffers: Memo<usize, (), Arc<Tensor>>,
 }
 
@@ -23,7 +23,7 @@ impl Default for Stacker {
 
 impl Stacker {
     /// Keep `config.shapes_per_key()` turn shapes per input slot.
-    pub fn new(config: MemoConfig) -> Stacker {
+    pub(crate) fn new(config: MemoConfig) -> Stacker {
         Stacker {
             buffers: Memo::new(config),
         }
@@ -31,7 +31,7 @@ impl Stacker {
 
     /// `rows` (each with 1 on axis 0, all of one shape and datum type)
     /// stacked on axis 0, for input slot `slot`.
-    pub fn stack<'a>(
+    pub(crate) fn stack<'a>(
         &mut self,
         slot: usize,
         rows: impl ExactSizeIterator<Item = &'a Tensor> + Clone,
@@ -84,11 +84,57 @@ impl Stacker {
     }
 
     /// Buffers built so far (misses of the memo).
-    pub fn builds(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn builds(&self) -> u64 {
         self.buffers.builds()
     }
 
-    pub fn clear(&mut self) {
+    /// Drop every buffer (the engine closing).
+    pub(crate) fn clear(&mut self) {
         self.buffers.clear()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    //! A steady-state turn (same occupancy as the previous one) allocates
+    //! nothing for stacking its inputs. The counting allocator counts this
+    //! thread's allocations alone.
+
+    use super::*;
+    use laned_testkit::alloc::{allocations_of, CountingAlloc};
+
+    #[global_allocator]
+    static GLOBAL: CountingAlloc = CountingAlloc::new();
+
+    /// Stacking the same occupancy again reuses the buffer; alternating
+    /// occupancies stay within the memo's bound; a held buffer is never written.
+    #[test]
+    fn a_steady_turn_allocates_nothing_to_stack() {
+        let rows: Vec<Tensor> = (0..5)
+            .map(|s| Tensor::from_shape(&[1, 40, 4], &vec![s as f32; 160]).unwrap())
+            .collect();
+        let mut stacker = Stacker::default();
+        let first = allocations_of(|| drop(stacker.stack(0, rows[..3].iter()).unwrap()));
+        assert!(first > 0, "the first turn builds its buffer (the allocator counts)");
+        let steady = allocations_of(|| drop(stacker.stack(0, rows[..3].iter()).unwrap()));
+        assert_eq!(steady, 0, "a turn of the same occupancy allocated {steady} times");
+        // 3, 5, 3, 5: both shapes stay in the memo.
+        drop(stacker.stack(0, rows[..5].iter()).unwrap());
+        let alternating = allocations_of(|| {
+            for n in [3, 5, 3, 5] {
+                drop(stacker.stack(0, rows[..n].iter()).unwrap());
+            }
+        });
+        assert_eq!(alternating, 0);
+        assert_eq!(stacker.builds(), 2);
+        // The stacked rows are the seats' rows, in order.
+        let stacked = stacker.stack(0, rows[..3].iter()).unwrap();
+        let expected = Tensor::stack_tensors(0, &rows[..3].iter().collect::<Vec<_>>()).unwrap();
+        assert_eq!(*stacked, expected);
+        // While that value is held, the next stack of the shape gets a fresh buffer.
+        let other = stacker.stack(0, rows[2..5].iter()).unwrap();
+        assert_eq!(*stacked, expected, "a held buffer was overwritten");
+        assert_ne!(*other, expected);
     }
 }

@@ -111,3 +111,39 @@ fn a_policy_loads_from_json() {
     let r = LanedRunner::new(fixtures::small_tdnn().runnable().unwrap(), config).unwrap();
     assert_eq!(r.policy(), TurnPolicy::LatencyBudget { us: 20000 });
 }
+
+/// Two threads changing the live settings at once (one the policy, one
+/// `max_seats`) never undo each other: each one's last change stands.
+#[test]
+fn concurrent_setters_lose_no_change() {
+    let r = LanedRunner::new(
+        fixtures::small_tdnn().runnable().unwrap(),
+        RunnerConfig::builder().shards(2).max_lanes(64).build(),
+    )
+    .unwrap();
+    for round in 0..20u64 {
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let (r1, b1) = (r.clone(), barrier.clone());
+        let policies = thread::spawn(move || {
+            b1.wait();
+            for us in 0..200 {
+                r1.set_policy(TurnPolicy::Linger { us: round * 1000 + us });
+            }
+        });
+        let (r2, b2) = (r.clone(), barrier);
+        let seats = thread::spawn(move || {
+            b2.wait();
+            for n in 1..=40 {
+                r2.set_max_seats(n);
+            }
+        });
+        policies.join().unwrap();
+        seats.join().unwrap();
+        assert_eq!(
+            r.policy(),
+            TurnPolicy::Linger { us: round * 1000 + 199 },
+            "round {round}"
+        );
+        assert_eq!(r.max_seats(), 40, "round {round}");
+    }
+}

@@ -371,7 +371,13 @@ fn the_last_handle_dropped_gives_the_lane_back() {
         let r = runner(&f, 1, mode, Duration::ZERO);
         let a = r.try_spawn().unwrap();
         let err = r.try_spawn().unwrap_err();
-        assert_eq!(err, SpawnError::Full { lanes: 1, waiting: 0 });
+        assert_eq!(
+            err,
+            SpawnError::Full {
+                total_lanes: 1,
+                waiting: 0
+            }
+        );
         assert_eq!(
             err.to_string(),
             "every one of the 1 lanes is taken (0 streams waiting for one)"

@@ -49,7 +49,14 @@ fn a_full_shard_does_not_block_a_spawn_that_fits_another() {
         let b = r.try_spawn().unwrap();
         assert_ne!(a.shard(), b.shard());
         let err = r.try_spawn().unwrap_err();
-        assert_eq!(err, SpawnError::Full { lanes: 2, waiting: 0 }, "{mode:?}");
+        assert_eq!(
+            err,
+            SpawnError::Full {
+                total_lanes: 2,
+                waiting: 0
+            },
+            "{mode:?}"
+        );
     }
 }
 

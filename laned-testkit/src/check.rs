@@ -11,10 +11,13 @@ use crate::drive::Observed;
 /// tolerance is for kernels whose summation order depends on the batch width.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Tolerance {
+    /// Every element bit for bit equal (f32 elements by their bits).
     Exact,
     /// `|laned - solo| <= abs + rel * |solo|`.
     Close {
+        /// The absolute part of the bound.
         abs: f32,
+        /// The part of the bound relative to the solo value.
         rel: f32,
     },
 }
@@ -22,11 +25,15 @@ pub enum Tolerance {
 /// Where a stream first got something other than its solo run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mismatch {
+    /// The stream's index in the schedule.
     pub stream: usize,
+    /// The index of the call, in the stream's order.
     pub call: usize,
+    /// The index of the output, among the ones the caller gets.
     pub output: usize,
     /// The seating of the turn, where the driver knows it.
     pub seating: String,
+    /// What differs: the count, the shape, or the first differing element.
     pub detail: String,
 }
 

@@ -14,10 +14,13 @@ use crate::schedule::{Schedule, StreamPlan};
 /// is known of the seating that produced them.
 #[derive(Debug, Clone, Default)]
 pub struct Observed {
+    /// Per stream, per call, the outputs the caller got.
     pub outputs: Vec<Vec<TVec<TValue>>>,
     /// By-hand runs only: per stream and call, the turn that served its first
     /// row, and per turn its seating as `(stream, call, row, lane)` per seat.
     pub turn_of: Vec<Vec<usize>>,
+    /// By-hand runs only: per turn, its seating as `(stream, call, row, lane)`
+    /// per seat.
     pub seatings: Vec<Vec<(usize, usize, usize, usize)>>,
 }
 

@@ -40,8 +40,11 @@ pub struct Fixture {
 /// model output `output` returns the next one. Its batch sits on `axis`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatePort {
+    /// The model input fed the state.
     pub input: usize,
+    /// The model output returning the next state.
     pub output: usize,
+    /// The state's batch axis.
     pub axis: usize,
     /// One stream's state (1 on `axis`); a stream starts from zeros.
     pub shape: Vec<usize>,
@@ -118,6 +121,7 @@ pub struct TdnnConfig {
     pub width: usize,
     /// Frames per pulse.
     pub pulse: usize,
+    /// The TDNN's data layout.
     pub layout: Layout,
 }
 
@@ -140,6 +144,7 @@ impl TdnnConfig {
         }
     }
 
+    /// The same sizes with `layout`.
     pub fn with_layout(self, layout: Layout) -> TdnnConfig {
         TdnnConfig { layout, ..self }
     }
@@ -616,6 +621,7 @@ pub fn all() -> TractResult<Vec<Fixture>> {
 pub struct Lcg(pub u64);
 
 impl Lcg {
+    /// The next value, in [0, 2^47).
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> u64 {
         self.0 = self

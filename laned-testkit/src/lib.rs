@@ -7,8 +7,10 @@
 //!   wide calls, partial last pulses), and proptest strategies for it.
 //! - [`drive`]: a schedule run solo (the reference), by hand on one laned
 //!   state, or through any runner with a thread per stream.
-//! - [`check`]: the one checking function; a failure names the stream, the
-//!   call, the seating and the first differing element.
+//! - [`check`](mod@check): the one checking function; a failure names the
+//!   stream, the call, the seating and the first differing element.
+//! - [`alloc`]: a counting global allocator, for tests that a hot path
+//!   allocates nothing.
 //!
 //! ```
 //! use laned_testkit::{fixtures, schedule::{Schedule, StreamPlan}, verify_by_hand, Sabotage, Tolerance};
@@ -25,11 +27,14 @@
 //! # Ok::<(), tract_core::prelude::TractError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use tract_core::internal::*;
 
+pub mod alloc;
 pub mod check;
 pub mod drive;
 pub mod fixtures;

@@ -276,6 +276,8 @@ pub struct Latencies {
 }
 
 impl Latencies {
+    /// The latency, in microseconds, that a fraction `q` (0..=1) of the pulses
+    /// did not exceed (nearest rank); 0 when no pulse was served.
     pub fn quantile_us(&self, q: f64) -> u64 {
         if self.sorted_us.is_empty() {
             return 0;

@@ -32,6 +32,8 @@ pub struct Schedule {
     /// Lanes of the state; one of them is kept free for the later rows of
     /// wide calls, so at most `max_lanes - 1` streams hold one at once.
     pub max_lanes: usize,
+    /// The streams; a stream's index here is its number in the outputs and in
+    /// a [`Mismatch`](crate::check::Mismatch).
     pub streams: Vec<StreamPlan>,
     /// Per turn (cycled): bit `i % 64` seats the `i`th live stream; the high
     /// bits rotate the seat order.
@@ -41,8 +43,11 @@ pub struct Schedule {
 /// What schedules may contain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScheduleConfig {
+    /// The most streams in a schedule (1 at least).
     pub max_streams: usize,
+    /// The most calls a stream makes (1 at least).
     pub max_calls: usize,
+    /// The most lanes of a schedule's state (2 are drawn when it is lower).
     pub max_lanes: usize,
     /// Allow wide calls (2 rows).
     pub wide: bool,

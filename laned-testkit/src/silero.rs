@@ -146,6 +146,7 @@ impl Context {
 /// Generated audio, 16 kHz: what stream `kind` sounds like.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sound {
+    /// Zeros.
     Silence,
     /// A sine of this many hertz.
     Tone(u32),

@@ -21,7 +21,7 @@ tasks:
                            the property tests with many cases (default 2000); with
                            --model, the seating property on your NNEF model
   ci                       what CI runs: fmt check, clippy, the test suite, doc tests,
-                           the loom model checks
+                           cargo doc warning-free, the loom model checks
   loom                     model-check the answer slot and the inbox's sleeper rule
                            with loom (laned-runner built with --cfg loom, in
                            target/loom so the main build is left alone)
@@ -308,7 +308,11 @@ fn ci() -> bool {
     tests.args(["nextest", "run", "--workspace", "--features", "laned-testkit/silero"]);
     let mut doc = cargo();
     doc.args(["test", "--workspace", "--doc", "--features", "laned-testkit/silero"]);
-    [fmt, clippy, tests, doc].into_iter().all(run) && loom()
+    let mut rustdoc = cargo();
+    rustdoc
+        .args(["doc", "--workspace", "--no-deps", "--features", "laned-testkit/silero"])
+        .env("RUSTDOCFLAGS", "-D warnings");
+    [fmt, clippy, tests, doc, rustdoc].into_iter().all(run) && loom()
 }
 
 /// The loom model checks: the runner's library built with `--cfg loom`

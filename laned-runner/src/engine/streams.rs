@@ -38,7 +38,7 @@ impl Engine {
             self.grant(slot, waited);
         } else {
             slot.fill(Err(SpawnError::Full {
-                lanes: self.max_streams,
+                total_lanes: self.max_streams,
                 waiting: 0,
             }));
         }

@@ -1,0 +1,82 @@
+//! What every clone of a runner and every stream's handle share: the
+//! shards, the admission queue, the live settings, and placing a new stream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use laned_metrics::Metrics;
+use tract_core::internal::*;
+
+use crate::admission::Admission;
+use crate::config::Resolved;
+use crate::err::SpawnError;
+use crate::iface::Interface;
+use crate::policy::LearnedTurnTimes;
+use crate::protocol::{Grant, Live, Request};
+use crate::shard::Shard;
+use crate::slot::{Slot, Wake};
+use arc_swap::ArcSwap;
+
+/// What every clone of the runner and every handle share.
+pub(crate) struct Common {
+    pub(crate) inner: Arc<dyn Runnable>,
+    pub(crate) iface: Arc<Interface>,
+    /// The laned states; a stream stays on the shard it was placed on.
+    pub(crate) shards: Vec<Arc<Shard>>,
+    /// Per shard: what its engine records (turns, seats, lanes, ...).
+    pub(crate) metrics: Vec<Arc<Metrics>>,
+    /// Runner-wide events, no shard's: admission refusals, policy changes.
+    pub(crate) events: Arc<Metrics>,
+    pub(crate) times: Vec<Arc<LearnedTurnTimes>>,
+    /// Spawners waiting for a lane on any shard.
+    pub(crate) admission: Arc<Admission>,
+    pub(crate) config: Resolved,
+    /// The live policy and `max_seats` (shared with every shard).
+    pub(crate) live: Arc<ArcSwap<Live>>,
+}
+
+impl Common {
+    /// Shards in placement order: most free lanes first, lowest index on ties.
+    pub(crate) fn placement(&self) -> Vec<usize> {
+        let mut order: Vec<(u64, usize)> = self
+            .metrics
+            .iter()
+            .enumerate()
+            .map(|(ix, m)| (m.lanes_taken(), ix))
+            .collect();
+        order.sort();
+        order.into_iter().map(|(_, ix)| ix).collect()
+    }
+
+    /// A lane on the first shard in placement order that has one.
+    pub(crate) fn try_shards(&self, waited: Option<Duration>) -> Result<(usize, Grant), SpawnError> {
+        let slot = Arc::new(Slot::new());
+        for ix in self.placement() {
+            self.shards[ix].push(Request::Spawn {
+                slot: slot.clone(),
+                waited,
+            });
+            match self.shards[ix].wait(&slot, None) {
+                Wake::Value(Ok(grant)) => return Ok((ix, grant)),
+                Wake::Value(Err(SpawnError::Full { .. })) => continue,
+                Wake::Value(Err(e)) => return Err(e),
+                _ => continue,
+            }
+        }
+        Err(SpawnError::Full {
+            total_lanes: self.total_lanes(),
+            waiting: self.admission.waiting(),
+        })
+    }
+
+    pub(crate) fn total_lanes(&self) -> usize {
+        self.config.max_lanes * self.shards.len()
+    }
+
+    pub(crate) fn close(&self) {
+        self.admission.refuse(SpawnError::Closed);
+        for shard in &self.shards {
+            shard.close();
+        }
+    }
+}

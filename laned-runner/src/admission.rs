@@ -3,8 +3,10 @@
 //! shards; every freed lane (any shard) wakes the waiters.
 
 use std::collections::VecDeque;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+
+use crate::sync::{lock, Condvar, Mutex, MutexGuard};
 
 use crate::err::SpawnError;
 
@@ -25,6 +27,8 @@ struct State {
     freed: u64,
     /// Set by close or drain: every waiter leaves with this.
     refused: Option<SpawnError>,
+    /// Tasks waiting (`spawn_async`), woken with the threads on the condvar.
+    wakers: Vec<Waker>,
 }
 
 /// A waiter's place in the queue.
@@ -45,6 +49,7 @@ impl Admission {
                 queue: VecDeque::new(),
                 freed: 0,
                 refused: None,
+                wakers: Vec::new(),
             }),
             cv: Condvar::new(),
             max_waiting,
@@ -52,7 +57,41 @@ impl Admission {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
+    }
+
+    /// Wake every waiter, threads and tasks, to look again.
+    fn wake_all(&self, mut state: MutexGuard<'_, State>) {
+        let wakers = std::mem::take(&mut state.wakers);
+        drop(state);
+        self.cv.notify_all();
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    /// A task's [`Admission::wait_turn`] without deadline: ready to try the
+    /// shards when `ticket` is at the front and a lane was freed since
+    /// `seen`, or once woken after it registered (anything may have
+    /// changed); an error once refused.
+    pub fn poll_turn(
+        &self,
+        ticket: &Ticket,
+        seen_freed: u64,
+        registered: &mut bool,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), SpawnError>> {
+        let mut state = self.lock();
+        if let Some(e) = &state.refused {
+            return Poll::Ready(Err(e.clone()));
+        }
+        let front = state.queue.front() == Some(&ticket.0);
+        if *registered || (front && state.freed != seen_freed) {
+            return Poll::Ready(Ok(()));
+        }
+        state.wakers.push(cx.waker().clone());
+        *registered = true;
+        Poll::Pending
     }
 
     /// Spawners waiting now.
@@ -76,6 +115,39 @@ impl Admission {
         state.next_ticket += 1;
         state.queue.push_back(ticket);
         Ok(Ticket(ticket))
+    }
+
+    /// A ticket taken at arrival, before trying any shard (a task's spawn):
+    /// nobody overtakes anybody, not even while lanes are free. A spawner
+    /// finding the queue empty always gets one (it tries at once, and waits
+    /// only if `max_waiting` allows: see [`Admission::may_wait`]).
+    pub fn arrive(&self) -> Result<Ticket, SpawnError> {
+        let mut state = self.lock();
+        if let Some(e) = &state.refused {
+            return Err(e.clone());
+        }
+        if !state.queue.is_empty() && state.queue.len() >= self.max_waiting {
+            return Err(SpawnError::Busy {
+                waiting: state.queue.len(),
+                max_waiting: self.max_waiting,
+            });
+        }
+        let ticket = state.next_ticket;
+        state.next_ticket += 1;
+        state.queue.push_back(ticket);
+        Ok(Ticket(ticket))
+    }
+
+    /// Whether a spawner at the front that found no free lane may wait
+    /// (`max_waiting` is not 0); refused as busy otherwise.
+    pub fn may_wait(&self) -> Result<(), SpawnError> {
+        if self.max_waiting == 0 {
+            return Err(SpawnError::Busy {
+                waiting: 0,
+                max_waiting: 0,
+            });
+        }
+        Ok(())
     }
 
     /// Whether `ticket` is the oldest waiting.
@@ -141,18 +213,48 @@ impl Admission {
     pub fn leave(&self, ticket: Ticket) {
         let mut state = self.lock();
         state.queue.retain(|t| *t != ticket.0);
-        drop(state);
-        self.cv.notify_all();
+        self.wake_all(state);
     }
 
+    /// A lane freed up on some shard: waiters try again.
     pub fn lane_freed(&self) {
-        self.lock().freed += 1;
-        self.cv.notify_all();
+        let mut state = self.lock();
+        state.freed += 1;
+        self.wake_all(state);
     }
 
     /// Refuse every waiter and every later spawner with `why`.
     pub fn refuse(&self, why: SpawnError) {
-        self.lock().refused.get_or_insert(why);
-        self.cv.notify_all();
+        let mut state = self.lock();
+        state.refused.get_or_insert(why);
+        self.wake_all(state);
+    }
+}
+
+/// A task's place in the queue: leaves it however the task's future ends
+/// (admitted, refused, or dropped while waiting).
+pub(crate) struct Place<'a> {
+    admission: &'a Admission,
+    ticket: Option<Ticket>,
+}
+
+impl<'a> Place<'a> {
+    pub fn new(admission: &'a Admission, ticket: Ticket) -> Place<'a> {
+        Place {
+            admission,
+            ticket: Some(ticket),
+        }
+    }
+
+    pub fn ticket(&self) -> &Ticket {
+        self.ticket.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            self.admission.leave(ticket);
+        }
     }
 }

@@ -69,6 +69,40 @@ impl Common {
         })
     }
 
+    /// [`Common::try_shards`] for a task: each shard's answer is polled (the
+    /// state served in combining mode when free), and a spawn dropped while
+    /// waiting leaves no lane behind (a grant landing later is refused, one
+    /// that landed is released).
+    pub(crate) async fn try_shards_async(&self, waited: Option<Duration>) -> Result<(usize, Grant), SpawnError> {
+        for ix in self.placement() {
+            let shard = &self.shards[ix];
+            let slot = Arc::new(Slot::new());
+            shard.push(Request::Spawn {
+                slot: slot.clone(),
+                waited,
+            });
+            let mut asking = Asking {
+                shard,
+                slot: Some(&slot),
+            };
+            let answer = std::future::poll_fn(|cx| {
+                shard.serve(&|| slot.is_filled());
+                slot.poll_value(cx)
+            })
+            .await;
+            asking.slot = None;
+            match answer {
+                Ok(grant) => return Ok((ix, grant)),
+                Err(SpawnError::Full { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(SpawnError::Full {
+            total_lanes: self.total_lanes(),
+            waiting: self.admission.waiting(),
+        })
+    }
+
     pub(crate) fn total_lanes(&self) -> usize {
         self.config.max_lanes * self.shards.len()
     }
@@ -77,6 +111,26 @@ impl Common {
         self.admission.refuse(SpawnError::Closed);
         for shard in &self.shards {
             shard.close();
+        }
+    }
+}
+
+/// A task's spawn request in flight on one shard: dropped before its answer
+/// was taken, it abandons the slot, so that no lane is granted to nobody.
+struct Asking<'a> {
+    shard: &'a Shard,
+    /// `None` once the answer was taken.
+    slot: Option<&'a Arc<Slot<crate::protocol::SpawnResult>>>,
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else { return };
+        // A grant that landed first goes back; one landing later is refused
+        // by the abandoned slot, and the engine takes the lane back itself.
+        if let Some(Ok(grant)) = slot.abandon() {
+            self.shard.push(Request::Release(grant));
+            self.shard.tend();
         }
     }
 }

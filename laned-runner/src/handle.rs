@@ -49,6 +49,8 @@ pub struct LanedStateHandle {
     pub(crate) resolved: Vec<(Symbol, i64)>,
     /// Frames this clone fed its stream so far (pulsed models), for `finish`.
     pub(crate) frames: usize,
+    /// Set once a dropped call left it unknown whether its pulse ran.
+    pub(crate) frames_unknown: bool,
     /// A copy of the runner that does not keep it open, for
     /// [`State::runnable`].
     pub(crate) runner: Arc<dyn Runnable>,
@@ -61,6 +63,7 @@ impl Clone for LanedStateHandle {
             slot: Arc::new(Slot::new()),
             resolved: vec![],
             frames: self.frames,
+            frames_unknown: self.frames_unknown,
             runner: self.runner.clone(),
         }
     }
@@ -127,7 +130,6 @@ impl LanedStateHandle {
     }
 
     fn call_inner(&mut self, inputs: TVec<TValue>, token: Option<&CancelToken>) -> Result<TVec<TValue>, RunError> {
-        let core = self.stream.core.clone();
         if self.stream.shard().is_closed() {
             return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
         }
@@ -144,10 +146,8 @@ impl LanedStateHandle {
                 return Err(RunError::with_inputs(RunErrorKind::Cancelled, inputs));
             }
         }
-        // Resolved symbols hold for this call only, refused or not.
-        let resolved = std::mem::take(&mut self.resolved);
-        let checked = match core.iface.check(inputs, &resolved) {
-            Ok(checked) => checked,
+        let rows = match self.submit(inputs) {
+            Ok(rows) => rows,
             Err(e) => {
                 if let Some(token) = token {
                     token.guard(None);
@@ -155,16 +155,6 @@ impl LanedStateHandle {
                 return Err(e);
             }
         };
-        let rows = checked.seats.len();
-        let group = Group::new(checked.shared, resolved, checked.shapes);
-        let call = Call {
-            stream: self.stream.grant,
-            seats: checked.seats,
-            group,
-            slot: self.slot.clone(),
-            queued: Instant::now(),
-        };
-        self.stream.shard().push(Request::Call(call));
         let answer = match self.stream.shard().wait(&self.slot, None) {
             Wake::Value(answer) => answer,
             Wake::Cancelled | Wake::TimedOut => {
@@ -184,8 +174,55 @@ impl LanedStateHandle {
         if let Some(token) = token {
             token.guard(None);
         }
-        let outputs = answer?.into_outputs(&core.iface.data_batch_out)?;
-        if let Some(pulse) = &core.iface.pulse {
+        self.deliver(answer, rows)
+    }
+
+    /// [`LanedStateHandle::call`] for a task: the same checks, turn rules
+    /// and answers, but no thread waits; the answer wakes the task. Dropping
+    /// the future before it is ready cancels the call, as a
+    /// [`CancelToken`] does: seats not yet seated are removed, a call
+    /// already seated completes and its answer is dropped (then
+    /// [`LanedStateHandle::finish`] refuses, not knowing whether that pulse
+    /// ran). Needs no particular executor.
+    ///
+    /// In combining mode, a task that finds the state free runs the turn in
+    /// its own `poll`, on the executor's thread, as a calling thread would.
+    pub async fn call_async(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
+        if self.stream.shard().is_closed() {
+            return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
+        }
+        self.slot.begin();
+        let rows = self.submit(inputs)?;
+        let mut pending = PendingCall { handle: Some(self) };
+        let answer = std::future::poll_fn(|cx| pending.poll(cx)).await;
+        let handle = pending.handle.take().expect("armed until answered");
+        handle.deliver(answer, rows)
+    }
+
+    /// Check `inputs` and queue them as a call answering into this handle's
+    /// slot; returns its rows. A refused call hands its inputs back.
+    fn submit(&mut self, inputs: TVec<TValue>) -> Result<usize, RunError> {
+        // Resolved symbols hold for this call only, refused or not.
+        let resolved = std::mem::take(&mut self.resolved);
+        let checked = self.stream.core.iface.check(inputs, &resolved)?;
+        let rows = checked.seats.len();
+        let call = Call {
+            stream: self.stream.grant,
+            seats: checked.seats,
+            group: Group::new(checked.shared, resolved, checked.shapes),
+            slot: self.slot.clone(),
+            queued: Instant::now(),
+        };
+        self.stream.shard().push(Request::Call(call));
+        Ok(rows)
+    }
+
+    /// A call's answer as the caller gets it: its outputs (its row cut from
+    /// the turn's), the frames it fed counted.
+    fn deliver(&mut self, answer: CallResult, rows: usize) -> Result<TVec<TValue>, RunError> {
+        let iface = &self.stream.core.iface;
+        let outputs = answer?.into_outputs(&iface.data_batch_out)?;
+        if let Some(pulse) = &iface.pulse {
             if rows >= 1 {
                 self.frames += pulse.pulse;
             }
@@ -201,12 +238,49 @@ impl LanedStateHandle {
     /// calls, in order; the lane then goes back (once the last clone is
     /// dropped).
     pub fn finish(mut self, last: Option<TVec<TValue>>, real_frames: usize) -> Result<Vec<TVec<TValue>>, RunError> {
-        let core = self.stream.core.clone();
-        let Some(pulse) = core.iface.pulse.clone() else {
+        let (symbol, length, pulses) = self.last_pulses(last, real_frames)?;
+        let mut outputs = vec![];
+        for pulse in pulses {
+            self.resolve(&symbol, length)?;
+            outputs.push(self.call(pulse)?);
+        }
+        Ok(outputs)
+    }
+
+    /// [`LanedStateHandle::finish`] for a task, through
+    /// [`LanedStateHandle::call_async`].
+    pub async fn finish_async(
+        mut self,
+        last: Option<TVec<TValue>>,
+        real_frames: usize,
+    ) -> Result<Vec<TVec<TValue>>, RunError> {
+        let (symbol, length, pulses) = self.last_pulses(last, real_frames)?;
+        let mut outputs = vec![];
+        for pulse in pulses {
+            self.resolve(&symbol, length)?;
+            outputs.push(self.call_async(pulse).await?);
+        }
+        Ok(outputs)
+    }
+
+    /// What ending the stream feeds: the stream symbol, the stream's length
+    /// it is resolved to, and the pulses (the last one, then silence).
+    fn last_pulses(
+        &self,
+        last: Option<TVec<TValue>>,
+        real_frames: usize,
+    ) -> Result<(Symbol, i64, Vec<TVec<TValue>>), RunError> {
+        let iface = &self.stream.core.iface;
+        let Some(pulse) = iface.pulse.clone() else {
             return Err(RunError::new(RunErrorKind::Finish(
                 "the model carries no pulse properties (pulse.streaming_symbol, pulse.input_axes, pulse.delay): pulsify it with tract-pulse".into(),
             )));
         };
+        if self.frames_unknown {
+            return Err(RunError::new(RunErrorKind::Finish(
+                "a dropped call may or may not have fed its pulse, so the stream's length is unknown".into(),
+            )));
+        }
         if real_frames > pulse.pulse || (last.is_none() && real_frames > 0) {
             return Err(RunError::new(RunErrorKind::Finish(format!(
                 "the last pulse holds {real_frames} real frames; a pulse holds at most {} (and none without a last pulse)",
@@ -215,24 +289,16 @@ impl LanedStateHandle {
         }
         let total = self.frames + real_frames;
         let mut fed = self.frames;
-        let mut outputs = vec![];
+        let mut pulses = vec![];
         if let Some(last) = last {
-            self.resolve(&pulse.symbol, total as i64)?;
-            outputs.push(self.call(last)?);
+            pulses.push(last);
             fed += pulse.pulse;
         }
         while fed < total + pulse.delay {
-            self.resolve(&pulse.symbol, total as i64)?;
-            outputs.push(
-                self.call(
-                    core.iface
-                        .silence()
-                        .map_err(|e| RunError::new(RunErrorKind::Finish(e)))?,
-                )?,
-            );
+            pulses.push(iface.silence().map_err(|e| RunError::new(RunErrorKind::Finish(e)))?);
             fed += pulse.pulse;
         }
-        Ok(outputs)
+        Ok((pulse.symbol, total as i64, pulses))
     }
 
     /// Pin `symbol` to `value` for this handle's next call only (a stream's
@@ -267,5 +333,45 @@ impl State for LanedStateHandle {
 
     fn runnable(&self) -> &dyn Runnable {
         &*self.runner
+    }
+}
+
+/// A task's call in flight: polls the answer (serving the state itself in
+/// combining mode when it is free), and cancels the call if dropped first.
+struct PendingCall<'a> {
+    /// `None` once answered.
+    handle: Option<&'a mut LanedStateHandle>,
+}
+
+impl PendingCall<'_> {
+    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<CallResult> {
+        let handle = self.handle.as_ref().expect("polled after its answer");
+        let slot = &handle.slot;
+        handle.stream.shard().serve(&|| slot.is_filled());
+        slot.poll_value(cx)
+    }
+}
+
+impl Drop for PendingCall<'_> {
+    fn drop(&mut self) {
+        let Some(handle) = self.handle.take() else { return };
+        // The handle answers into a fresh slot from now on; the old one
+        // refuses whatever still lands in it.
+        let old = std::mem::replace(&mut handle.slot, Arc::new(Slot::new()));
+        if let Some(answer) = old.abandon() {
+            // Answered, but never polled: its answer goes, and whether it
+            // fed its pulse is known.
+            if let (Ok(_), Some(pulse)) = (answer, &handle.stream.core.iface.pulse) {
+                handle.frames += pulse.pulse;
+            }
+            return;
+        }
+        if handle.stream.core.iface.pulse.is_some() {
+            handle.frames_unknown = true;
+        }
+        // As a cancel token's: seats not yet seated leave the queue; a call
+        // already seated completes into the abandoned slot.
+        handle.stream.shard().push(Request::Cancel(old));
+        handle.stream.shard().tend();
     }
 }

@@ -153,7 +153,55 @@ impl LanedRunner {
             },
             (Some(wait), _) => self.wait_for_lane(wait)?,
         };
-        Ok(LanedStateHandle {
+        Ok(self.handle(shard, grant))
+    }
+
+    /// A new stream, for a task: waits for a lane in the same FIFO
+    /// admission queue as blocking spawners (one queue, arrival order across
+    /// both kinds), with the same refusals (`Busy`, `Draining`, `Closed`),
+    /// but no thread waits: a freed lane wakes the task. It waits as long as
+    /// it takes; bound it with the executor's timeout, since dropping the
+    /// future leaves the queue clean (a lane granted meanwhile goes back).
+    pub async fn spawn_async(&self) -> Result<LanedStateHandle, SpawnError> {
+        let (shard, grant) = self.wait_for_lane_async().await?;
+        Ok(self.handle(shard, grant))
+    }
+
+    /// A lane for a task, in the admission queue from its arrival: tasks
+    /// arrive many at once (an executor polls them in a row), so trying the
+    /// shards before taking a ticket would let later ones overtake earlier
+    /// ones whose tries were still in flight.
+    async fn wait_for_lane_async(&self) -> Result<(usize, Grant), SpawnError> {
+        let core = &self.core;
+        let since = Instant::now();
+        let refused = |e: &SpawnError| {
+            if matches!(e, SpawnError::Busy { .. }) {
+                core.events.record_admission_refused();
+            }
+        };
+        let ticket = core.admission.arrive().inspect_err(refused)?;
+        // Leaves the queue however this future ends, dropped included.
+        let ticket = crate::admission::Place::new(&core.admission, ticket);
+        let mut waited = false;
+        loop {
+            let seen = core.admission.freed();
+            if core.admission.at_front(ticket.ticket()) {
+                match core.try_shards_async(waited.then(|| since.elapsed())).await {
+                    Ok(placed) => return Ok(placed),
+                    Err(SpawnError::Full { .. }) => core.admission.may_wait().inspect_err(refused)?,
+                    Err(e) => return Err(e),
+                }
+            }
+            waited = true;
+            let mut registered = false;
+            std::future::poll_fn(|cx| core.admission.poll_turn(ticket.ticket(), seen, &mut registered, cx)).await?;
+        }
+    }
+
+    /// The handle of a stream granted `grant` on shard `shard`.
+    fn handle(&self, shard: usize, grant: Grant) -> LanedStateHandle {
+        let core = &self.core;
+        LanedStateHandle {
             stream: Arc::new(Stream {
                 grant,
                 shard,
@@ -162,11 +210,12 @@ impl LanedRunner {
             slot: Arc::new(Slot::new()),
             resolved: vec![],
             frames: 0,
+            frames_unknown: false,
             runner: Arc::new(LanedRunner {
                 core: core.clone(),
                 _owner: None,
             }),
-        })
+        }
     }
 
     /// Wait in the admission queue for a lane on any shard.

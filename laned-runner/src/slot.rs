@@ -6,8 +6,15 @@
 //! finds another number and is ignored, so it never reaches the next call.
 //! An answer always wins over a cancel it raced: the waiter takes the value
 //! and forgets the cancel.
+//!
+//! A waiter is a thread (it spins, then parks on the condvar) or a task (it
+//! polls, leaving its `Waker`): whoever lands the value wakes whichever
+//! waits. A task that goes away (its future dropped) *abandons* the slot: a
+//! value landing later is refused and handed back to whoever offered it
+//! (a lane granted to a spawner that left goes back to the table).
 
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use crate::sync::{AtomicBool, Condvar, Mutex, MutexGuard, Ordering};
@@ -41,6 +48,21 @@ struct Inner<T> {
     /// [`wake_all`]). Set only while it is parked with its value landed, so
     /// the waiter takes both at once.
     duty: Vec<Arc<Slot<T>>>,
+    /// A task waiting: left by its `poll`, taken and woken by whoever lands
+    /// the value.
+    waker: Option<Waker>,
+    /// Set by a task that went away: values are refused from then on.
+    abandoned: bool,
+}
+
+/// Who waits for a value that just landed.
+enum Waiter {
+    /// Nobody asleep: the waiter sees the value itself.
+    Awake,
+    /// A thread parked on the condvar.
+    Parked,
+    /// A task, to be woken through its waker.
+    Task(Waker),
 }
 
 /// Spin iterations before parking (a few tens of microseconds).
@@ -61,6 +83,8 @@ impl<T> Slot<T> {
                 cancelled: false,
                 parked: false,
                 duty: Vec::new(),
+                waker: None,
+                abandoned: false,
             }),
             cv: Condvar::new(),
             signalled: AtomicBool::new(false),
@@ -82,29 +106,79 @@ impl<T> Slot<T> {
         inner.call
     }
 
-    /// Hand the waiter its answer.
+    /// Hand the waiter its answer; refused and handed back once the waiter
+    /// went away.
+    pub fn offer(&self, value: T) -> Result<(), T> {
+        match self.land(value)? {
+            Waiter::Awake => (),
+            Waiter::Parked => self.cv.notify_one(),
+            Waiter::Task(waker) => waker.wake(),
+        }
+        Ok(())
+    }
+
+    /// [`Slot::offer`], for answers nobody needs back.
     pub fn fill(&self, value: T) {
-        if self.land(value) {
-            self.cv.notify_one();
+        let _ = self.offer(value);
+    }
+
+    /// [`Slot::fill`] without the futex wake: returns whether a thread is
+    /// parked on it, in which case the caller must see it woken
+    /// ([`wake_all`]). A task waiting is woken at once (a waker is no
+    /// system call of this thread's).
+    pub fn fill_quietly(&self, value: T) -> bool {
+        match self.land(value) {
+            Ok(Waiter::Parked) => true,
+            Ok(Waiter::Task(waker)) => {
+                waker.wake();
+                false
+            }
+            Ok(Waiter::Awake) | Err(_) => false,
         }
     }
 
-    /// [`Slot::fill`] without the futex wake: returns whether the waiter is
-    /// parked, in which case the caller must see it woken ([`wake_all`]).
-    pub fn fill_quietly(&self, value: T) -> bool {
-        self.land(value)
-    }
-
-    /// Store the answer; returns whether the waiter sleeps (read under the
-    /// lock it parks under, so a waiter about to park sees the value
-    /// instead).
-    fn land(&self, value: T) -> bool {
+    /// Store the answer unless the waiter went away; returns who waits (read
+    /// under the lock a thread parks under and a task leaves its waker
+    /// under, so a waiter about to sleep sees the value instead).
+    fn land(&self, value: T) -> Result<Waiter, T> {
         let mut inner = self.lock();
+        if inner.abandoned {
+            return Err(value);
+        }
         inner.value = Some(value);
-        let parked = inner.parked;
+        let waiter = match inner.waker.take() {
+            Some(waker) => Waiter::Task(waker),
+            None if inner.parked => Waiter::Parked,
+            None => Waiter::Awake,
+        };
         drop(inner);
         self.signalled.store(true, Ordering::Release);
-        parked
+        Ok(waiter)
+    }
+
+    /// A task's wait: the value if it landed (a cancel it raced forgotten),
+    /// otherwise the task's waker is left to be woken when it does.
+    pub fn poll_value(&self, cx: &mut Context<'_>) -> Poll<T> {
+        let mut inner = self.lock();
+        if let Some(value) = inner.value.take() {
+            inner.cancelled = false;
+            inner.waker = None;
+            return Poll::Ready(value);
+        }
+        match &inner.waker {
+            Some(waker) if waker.will_wake(cx.waker()) => (),
+            _ => inner.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    /// The task waiting went away: later values are refused. Returns the
+    /// value if it landed first, for the caller to undo.
+    pub fn abandon(&self) -> Option<T> {
+        let mut inner = self.lock();
+        inner.abandoned = true;
+        inner.waker = None;
+        inner.value.take()
     }
 
     /// Wake the waiter if it sleeps.

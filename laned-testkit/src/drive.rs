@@ -432,3 +432,73 @@ pub fn through_runner(
     }
     Ok(observed)
 }
+
+/// A boxed future that may move between threads, as the async driver
+/// hands them out.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// What the async driver needs of a runner whose streams are tasks. The
+/// testkit knows no runner: a test implements it for its own (a wrapper
+/// around the runner it checks).
+pub trait AsyncRunner: Send + Sync + 'static {
+    /// One stream's handle.
+    type Stream: AsyncStream;
+    /// A new stream, waiting for a lane as long as it takes.
+    fn spawn(&self) -> BoxFuture<'_, TractResult<Self::Stream>>;
+}
+
+/// One stream of an [`AsyncRunner`].
+pub trait AsyncStream: Send + 'static {
+    /// Pin `symbol` for the next call only.
+    fn resolve(&mut self, symbol: &Symbol, value: i64) -> TractResult<()>;
+    /// One call, answered to the task.
+    fn call(&mut self, inputs: TVec<TValue>) -> BoxFuture<'_, TractResult<TVec<TValue>>>;
+}
+
+/// Sleeps a task for a while, on whatever runtime the test picked.
+pub type Sleep = Arc<dyn Fn(Duration) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// [`through_runner`] with a task per stream instead of a thread: one future
+/// per stream of `schedule`, in order, for the caller to run on the runtime
+/// it picks; collect their results with [`observed_from`]. Stream `i` asks
+/// for its lane after `arrive` steps of `stagger` (slept through `sleep`).
+pub fn through_runner_async<R: AsyncRunner>(
+    fixture: &Fixture,
+    runner: Arc<R>,
+    schedule: &Schedule,
+    stagger: Duration,
+    sleep: Sleep,
+) -> Vec<BoxFuture<'static, TractResult<Vec<TVec<TValue>>>>> {
+    schedule
+        .streams
+        .iter()
+        .cloned()
+        .map(|plan| {
+            let (runner, fixture, sleep) = (runner.clone(), fixture.clone(), sleep.clone());
+            let stream: BoxFuture<'static, TractResult<Vec<TVec<TValue>>>> = Box::pin(async move {
+                sleep(stagger * plan.arrive as u32).await;
+                let mut handle = runner.spawn().await?;
+                let mut outputs = vec![];
+                for (call, rows) in plan.calls.iter().enumerate() {
+                    let inputs = fixture.inputs(*rows, plan.call_seed(call));
+                    if let Some(end) = resolved_end(&plan, call) {
+                        handle.resolve(&fixture.stream, end)?;
+                    }
+                    outputs.push(handle.call(inputs).await?);
+                }
+                Ok(outputs)
+            });
+            stream
+        })
+        .collect()
+}
+
+/// What the streams of [`through_runner_async`] got, as the checker reads
+/// it; the first stream that failed fails it all, named.
+pub fn observed_from(results: Vec<TractResult<Vec<TVec<TValue>>>>) -> TractResult<Observed> {
+    let mut observed = Observed::default();
+    for (s, result) in results.into_iter().enumerate() {
+        observed.outputs.push(result.with_context(|| format!("stream {s}"))?);
+    }
+    Ok(observed)
+}

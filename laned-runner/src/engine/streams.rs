@@ -63,7 +63,15 @@ impl Engine {
         self.owner[lane.0] = Some(stream);
         self.last_active[lane.0] = Instant::now();
         self.metrics.set_lanes_taken(self.table.taken());
-        slot.fill(Ok(Grant { lane, stream }));
+        if slot.offer(Ok(Grant { lane, stream })).is_err() {
+            // The spawner went away meanwhile (its future dropped): the lane
+            // goes back, and the next waiter may take it.
+            self.owner[lane.0] = None;
+            let _ = self.table.give_back(lane);
+            self.metrics.set_lanes_taken(self.table.taken());
+            self.admission.lane_freed();
+            return;
+        }
         match waited {
             Some(wait) => self.metrics.record_admission_waited(wait),
             None => self.metrics.record_admission(),

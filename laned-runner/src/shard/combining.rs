@@ -108,20 +108,38 @@ impl Shard {
     /// as the turn policy says. It has no call of its own, so under steady
     /// load it serves as a worker would, and no caller is held up serving
     /// others.
+    ///
+    /// With an idle timeout it also wakes every `idle_tick` to look after
+    /// idle streams (`tend`): callers may all be tasks, or all asleep, and
+    /// no other thread of the runner's watches the clock in this mode.
     pub(super) fn help(&self) {
+        let tick = self.idle_tick();
         loop {
-            {
+            let wanted = {
                 let mut inbox = self.inbox.lock();
-                while !inbox.help_wanted && !inbox.closed {
-                    inbox = self.help.wait(inbox).unwrap_or_else(|e| e.into_inner());
+                let mut ticked = false;
+                while !inbox.help_wanted && !inbox.closed && !ticked {
+                    inbox = match tick {
+                        None => self.help.wait(inbox).unwrap_or_else(|e| e.into_inner()),
+                        Some(tick) => {
+                            let (inbox, timeout) =
+                                self.help.wait_timeout(inbox, tick).unwrap_or_else(|e| e.into_inner());
+                            ticked = timeout.timed_out();
+                            inbox
+                        }
+                    };
                 }
                 if inbox.closed {
                     return;
                 }
-                inbox.help_wanted = false;
+                std::mem::take(&mut inbox.help_wanted)
+            };
+            if wanted {
+                // Never done: it has no call of its own.
+                self.combine(&|| false, Some(HELPER_HOLD));
+            } else {
+                self.tend();
             }
-            // Never done: it has no call of its own.
-            self.combine(&|| false, Some(HELPER_HOLD));
         }
     }
 

@@ -224,6 +224,15 @@ impl Shard {
         }
     }
 
+    /// Combining mode: while `done` is false and the state is free, hold it
+    /// and run turns, as a calling thread does while it waits (a task does it
+    /// in its `poll`). Nothing to do in worker mode: the worker serves.
+    pub fn serve(&self, done: &dyn Fn() -> bool) {
+        if self.mode == Mode::Combining && !done() {
+            self.combine(done, None);
+        }
+    }
+
     /// How often a thread waiting on this shard must look after idle
     /// streams (`tend`): only in combining mode with an idle
     /// timeout, where no thread of the runner's own watches the clock.

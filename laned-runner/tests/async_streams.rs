@@ -1,0 +1,463 @@
+//! Streams as tasks: `spawn_async`, `call_async` and `finish_async` give
+//! exactly what the blocking calls give, wait in the same admission queue,
+//! and clean up after futures dropped at any point. Every wait is bounded.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use laned_runner::{LanedRunner, LanedStateHandle, Mode, RunnerConfig, SpawnError};
+use laned_testkit::drive::{self, AsyncRunner, AsyncStream, BoxFuture};
+use laned_testkit::fixtures::{self, Fixture, Lcg};
+use laned_testkit::schedule::{proptest_config, schedule, Schedule, ScheduleConfig};
+use laned_testkit::Tolerance;
+use proptest::prelude::*;
+use tract_core::internal::*;
+
+const SETUPS: [(Mode, usize); 4] = [
+    (Mode::Worker, 1),
+    (Mode::Combining, 1),
+    (Mode::Worker, 3),
+    (Mode::Combining, 3),
+];
+
+fn runner(f: &Fixture, mode: Mode, shards: usize, lanes: usize) -> LanedRunner {
+    let config = RunnerConfig::builder()
+        .mode(mode)
+        .shards(shards)
+        .max_lanes(lanes)
+        .build();
+    LanedRunner::new(f.runnable().unwrap(), config).unwrap()
+}
+
+/// A multi-thread tokio runtime with two workers (the machine's cores).
+fn tokio_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+/// `fut` run to completion on `rt`, failing the test past 60 s.
+fn run_bounded<T: Send + 'static>(rt: &tokio::runtime::Runtime, fut: impl Future<Output = T> + Send + 'static) -> T {
+    rt.block_on(async move {
+        tokio::time::timeout(Duration::from_secs(60), fut)
+            .await
+            .expect("hung: the tasks did not finish within 60 s")
+    })
+}
+
+/// The solo outputs of `inputs` fed in order to a fresh state of `f`.
+fn solo_run(f: &Fixture, inputs: &[TVec<TValue>]) -> Vec<TVec<TValue>> {
+    let mut state = f.runnable().unwrap().spawn().unwrap();
+    inputs.iter().map(|i| state.run(i.clone()).unwrap()).collect()
+}
+
+/// The wrapper the testkit's async driver drives.
+struct Ours(LanedRunner);
+
+struct OurStream(LanedStateHandle);
+
+impl AsyncRunner for Ours {
+    type Stream = OurStream;
+    fn spawn(&self) -> BoxFuture<'_, TractResult<OurStream>> {
+        Box::pin(async move { Ok(OurStream(self.0.spawn_async().await?)) })
+    }
+}
+
+impl AsyncStream for OurStream {
+    fn resolve(&mut self, symbol: &Symbol, value: i64) -> TractResult<()> {
+        Ok(self.0.resolve(symbol, value)?)
+    }
+    fn call(&mut self, inputs: TVec<TValue>) -> BoxFuture<'_, TractResult<TVec<TValue>>> {
+        Box::pin(async move { Ok(self.0.call_async(inputs).await?) })
+    }
+}
+
+/// The property: a schedule through the async driver, streams as tokio
+/// tasks, checked against the solo runs.
+fn check_async(fixture: &Fixture, schedule: &Schedule, mode: Mode, shards: usize) -> Result<(), TestCaseError> {
+    let plan = fixture.runnable().unwrap();
+    let expected = laned_testkit::solo(fixture, &plan, schedule).unwrap();
+    let config = RunnerConfig::builder()
+        .shards(shards)
+        .max_lanes(schedule.max_lanes - 1)
+        .mode(mode)
+        .build();
+    let ours = Arc::new(Ours(LanedRunner::new(plan, config).unwrap()));
+    let sleep: drive::Sleep = Arc::new(|d| Box::pin(tokio::time::sleep(d)));
+    let streams = drive::through_runner_async(fixture, ours, schedule, Duration::from_micros(300), sleep);
+    let rt = tokio_rt();
+    let results = run_bounded(&rt, async move {
+        let tasks: Vec<_> = streams.into_iter().map(tokio::spawn).collect();
+        let mut results = vec![];
+        for t in tasks {
+            results.push(t.await.unwrap());
+        }
+        results
+    });
+    let observed = drive::observed_from(results).map_err(|e| TestCaseError::fail(format!("{e:#}")))?;
+    laned_testkit::check(&expected, &observed, Tolerance::Exact)
+        .map_err(|m| TestCaseError::fail(format!("{} in {mode:?} mode, {shards} shards: {m}", fixture.name)))
+}
+
+proptest! {
+    #![proptest_config(proptest_config(16))]
+
+    /// Async callers get exactly their solo outputs, whatever the schedule.
+    #[test]
+    fn async_streams_get_their_solo_runs(
+        schedule in schedule(ScheduleConfig::default()),
+        setup in 0..SETUPS.len(),
+    ) {
+        let (mode, shards) = SETUPS[setup];
+        let fixture = fixtures::tdnn(fixtures::TdnnConfig::light()).unwrap();
+        check_async(&fixture, &schedule, mode, shards)?;
+    }
+}
+
+/// The checker run through the async driver catches a runner that mixes
+/// streams up: a negative control (two streams' outputs swapped).
+#[test]
+fn the_async_check_catches_swapped_streams() {
+    let fixture = fixtures::small_tdnn();
+    let schedule = Schedule {
+        max_lanes: 3,
+        streams: (0..2)
+            .map(|s| laned_testkit::schedule::StreamPlan {
+                seed: 7 + s,
+                calls: vec![1; 3],
+                arrive: 0,
+                end: None,
+            })
+            .collect(),
+        picks: vec![u64::MAX],
+    };
+    let plan = fixture.runnable().unwrap();
+    let expected = laned_testkit::solo(&fixture, &plan, &schedule).unwrap();
+    let ours = Arc::new(Ours(runner(&fixture, Mode::Worker, 1, 2)));
+    let sleep: drive::Sleep = Arc::new(|d| Box::pin(tokio::time::sleep(d)));
+    let streams = drive::through_runner_async(&fixture, ours, &schedule, Duration::ZERO, sleep);
+    let rt = tokio_rt();
+    let results = run_bounded(&rt, async move {
+        let mut results = vec![];
+        for s in streams {
+            results.push(tokio::spawn(s).await.unwrap());
+        }
+        results
+    });
+    let mut observed = drive::observed_from(results).unwrap();
+    assert!(laned_testkit::check(&expected, &observed, Tolerance::Exact).is_ok());
+    observed.outputs.swap(0, 1);
+    assert!(laned_testkit::check(&expected, &observed, Tolerance::Exact).is_err());
+}
+
+/// The crate needs no executor: a hand-written `block_on` (a waker that
+/// unparks the polling thread) drives spawning, calls and the end of a
+/// stream, in both modes.
+#[test]
+fn a_hand_written_block_on_is_enough() {
+    struct Unpark(thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    fn block_on<F: Future>(fut: F) -> F::Output {
+        let mut fut = std::pin::pin!(fut);
+        let waker = Waker::from(Arc::new(Unpark(thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+                return out;
+            }
+            assert!(Instant::now() < deadline, "hung");
+            thread::park_timeout(Duration::from_secs(1));
+        }
+    }
+    let f = fixtures::tdnn(fixtures::TdnnConfig::light()).unwrap();
+    for (mode, shards) in SETUPS {
+        let r = runner(&f, mode, shards, 2);
+        let inputs: Vec<TVec<TValue>> = (0..4).map(|c| f.inputs(1, c)).collect();
+        let want = solo_run(&f, &inputs);
+        let mut h = block_on(r.spawn_async()).unwrap();
+        for (x, w) in inputs.iter().zip(&want) {
+            assert_eq!(
+                &block_on(h.call_async(x.clone())).unwrap(),
+                w,
+                "{mode:?}, {shards} shards"
+            );
+        }
+        // Its end equals a blocking stream's end, fed alike beside it.
+        let mut blocking = r.try_spawn().unwrap();
+        for x in &inputs {
+            blocking.call(x.clone()).unwrap();
+        }
+        // A last pulse of one real frame: the stream symbol resolved, then
+        // silence until every frame is out.
+        let tail = block_on(h.finish_async(Some(f.inputs(1, 99)), 1)).unwrap();
+        assert!(!tail.is_empty());
+        assert_eq!(
+            tail,
+            blocking.finish(Some(f.inputs(1, 99)), 1).unwrap(),
+            "{mode:?}, {shards} shards"
+        );
+    }
+}
+
+/// The futures are `Send`: a task owning its stream moves to
+/// `tokio::spawn`.
+#[test]
+fn the_futures_are_send() {
+    fn send<T: Send>(t: T) -> T {
+        t
+    }
+    let f = fixtures::small_tdnn();
+    let r = runner(&f, Mode::Worker, 1, 2);
+    let rt = tokio_rt();
+    let (r2, f2) = (r.clone(), f.clone());
+    let out = run_bounded(&rt, async move {
+        let task = tokio::spawn(send(async move {
+            let mut h = send(r2.spawn_async()).await.unwrap();
+            let out = send(h.call_async(f2.inputs(1, 1))).await.unwrap();
+            send(h.finish_async(None, 0)).await.unwrap();
+            out
+        }));
+        task.await.unwrap()
+    });
+    assert_eq!(out, solo_run(&f, &[f.inputs(1, 1)])[0]);
+}
+
+/// 1,000 tasks on 64 lanes (one executor thread, so tasks enter the queue in
+/// the order they were spawned): each spawns with `spawn_async`, calls a
+/// few times, and ends; those that waited for a lane got one in arrival
+/// order, every answer is exact, and no lane leaks.
+#[test]
+fn a_thousand_tasks_on_64_lanes_in_arrival_order() {
+    let f = fixtures::small_tdnn();
+    for (mode, shards) in SETUPS {
+        let r = runner(&f, mode, shards, 64 / shards + 1);
+        let lanes = r.total_lanes();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let admitted = Arc::new(Mutex::new(vec![]));
+        let want: Arc<Vec<TVec<TValue>>> = Arc::new(solo_run(&f, &(0..3).map(|c| f.inputs(1, c)).collect::<Vec<_>>()));
+        let (r2, f2, a2) = (r.clone(), f.clone(), admitted.clone());
+        run_bounded(&rt, async move {
+            let tasks: Vec<_> = (0..1000usize)
+                .map(|t| {
+                    let (r, f, admitted, want) = (r2.clone(), f2.clone(), a2.clone(), want.clone());
+                    tokio::spawn(async move {
+                        let mut h = r.spawn_async().await.unwrap();
+                        admitted.lock().unwrap().push(t);
+                        for (c, w) in want.iter().enumerate() {
+                            assert_eq!(&h.call_async(f.inputs(1, c as u64)).await.unwrap(), w, "task {t}");
+                            tokio::time::sleep(Duration::from_micros(200 * (t as u64 % 5))).await;
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        let admitted = admitted.lock().unwrap().clone();
+        assert_eq!(admitted.len(), 1000);
+        assert!(
+            admitted.windows(2).all(|w| w[0] < w[1]),
+            "{mode:?}, {shards} shards: tasks admitted out of arrival order ({lanes} lanes)"
+        );
+        let m = r.metrics();
+        assert!(m.admissions_waited > 0, "no task had to wait");
+        let start = Instant::now();
+        while r.metrics().lanes_taken != 0 {
+            assert!(start.elapsed() < Duration::from_secs(20), "a lane leaked");
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Which solo histories a stream may have had: each call whose future was
+/// dropped may or may not have run. An answered call must match one of
+/// them; those that don't are forgotten.
+struct Histories {
+    candidates: Vec<Vec<TVec<TValue>>>,
+}
+
+impl Histories {
+    fn answered(&mut self, f: &Fixture, inputs: &TVec<TValue>, got: &TVec<TValue>) -> bool {
+        self.candidates.retain_mut(|h| {
+            h.push(inputs.clone());
+            solo_run(f, h).last() == Some(got)
+        });
+        !self.candidates.is_empty()
+    }
+
+    fn dropped(&mut self, inputs: &TVec<TValue>) {
+        let ran: Vec<_> = self
+            .candidates
+            .iter()
+            .map(|h| {
+                let mut h = h.clone();
+                h.push(inputs.clone());
+                h
+            })
+            .collect();
+        self.candidates.extend(ran);
+    }
+}
+
+/// Futures dropped at random points (before polling, queued, seated,
+/// answered but not yet polled; spawns dropped while waiting for a lane):
+/// every answer any stream gets fits a solo history it could have had,
+/// nothing of anyone else's is lost, and no lane leaks.
+#[test]
+fn dropped_futures_lose_nothing_of_anyone_else() {
+    let f = fixtures::small_tdnn();
+    for (mode, shards) in SETUPS {
+        let r = runner(&f, mode, shards, 2);
+        let rt = tokio_rt();
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let (r2, f2, d2) = (r.clone(), f.clone(), dropped.clone());
+        run_bounded(&rt, async move {
+            let tasks: Vec<_> = (0..6u64)
+                .map(|t| {
+                    let (r, f, dropped) = (r2.clone(), f2.clone(), d2.clone());
+                    tokio::spawn(async move {
+                        let mut rng = Lcg(t + 3);
+                        for _stream in 0..4 {
+                            // A spawn given up on now and then, queued or not.
+                            let wait = Duration::from_micros(rng.next() % 3000);
+                            let Ok(spawned) = tokio::time::timeout(wait, r.spawn_async()).await else {
+                                dropped.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            };
+                            let mut h = spawned.unwrap();
+                            let mut histories = Histories {
+                                candidates: vec![vec![]],
+                            };
+                            let mut drops = 0;
+                            for c in 0..6 {
+                                let inputs = f.inputs(1, t * 100 + c);
+                                if drops < 2 && rng.next() % 5 == 0 {
+                                    // Dropped before its first poll.
+                                    drop(h.call_async(inputs.clone()));
+                                    histories.dropped(&inputs);
+                                    drops += 1;
+                                    dropped.fetch_add(1, Ordering::Relaxed);
+                                } else if drops < 2 && rng.next() % 3 == 0 {
+                                    // Dropped after a random time: before
+                                    // the first poll, queued, seated or
+                                    // answered but not yet polled.
+                                    let wait = Duration::from_micros(rng.next() % 400);
+                                    match tokio::time::timeout(wait, h.call_async(inputs.clone())).await {
+                                        Ok(out) => assert!(histories.answered(&f, &inputs, &out.unwrap())),
+                                        Err(_) => {
+                                            histories.dropped(&inputs);
+                                            drops += 1;
+                                            dropped.fetch_add(1, Ordering::Relaxed);
+                                        }
+                                    }
+                                } else {
+                                    let out = h.call_async(inputs.clone()).await.unwrap();
+                                    assert!(histories.answered(&f, &inputs, &out), "task {t}: no solo history fits");
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        assert!(dropped.load(Ordering::Relaxed) > 0, "{mode:?}: nothing was dropped");
+        let start = Instant::now();
+        while r.metrics().lanes_taken != 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{mode:?}, {shards} shards: a lane leaked"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        // Every lane serves again.
+        let all: Vec<_> = (0..r.total_lanes()).map(|_| r.try_spawn().unwrap()).collect();
+        assert_eq!(all.len(), r.total_lanes());
+    }
+}
+
+/// Threads calling `call` and tasks calling `call_async` share one runner,
+/// and one turn: each gets exactly its solo run.
+#[test]
+fn sync_and_async_callers_share_a_runner() {
+    let f = fixtures::small_tdnn();
+    for (mode, shards) in SETUPS {
+        let r = runner(&f, mode, shards, 8);
+        let rt = tokio_rt();
+        let threads: Vec<_> = (0..4u64)
+            .map(|s| {
+                let (mut h, f) = (r.try_spawn().unwrap(), f.clone());
+                thread::spawn(move || {
+                    let inputs: Vec<_> = (0..20).map(|c| f.inputs(1, s * 1000 + c)).collect();
+                    let got: Vec<_> = inputs.iter().map(|x| h.call(x.clone()).unwrap()).collect();
+                    assert_eq!(got, solo_run(&f, &inputs), "thread {s}");
+                })
+            })
+            .collect();
+        let (r2, f2) = (r.clone(), f.clone());
+        run_bounded(&rt, async move {
+            let tasks: Vec<_> = (4..8u64)
+                .map(|s| {
+                    let (r, f) = (r2.clone(), f2.clone());
+                    tokio::spawn(async move {
+                        let mut h = r.spawn_async().await.unwrap();
+                        let inputs: Vec<_> = (0..20).map(|c| f.inputs(1, s * 1000 + c)).collect();
+                        let mut got = vec![];
+                        for x in &inputs {
+                            got.push(h.call_async(x.clone()).await.unwrap());
+                        }
+                        assert_eq!(got, solo_run(&f, &inputs), "task {s}");
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+}
+
+/// Refusals reach tasks as they reach threads: busy, then draining or
+/// closed.
+#[test]
+fn async_spawns_get_the_same_refusals() {
+    let f = fixtures::small_tdnn();
+    let rt = tokio_rt();
+    let r = LanedRunner::new(
+        f.runnable().unwrap(),
+        RunnerConfig::builder().shards(1).max_lanes(1).max_waiting(0).build(),
+    )
+    .unwrap();
+    let held = r.try_spawn().unwrap();
+    let r2 = r.clone();
+    let busy = run_bounded(&rt, async move { r2.spawn_async().await.map(|_| ()) });
+    assert!(matches!(busy, Err(SpawnError::Busy { .. })), "{busy:?}");
+    drop(held);
+    r.drain();
+    let r2 = r.clone();
+    let after = run_bounded(&rt, async move { r2.spawn_async().await.map(|_| ()) });
+    assert!(
+        matches!(after, Err(SpawnError::Draining | SpawnError::Closed)),
+        "{after:?}"
+    );
+}

@@ -346,13 +346,13 @@ fn dropped_futures_lose_nothing_of_anyone_else() {
                             let mut drops = 0;
                             for c in 0..6 {
                                 let inputs = f.inputs(1, t * 100 + c);
-                                if drops < 2 && rng.next() % 5 == 0 {
+                                if drops < 2 && rng.next().is_multiple_of(5) {
                                     // Dropped before its first poll.
                                     drop(h.call_async(inputs.clone()));
                                     histories.dropped(&inputs);
                                     drops += 1;
                                     dropped.fetch_add(1, Ordering::Relaxed);
-                                } else if drops < 2 && rng.next() % 3 == 0 {
+                                } else if drops < 2 && rng.next().is_multiple_of(3) {
                                     // Dropped after a random time: before
                                     // the first poll, queued, seated or
                                     // answered but not yet polled.

@@ -2,6 +2,8 @@
 //! a state per stream, side by side in one process, on the built-in models.
 //! Writes `target/laned-bench/report.md`, `report.json` and SVG plots.
 
+mod tasks;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,9 +24,11 @@ laned-bench [--quick] [--model light|heavy|all|PATH [--pulse P] [--symbol S]] [-
                  frames (default 4) on --symbol (default S)
   --streams      stream counts of the closed-loop scenario
   --systems      only these systems (comma-separated). Closed loop: solo, ideal, tract, worker,
-                 combining, shards, combining-shards, ideal-shards (the ideal loop always runs);
+                 combining, shards, combining-shards, ideal-shards, tract-tasks, async,
+                 async-combining, async-shards (the ideal loop always runs);
                  real time: echo, solo, tract, worker, linger (both values), combining, budget,
-                 budget-shards
+                 budget-shards, tract-tasks, async, async-budget-shards
+                 (tasks: streams as tokio tasks; tract's runner through spawn_blocking)
   --frame-ms     real-time scenario: milliseconds of signal per frame (default 2.5;
                  a pulse of 4 frames is then due every 10 ms)
   --seconds S    closed loop: seconds per run (default 1, --quick 0.25)
@@ -180,10 +184,21 @@ enum System {
     OursCombiningShards,
     /// A laned state per core, each on its own thread, all lanes seated.
     IdealShards,
+    /// tract's runner driven as a tokio user must: a task per stream, a
+    /// `spawn_blocking` per call.
+    TractTasks,
+    /// Ours with a task per stream (`spawn_async`, `call_async`), worker
+    /// mode, one shard.
+    OursAsync,
+    /// The same in combining mode (a task finding the state free runs the
+    /// turn in its poll).
+    OursAsyncCombining,
+    /// Ours with a task per stream and the default shards (one per core).
+    OursAsyncShards,
 }
 
 /// The real-time systems' short names (`RtSystem::short`).
-const RT_NAMES: [&str; 8] = [
+const RT_NAMES: [&str; 11] = [
     "echo",
     "solo",
     "tract",
@@ -192,9 +207,12 @@ const RT_NAMES: [&str; 8] = [
     "combining",
     "budget",
     "budget-shards",
+    "tract-tasks",
+    "async",
+    "async-budget-shards",
 ];
 
-const SYSTEMS: [System; 8] = [
+const SYSTEMS: [System; 12] = [
     System::Solo,
     System::Ideal,
     System::Tract,
@@ -203,6 +221,10 @@ const SYSTEMS: [System; 8] = [
     System::OursShards,
     System::OursCombiningShards,
     System::IdealShards,
+    System::TractTasks,
+    System::OursAsync,
+    System::OursAsyncCombining,
+    System::OursAsyncShards,
 ];
 
 impl System {
@@ -217,6 +239,10 @@ impl System {
             System::OursShards => "shards",
             System::OursCombiningShards => "combining-shards",
             System::IdealShards => "ideal-shards",
+            System::TractTasks => "tract-tasks",
+            System::OursAsync => "async",
+            System::OursAsyncCombining => "async-combining",
+            System::OursAsyncShards => "async-shards",
         }
     }
 
@@ -230,6 +256,10 @@ impl System {
             System::OursShards => "ours (worker, a shard per core)",
             System::OursCombiningShards => "ours (combining, a shard per core)",
             System::IdealShards => "shards ideal (a laned state per core)",
+            System::TractTasks => "tract LanedRunnable (tasks, spawn_blocking per call)",
+            System::OursAsync => "ours async (worker, tasks)",
+            System::OursAsyncCombining => "ours async (combining, tasks)",
+            System::OursAsyncShards => "ours async (worker, a shard per core, tasks)",
         }
     }
 }
@@ -341,13 +371,44 @@ fn ours(
 /// One measurement of `system` with `n` streams; returns pulses/s with
 /// their CPU, and the mean occupancy where the system has turns.
 fn measure(
+    rt: &tokio::runtime::Runtime,
     system: System,
     fixture: &Fixture,
     plan: &Arc<dyn Runnable>,
     n: usize,
     d: Duration,
 ) -> TractResult<(load::Throughput, Option<f64>)> {
+    let per_core = std::thread::available_parallelism()
+        .map(|c| c.get())
+        .unwrap_or(1)
+        .min(n);
     match system {
+        System::TractTasks => {
+            let tract = tract_core::lanes::LanedRunnable::wrap(plan.clone(), n)?;
+            let before = tract.turns_and_seats();
+            let rate = tasks::closed_loop(
+                rt,
+                fixture,
+                &tasks::TaskSystem::TractBlocking(Arc::new(tract.clone())),
+                n,
+                d,
+            )?;
+            let after = tract.turns_and_seats();
+            let turns = (after.0 - before.0).max(1);
+            Ok((rate, Some((after.1 - before.1) as f64 / turns as f64)))
+        }
+        System::OursAsync | System::OursAsyncCombining | System::OursAsyncShards => {
+            let (mode, shards) = match system {
+                System::OursAsync => (Mode::Worker, 1),
+                System::OursAsyncCombining => (Mode::Combining, 1),
+                _ => (Mode::Worker, per_core),
+            };
+            let (_, runner) = ours(plan, n, mode, shards)?;
+            let before = runner.metrics();
+            let rate = tasks::closed_loop(rt, fixture, &tasks::TaskSystem::Ours(runner.clone()), n, d)?;
+            let delta = runner.metrics().delta(&before);
+            Ok((rate, Some(delta.mean_occupancy())))
+        }
         System::Solo => Ok((load::solo_states(fixture, plan.clone(), n, d)?, None)),
         System::Ideal => Ok((load::ideal(fixture, plan.clone(), n, d)?, Some(n as f64))),
         System::IdealShards => {
@@ -369,10 +430,6 @@ fn measure(
             Ok((rate, Some((after.1 - before.1) as f64 / turns as f64)))
         }
         System::OursWorker | System::OursCombining | System::OursShards | System::OursCombiningShards => {
-            let per_core = std::thread::available_parallelism()
-                .map(|c| c.get())
-                .unwrap_or(1)
-                .min(n);
             let (mode, shards) = match system {
                 System::OursWorker => (Mode::Worker, 1),
                 System::OursCombining => (Mode::Combining, 1),
@@ -400,6 +457,12 @@ fn main() -> TractResult<()> {
     let (seconds, repeats) = (args.seconds.unwrap_or(seconds), args.repeats.unwrap_or(repeats).max(1));
     let d = Duration::from_secs_f64(seconds);
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // The runtime the task systems run on, as a server's would: a worker
+    // thread per core.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores)
+        .enable_time()
+        .build()?;
     let mut progress = Progress {
         done: 0,
         total: args.models.len() * args.streams.len() * args.systems.len() * repeats,
@@ -417,7 +480,7 @@ fn main() -> TractResult<()> {
             for _ in 0..repeats {
                 for (ix, system) in args.systems.iter().enumerate() {
                     progress.step(&format!("closed loop {name} n={n} {}", system.label()));
-                    let (run, occ) = measure(*system, &fixture, &plan, n, d)?;
+                    let (run, occ) = measure(&rt, *system, &fixture, &plan, n, d)?;
                     runs[ix].push(run.per_sec);
                     occupancy[ix].extend(occ);
                     cpu[ix].extend(run.cpu_per_pulse.map(|c| c.as_secs_f64() * 1e6));
@@ -487,6 +550,18 @@ fn main() -> TractResult<()> {
                 ),
                 RtSystem::BudgetShards(budget),
             ),
+            (
+                "tract LanedRunnable (tasks, spawn_blocking per call)".into(),
+                RtSystem::TractTasks,
+            ),
+            ("ours async (worker, tasks, no linger)".into(), RtSystem::Async),
+            (
+                format!(
+                    "ours async (defaults: a shard per core; latency budget {} ms; tasks)",
+                    budget.as_secs_f64() * 1000.0
+                ),
+                RtSystem::AsyncBudgetShards(budget),
+            ),
         ];
         let systems: Vec<(String, RtSystem)> = systems
             .into_iter()
@@ -514,7 +589,7 @@ fn main() -> TractResult<()> {
                     probe_time,
                     max_streams: args.rt_max,
                 };
-                searches[ix].push(capacity(&fixture, &plan, &name, label, *system, &scenario)?);
+                searches[ix].push(capacity(&rt, &fixture, &plan, &name, label, *system, &scenario)?);
             }
         }
         for mut runs in searches {
@@ -568,6 +643,12 @@ enum RtSystem {
     Budget(Duration),
     /// The same with the default shard count (one per core).
     BudgetShards(Duration),
+    /// tract's runner with a task per stream, a `spawn_blocking` per call.
+    TractTasks,
+    /// Ours with a task per stream, worker mode, one shard, no linger.
+    Async,
+    /// Ours with a task per stream, the defaults and the latency budget.
+    AsyncBudgetShards(Duration),
 }
 
 impl RtSystem {
@@ -576,8 +657,12 @@ impl RtSystem {
     fn runner_threads(self) -> Option<&'static str> {
         match self {
             RtSystem::Tract => Some("tract-lanes"),
-            RtSystem::Ours(Mode::Worker, _) | RtSystem::Budget(_) | RtSystem::BudgetShards(_) => Some("laned-worker"),
-            RtSystem::Echo | RtSystem::Solo | RtSystem::Ours(Mode::Combining, _) => None,
+            RtSystem::Ours(Mode::Worker, _)
+            | RtSystem::Budget(_)
+            | RtSystem::BudgetShards(_)
+            | RtSystem::Async
+            | RtSystem::AsyncBudgetShards(_) => Some("laned-worker"),
+            RtSystem::Echo | RtSystem::Solo | RtSystem::Ours(..) | RtSystem::TractTasks => None,
         }
     }
 
@@ -592,6 +677,9 @@ impl RtSystem {
             RtSystem::Ours(..) => "linger",
             RtSystem::Budget(_) => "budget",
             RtSystem::BudgetShards(_) => "budget-shards",
+            RtSystem::TractTasks => "tract-tasks",
+            RtSystem::Async => "async",
+            RtSystem::AsyncBudgetShards(_) => "async-budget-shards",
         }
     }
 }
@@ -630,8 +718,36 @@ impl Runnable for Echo {
     }
 }
 
+/// The task system a task-driven real-time `system` runs on, `None` for
+/// the thread-driven ones.
+fn rt_tasks(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractResult<Option<tasks::TaskSystem>> {
+    Ok(match system {
+        RtSystem::TractTasks => Some(tasks::TaskSystem::TractBlocking(Arc::new(
+            tract_core::lanes::LanedRunnable::wrap(plan.clone(), n)?,
+        ))),
+        RtSystem::Async => Some(tasks::TaskSystem::Ours(LanedRunner::new(
+            plan.clone(),
+            RunnerConfig::builder().shards(1).max_lanes(n).build(),
+        )?)),
+        RtSystem::AsyncBudgetShards(budget) => {
+            let shards = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+            Some(tasks::TaskSystem::Ours(LanedRunner::new(
+                plan.clone(),
+                RunnerConfig::builder()
+                    .max_lanes(n.div_ceil(shards))
+                    .policy(TurnPolicy::latency_budget(budget))
+                    .build(),
+            )?))
+        }
+        _ => None,
+    })
+}
+
 fn rt_runnable(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractResult<Arc<dyn Runnable>> {
     Ok(match system {
+        RtSystem::TractTasks | RtSystem::Async | RtSystem::AsyncBudgetShards(_) => {
+            unreachable!("task systems run through rt_tasks")
+        }
         RtSystem::Solo => plan.clone(),
         RtSystem::Echo => Arc::new(Echo(plan.clone())),
         RtSystem::Tract => Arc::new(tract_core::lanes::LanedRunnable::wrap(plan.clone(), n)?),
@@ -680,6 +796,7 @@ struct RtScenario {
 /// The most streams served with p99 latency within the budget: doubling from
 /// 8 while within, then bisecting between the last within and the first over.
 fn capacity(
+    rt: &tokio::runtime::Runtime,
     fixture: &Fixture,
     plan: &Arc<dyn Runnable>,
     model: &str,
@@ -695,15 +812,23 @@ fn capacity(
     } = *scenario;
     let mut probes: Vec<(Probe, load::Latencies)> = vec![];
     let mut probe = |n: usize| -> TractResult<bool> {
-        let runnable = rt_runnable(plan, system, n)?;
+        let task_system = rt_tasks(plan, system, n)?;
+        let runnable = match task_system {
+            Some(_) => None,
+            None => Some(rt_runnable(plan, system, n)?),
+        };
         let cpu_before = load::process_cpu_time();
         let runner_before = system.runner_threads().and_then(load::threads_cpu_time);
-        let lat = load::real_time(fixture, runnable.clone(), n, period, probe_time, n as u64)?;
+        let lat = match (&task_system, &runnable) {
+            (Some(tasks), _) => tasks::real_time(rt, fixture, tasks, n, period, probe_time, n as u64)?,
+            (None, Some(runnable)) => load::real_time(fixture, runnable.clone(), n, period, probe_time, n as u64)?,
+            (None, None) => unreachable!(),
+        };
         // Read while the runner (and so its threads) still lives.
         let runner_cpu = runner_before
             .zip(system.runner_threads().and_then(load::threads_cpu_time))
             .map(|(a, b)| b.saturating_sub(a));
-        drop(runnable);
+        drop((runnable, task_system));
         let cpu = cpu_before
             .zip(load::process_cpu_time())
             .map(|(a, b)| b.saturating_sub(a));
@@ -912,14 +1037,14 @@ fn throughput_svg(r: &Report, model: &str) -> String {
         }
         svg += &format!(
             "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n",
-            colors[ix],
+            colors[ix % colors.len()],
             points.join(" ")
         );
         svg += &format!(
             "<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n",
             w - m - 150.0,
             m + 14.0 * ix as f64,
-            colors[ix],
+            colors[ix % colors.len()],
             system.label()
         );
     }

@@ -1,0 +1,168 @@
+//! Load as tasks: streams on a tokio multi-thread runtime, the way a server
+//! holds them. Ours through `spawn_async` and `call_async`; tract's runner
+//! the only way a tokio user can drive it, a `spawn_blocking` per call.
+//! Closed loop and real time, measured as the thread-per-stream generators
+//! of `laned_testkit::load` measure (warm-up call excluded; CPU over the
+//! timed part; latency from when a pulse was due).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use laned_runner::LanedRunner;
+use laned_testkit::fixtures::{Fixture, Lcg};
+use laned_testkit::load::{self, Latencies, Throughput};
+use tract_core::internal::*;
+
+/// A stream driven as a task: ours natively, tract's behind spawn_blocking.
+#[derive(Clone)]
+pub enum TaskSystem {
+    Ours(LanedRunner),
+    TractBlocking(Arc<dyn Runnable>),
+}
+
+enum Stream {
+    Ours(laned_runner::LanedStateHandle),
+    /// `None` only while a call holds it on a blocking thread.
+    Tract(Option<Box<dyn State>>),
+}
+
+impl TaskSystem {
+    async fn spawn(&self) -> TractResult<Stream> {
+        Ok(match self {
+            TaskSystem::Ours(runner) => Stream::Ours(runner.spawn_async().await?),
+            TaskSystem::TractBlocking(runnable) => {
+                let runnable = runnable.clone();
+                let state = tokio::task::spawn_blocking(move || runnable.spawn()).await??;
+                Stream::Tract(Some(state))
+            }
+        })
+    }
+}
+
+impl Stream {
+    async fn call(&mut self, inputs: TVec<TValue>) -> TractResult<()> {
+        match self {
+            Stream::Ours(h) => {
+                h.call_async(inputs).await?;
+            }
+            Stream::Tract(slot) => {
+                let mut state = slot.take().expect("one call at a time");
+                let (state, out) = tokio::task::spawn_blocking(move || {
+                    let out = state.run(inputs);
+                    (state, out)
+                })
+                .await?;
+                *slot = Some(state);
+                out?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Closed loop: `n` tasks, each calling as soon as answered, for
+/// `duration`; pulses per second and the process's CPU per pulse.
+pub fn closed_loop(
+    rt: &tokio::runtime::Runtime,
+    fixture: &Fixture,
+    system: &TaskSystem,
+    n: usize,
+    duration: Duration,
+) -> TractResult<Throughput> {
+    rt.block_on(async {
+        let stop = Arc::new(AtomicBool::new(false));
+        let total = Arc::new(AtomicU64::new(0));
+        let ready = Arc::new(tokio::sync::Barrier::new(n + 1));
+        let tasks: Vec<_> = (0..n)
+            .map(|s| {
+                let (system, stop, total, ready) = (system.clone(), stop.clone(), total.clone(), ready.clone());
+                let inputs = fixture.inputs(1, s as u64);
+                tokio::spawn(async move {
+                    let stream = system.spawn().await;
+                    ready.wait().await;
+                    let mut stream = stream?;
+                    // One untimed call to warm caches and buffers.
+                    stream.call(inputs.clone()).await?;
+                    ready.wait().await;
+                    let mut served = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        stream.call(inputs.clone()).await?;
+                        served += 1;
+                    }
+                    total.fetch_add(served, Ordering::Relaxed);
+                    TractResult::Ok(())
+                })
+            })
+            .collect();
+        ready.wait().await;
+        ready.wait().await;
+        let (started, cpu_before) = (Instant::now(), load::process_cpu_time());
+        tokio::time::sleep(duration).await;
+        stop.store(true, Ordering::Relaxed);
+        let elapsed = started.elapsed();
+        let cpu = cpu_before
+            .zip(load::process_cpu_time())
+            .map(|(a, b)| b.saturating_sub(a));
+        for t in tasks {
+            t.await??;
+        }
+        let pulses = total.load(Ordering::Relaxed);
+        Ok(Throughput {
+            per_sec: pulses as f64 / elapsed.as_secs_f64(),
+            cpu_per_pulse: cpu.map(|c| c / pulses.max(1) as u32),
+        })
+    })
+}
+
+/// Real time: `n` tasks each due to send a pulse every `period` from a
+/// random phase, for `duration`; a late answer delays the stream's next
+/// pulse, and latency counts from when a pulse was due.
+pub fn real_time(
+    rt: &tokio::runtime::Runtime,
+    fixture: &Fixture,
+    system: &TaskSystem,
+    n: usize,
+    period: Duration,
+    duration: Duration,
+    seed: u64,
+) -> TractResult<Latencies> {
+    rt.block_on(async {
+        let ready = Arc::new(tokio::sync::Barrier::new(n + 1));
+        let start_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+        let tasks: Vec<_> = (0..n)
+            .map(|s| {
+                let (system, ready, start_at) = (system.clone(), ready.clone(), start_at.clone());
+                let inputs = fixture.inputs(1, s as u64);
+                let offset =
+                    Duration::from_nanos(Lcg(seed.wrapping_add(s as u64) | 1).next() % period.as_nanos().max(1) as u64);
+                tokio::spawn(async move {
+                    let stream = system.spawn().await;
+                    ready.wait().await;
+                    let mut stream = stream?;
+                    let t0 = start_at.lock().unwrap().expect("set before the barrier");
+                    let (mut due, end) = (t0 + offset, t0 + duration);
+                    let mut latencies = vec![];
+                    while due < end {
+                        tokio::time::sleep_until(due.into()).await;
+                        stream.call(inputs.clone()).await?;
+                        latencies.push(due.elapsed().as_micros() as u64);
+                        due += period;
+                    }
+                    TractResult::Ok(latencies)
+                })
+            })
+            .collect();
+        *start_at.lock().unwrap() = Some(Instant::now() + Duration::from_millis(50));
+        ready.wait().await;
+        let mut all = vec![];
+        for t in tasks {
+            all.extend(t.await??);
+        }
+        all.sort_unstable();
+        Ok(Latencies {
+            pulses: all.len() as u64,
+            sorted_us: all,
+        })
+    })
+}

@@ -551,13 +551,13 @@ fn main() -> TractResult<()> {
                 RtSystem::BudgetShards(budget),
             ),
             (
-                "tract LanedRunnable (tasks, spawn_blocking per call)".into(),
+                "tract LanedRunnable (tasks, spawn_blocking per call; latency from send)".into(),
                 RtSystem::TractTasks,
             ),
-            ("ours async (worker, tasks, no linger)".into(), RtSystem::Async),
+            ("ours async (worker, tasks, no linger; latency from send)".into(), RtSystem::Async),
             (
                 format!(
-                    "ours async (defaults: a shard per core; latency budget {} ms; tasks)",
+                    "ours async (defaults: a shard per core; latency budget {} ms; tasks; latency from send)",
                     budget.as_secs_f64() * 1000.0
                 ),
                 RtSystem::AsyncBudgetShards(budget),

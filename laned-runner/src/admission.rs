@@ -101,20 +101,7 @@ impl Admission {
 
     /// A ticket at the back of the queue, or `Busy` past `max_waiting`.
     pub fn enter(&self) -> Result<Ticket, SpawnError> {
-        let mut state = self.lock();
-        if let Some(e) = &state.refused {
-            return Err(e.clone());
-        }
-        if state.queue.len() >= self.max_waiting {
-            return Err(SpawnError::Busy {
-                waiting: state.queue.len(),
-                max_waiting: self.max_waiting,
-            });
-        }
-        let ticket = state.next_ticket;
-        state.next_ticket += 1;
-        state.queue.push_back(ticket);
-        Ok(Ticket(ticket))
+        self.ticket(|queued| queued >= self.max_waiting)
     }
 
     /// A ticket taken at arrival, before trying any shard (a task's spawn):
@@ -122,11 +109,17 @@ impl Admission {
     /// finding the queue empty always gets one (it tries at once, and waits
     /// only if `max_waiting` allows: see [`Admission::may_wait`]).
     pub fn arrive(&self) -> Result<Ticket, SpawnError> {
+        self.ticket(|queued| queued > 0 && queued >= self.max_waiting)
+    }
+
+    /// A ticket at the back of the queue, unless refused or `busy` (given
+    /// the spawners queued now).
+    fn ticket(&self, busy: impl Fn(usize) -> bool) -> Result<Ticket, SpawnError> {
         let mut state = self.lock();
         if let Some(e) = &state.refused {
             return Err(e.clone());
         }
-        if !state.queue.is_empty() && state.queue.len() >= self.max_waiting {
+        if busy(state.queue.len()) {
             return Err(SpawnError::Busy {
                 waiting: state.queue.len(),
                 max_waiting: self.max_waiting,

@@ -554,7 +554,10 @@ fn main() -> TractResult<()> {
                 "tract LanedRunnable (tasks, spawn_blocking per call; latency from send)".into(),
                 RtSystem::TractTasks,
             ),
-            ("ours async (worker, tasks, no linger; latency from send)".into(), RtSystem::Async),
+            (
+                "ours async (worker, tasks, no linger; latency from send)".into(),
+                RtSystem::Async,
+            ),
             (
                 format!(
                     "ours async (defaults: a shard per core; latency budget {} ms; tasks; latency from send)",

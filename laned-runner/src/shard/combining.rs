@@ -4,13 +4,13 @@
 //! shard's helper thread, which serves it as a worker would until nothing is
 //! queued for a moment.
 
-use std::sync::{Arc, MutexGuard, TryLockError};
+use std::sync::{Arc, TryLockError};
 use std::time::Duration;
 
 use crate::config::Resolved;
 use crate::engine::{Engine, Parts};
 use crate::err::NewRunnerError;
-use crate::sync::lock;
+use crate::sync::{lock, MutexGuard};
 
 use super::Shard;
 

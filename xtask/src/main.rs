@@ -12,7 +12,7 @@ cargo xtask <task> [args]
 tasks:
   bench [--quick] [args]   side-by-side report: ours vs tract's LanedRunnable vs the
                            ideal loop vs a state per stream, on the built-in models
-                           (laned-runner/examples/laned-bench.rs; --help for its flags)
+                           (laned-runner/examples/laned-bench/; --help for its flags)
   bench --model silero [--cores N] [--streams 64] [--quick]
                            Silero VAD (fetched with pip): a state per stream vs the
                            ideal loop vs ours, pinned to N cores (default 1)

@@ -461,3 +461,55 @@ fn async_spawns_get_the_same_refusals() {
         "{after:?}"
     );
 }
+
+/// Idle eviction reaches runners whose callers are all tasks: a stream
+/// that stops calling loses its lane while nobody calls into the runner at
+/// all (in combining mode the helper ticks eviction itself), and a task
+/// waiting in `spawn_async` then gets it.
+#[test]
+fn idle_streams_are_evicted_with_nobody_calling() {
+    let f = fixtures::small_tdnn();
+    let rt = tokio_rt();
+    for mode in [Mode::Worker, Mode::Combining] {
+        let r = LanedRunner::new(
+            f.runnable().unwrap(),
+            RunnerConfig::builder()
+                .mode(mode)
+                .shards(1)
+                .max_lanes(1)
+                .idle_timeout(Duration::from_millis(30))
+                .build(),
+        )
+        .unwrap();
+        let (r2, f2) = (r.clone(), f.clone());
+        let mut idle = run_bounded(&rt, async move {
+            let mut idle = r2.spawn_async().await.unwrap();
+            idle.call_async(f2.inputs(1, 0)).await.unwrap();
+            idle
+        });
+        // Nothing polls, nothing calls: only the runner's own threads can
+        // evict the stream now.
+        let start = Instant::now();
+        while r.metrics().lanes_taken != 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{mode:?}: the idle stream was never evicted"
+            );
+            thread::sleep(Duration::from_millis(2));
+        }
+        let (r2, f2) = (r.clone(), f.clone());
+        let evicted = run_bounded(&rt, async move {
+            let mut next = r2.spawn_async().await.unwrap();
+            assert_eq!(
+                next.call_async(f2.inputs(1, 1)).await.unwrap(),
+                solo_run(&f2, &[f2.inputs(1, 1)])[0]
+            );
+            idle.call_async(f2.inputs(1, 2)).await.unwrap_err()
+        });
+        assert!(evicted.stream_is_gone(), "{mode:?}: {evicted}");
+        assert!(
+            matches!(evicted.kind(), laned_runner::RunErrorKind::Evicted(_)),
+            "{mode:?}: {evicted}"
+        );
+    }
+}

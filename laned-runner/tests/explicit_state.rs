@@ -441,3 +441,52 @@ mod harness {
         }
     }
 }
+
+/// The same with streams as tokio tasks (`spawn_async`, `call_async`): the
+/// explicit state is kept per lane for tasks as for threads.
+#[test]
+fn async_streams_get_their_solo_runs() {
+    let plan = plan();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    for (mode, shards) in [(Mode::Worker, 1), (Mode::Combining, 1), (Mode::Worker, 3)] {
+        let r = runner(StateSpec::Detect, mode, shards, 4);
+        let results = rt.block_on(async {
+            let tasks: Vec<_> = (0..8u64)
+                .map(|s| {
+                    let r = r.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(if s < 4 { 0 } else { 20 + 3 * s })).await;
+                        let xs: Vec<Tensor> = (0..5).map(|t| x(1, s * 100 + t)).collect();
+                        let mut h = r.spawn_async().await.unwrap();
+                        let mut got = vec![];
+                        for x in &xs {
+                            got.push(
+                                h.call_async(tvec!(x.clone().into_tvalue())).await.unwrap()[0]
+                                    .clone()
+                                    .into_tensor(),
+                            );
+                        }
+                        (xs, got)
+                    })
+                })
+                .collect();
+            let mut results = vec![];
+            for t in tasks {
+                results.push(
+                    tokio::time::timeout(Duration::from_secs(60), t)
+                        .await
+                        .expect("hung")
+                        .unwrap(),
+                );
+            }
+            results
+        });
+        for (s, (xs, got)) in results.into_iter().enumerate() {
+            assert_eq!(got, solo(&plan, &xs), "{mode:?}, {shards} shards: stream {s}");
+        }
+    }
+}

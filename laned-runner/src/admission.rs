@@ -153,16 +153,9 @@ impl Admission {
         self.lock().freed
     }
 
-    /// Wait until `ticket` is at the front and a lane may be free (or
-    /// `tick` passed, for callers that must look after idle streams), or
-    /// until `deadline` (`None`: a wait too long for the clock, forever).
-    pub fn wait_turn(
-        &self,
-        ticket: &Ticket,
-        seen_freed: u64,
-        deadline: Option<Instant>,
-        tick: Option<Duration>,
-    ) -> Next {
+    /// Wait until `ticket` is at the front and a lane may be free, or until
+    /// `deadline` (`None`: a wait too long for the clock, forever).
+    pub fn wait_turn(&self, ticket: &Ticket, seen_freed: u64, deadline: Option<Instant>) -> Next {
         let mut state = self.lock();
         let mut first = true;
         loop {
@@ -181,23 +174,17 @@ impl Admission {
                 });
             }
             // A bounded wait: a lane freed between the try and this wait is
-            // seen at the latest after the tick.
+            // seen at the latest after 20 ms.
             let mut until = now + Duration::from_millis(20);
             if let Some(deadline) = deadline {
                 until = until.min(deadline);
             }
-            if let Some(tick) = tick {
-                until = until.min(now + tick);
-            }
-            let (guard, timeout) = self
+            state = self
                 .cv
                 .wait_timeout(state, until - now)
-                .unwrap_or_else(|e| e.into_inner());
-            state = guard;
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
             first = false;
-            if timeout.timed_out() && tick.is_some() {
-                return Next::Try;
-            }
         }
     }
 

@@ -229,9 +229,6 @@ impl LanedRunner {
                 core.events.record_admission_refused();
             }
         })?;
-        // Where no thread of the runner's own watches the clock (combining
-        // mode), waiters look after idle streams now and then.
-        let tick = core.shards.iter().filter_map(|s| s.idle_tick()).min();
         loop {
             let seen = core.admission.freed();
             if core.admission.at_front(&ticket) {
@@ -247,14 +244,8 @@ impl LanedRunner {
                     }
                 }
             }
-            match core.admission.wait_turn(&ticket, seen, deadline, tick) {
-                Next::Try => {
-                    if tick.is_some() {
-                        for shard in &core.shards {
-                            shard.tend();
-                        }
-                    }
-                }
+            match core.admission.wait_turn(&ticket, seen, deadline) {
+                Next::Try => (),
                 Next::Leave(e) => {
                     core.admission.leave(ticket);
                     let e = match e {

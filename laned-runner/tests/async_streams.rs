@@ -51,6 +51,15 @@ fn run_bounded<T: Send + 'static>(rt: &tokio::runtime::Runtime, fut: impl Future
     })
 }
 
+/// Waits (20 s at most, polling) until `r` holds no lane, failing with `what`.
+fn until_no_lane_is_held(r: &LanedRunner, what: &str) {
+    let start = Instant::now();
+    while r.metrics().lanes_taken != 0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "{what}");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// The solo outputs of `inputs` fed in order to a fresh state of `f`.
 fn solo_run(f: &Fixture, inputs: &[TVec<TValue>]) -> Vec<TVec<TValue>> {
     let mut state = f.runnable().unwrap().spawn().unwrap();
@@ -276,11 +285,7 @@ fn a_thousand_tasks_on_64_lanes_in_arrival_order() {
         );
         let m = r.metrics();
         assert!(m.admissions_waited > 0, "no task had to wait");
-        let start = Instant::now();
-        while r.metrics().lanes_taken != 0 {
-            assert!(start.elapsed() < Duration::from_secs(20), "a lane leaked");
-            thread::sleep(Duration::from_millis(1));
-        }
+        until_no_lane_is_held(&r, "a lane leaked");
     }
 }
 
@@ -379,14 +384,7 @@ fn dropped_futures_lose_nothing_of_anyone_else() {
             }
         });
         assert!(dropped.load(Ordering::Relaxed) > 0, "{mode:?}: nothing was dropped");
-        let start = Instant::now();
-        while r.metrics().lanes_taken != 0 {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "{mode:?}, {shards} shards: a lane leaked"
-            );
-            thread::sleep(Duration::from_millis(1));
-        }
+        until_no_lane_is_held(&r, &format!("{mode:?}, {shards} shards: a lane leaked"));
         // Every lane serves again.
         let all: Vec<_> = (0..r.total_lanes()).map(|_| r.try_spawn().unwrap()).collect();
         assert_eq!(all.len(), r.total_lanes());
@@ -489,14 +487,7 @@ fn idle_streams_are_evicted_with_nobody_calling() {
         });
         // Nothing polls, nothing calls: only the runner's own threads can
         // evict the stream now.
-        let start = Instant::now();
-        while r.metrics().lanes_taken != 0 {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "{mode:?}: the idle stream was never evicted"
-            );
-            thread::sleep(Duration::from_millis(2));
-        }
+        until_no_lane_is_held(&r, &format!("{mode:?}: the idle stream was never evicted"));
         let (r2, f2) = (r.clone(), f.clone());
         let evicted = run_bounded(&rt, async move {
             let mut next = r2.spawn_async().await.unwrap();

@@ -128,22 +128,11 @@ impl Shard {
     /// Gives up at `deadline` (`Wake::TimedOut`) or when cancelled.
     pub fn wait<T>(&self, slot: &Slot<T>, deadline: Option<Instant>) -> Wake<T> {
         loop {
-            let mut until = deadline;
-            if self.mode == Mode::Combining {
-                if !slot.is_filled() {
-                    self.combine(&|| slot.is_filled(), None);
-                }
-                // Nobody else may be around to evict idle streams or admit
-                // waiters: look again now and then.
-                if self.idle_timeout.is_some() {
-                    let tick = Instant::now() + Duration::from_millis(5);
-                    until = Some(deadline.map_or(tick, |d| d.min(tick)));
-                }
-            }
+            self.serve(&|| slot.is_filled());
             // Spin before parking only while the waiters leave a core free
             // for whoever runs the turn: more spinners would slow it down.
             let waiters = self.waiters.fetch_add(1, Ordering::Relaxed) + 1;
-            let woke = slot.wait_until(until, waiters < *CORES);
+            let woke = slot.wait_until(deadline, waiters < *CORES);
             self.waiters.fetch_sub(1, Ordering::Relaxed);
             match woke {
                 Wake::TimedOut if deadline.is_none_or(|d| Instant::now() < d) => continue,
@@ -233,10 +222,10 @@ impl Shard {
         }
     }
 
-    /// How often a thread waiting on this shard must look after idle
-    /// streams (`tend`): only in combining mode with an idle
-    /// timeout, where no thread of the runner's own watches the clock.
-    pub fn idle_tick(&self) -> Option<Duration> {
+    /// How often the combining helper looks after idle streams (`tend`):
+    /// only in combining mode with an idle timeout, where no other thread of
+    /// the runner's watches the clock (callers may all be asleep, or tasks).
+    pub(super) fn idle_tick(&self) -> Option<Duration> {
         (self.mode == Mode::Combining && self.idle_timeout.is_some()).then_some(Duration::from_millis(5))
     }
 

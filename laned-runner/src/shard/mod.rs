@@ -127,18 +127,13 @@ impl Shard {
     /// in `Combining` mode this thread serves the state whenever it is free.
     /// Gives up at `deadline` (`Wake::TimedOut`) or when cancelled.
     pub fn wait<T>(&self, slot: &Slot<T>, deadline: Option<Instant>) -> Wake<T> {
-        loop {
-            self.serve(&|| slot.is_filled());
-            // Spin before parking only while the waiters leave a core free
-            // for whoever runs the turn: more spinners would slow it down.
-            let waiters = self.waiters.fetch_add(1, Ordering::Relaxed) + 1;
-            let woke = slot.wait_until(deadline, waiters < *CORES);
-            self.waiters.fetch_sub(1, Ordering::Relaxed);
-            match woke {
-                Wake::TimedOut if deadline.is_none_or(|d| Instant::now() < d) => continue,
-                other => return other,
-            }
-        }
+        self.serve(&|| slot.is_filled());
+        // Spin before parking only while the waiters leave a core free for
+        // whoever runs the turn: more spinners would slow it down.
+        let waiters = self.waiters.fetch_add(1, Ordering::Relaxed) + 1;
+        let woke = slot.wait_until(deadline, waiters < *CORES);
+        self.waiters.fetch_sub(1, Ordering::Relaxed);
+        woke
     }
 
     /// Move every request of the inbox into the engine.

@@ -71,13 +71,15 @@ impl Admission {
     }
 
     /// A task's [`Admission::wait_turn`] without deadline: ready to try the
-    /// shards when `ticket` is at the front and a lane was freed since
-    /// `seen`, or once woken after it registered (anything may have
-    /// changed); an error once refused.
+    /// shards when `ticket` is at the front and either it did not try at
+    /// the front last time (`tried` false: it moved up since) or a lane was
+    /// freed since `seen`; or once woken after it registered (anything may
+    /// have changed); an error once refused.
     pub fn poll_turn(
         &self,
         ticket: &Ticket,
         seen_freed: u64,
+        tried: bool,
         registered: &mut bool,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), SpawnError>> {
@@ -86,7 +88,10 @@ impl Admission {
             return Poll::Ready(Err(e.clone()));
         }
         let front = state.queue.front() == Some(&ticket.0);
-        if *registered || (front && state.freed != seen_freed) {
+        // A ticket that reached the front after its last look (the one
+        // before it left between that look and this poll, and woke only
+        // those registered then) must try now: no later wake is due.
+        if *registered || (front && (!tried || state.freed != seen_freed)) {
             return Poll::Ready(Ok(()));
         }
         state.wakers.push(cx.waker().clone());
@@ -153,9 +158,11 @@ impl Admission {
         self.lock().freed
     }
 
-    /// Wait until `ticket` is at the front and a lane may be free, or until
-    /// `deadline` (`None`: a wait too long for the clock, forever).
-    pub fn wait_turn(&self, ticket: &Ticket, seen_freed: u64, deadline: Option<Instant>) -> Next {
+    /// Wait until `ticket` is at the front and a lane may be free (it did
+    /// not try at the front last time, `tried` false, or a lane was freed
+    /// since `seen_freed`), or until `deadline` (`None`: a wait too long for
+    /// the clock, forever).
+    pub fn wait_turn(&self, ticket: &Ticket, seen_freed: u64, tried: bool, deadline: Option<Instant>) -> Next {
         let mut state = self.lock();
         let mut first = true;
         loop {
@@ -163,7 +170,7 @@ impl Admission {
                 return Next::Leave(e.clone());
             }
             let front = state.queue.front() == Some(&ticket.0);
-            if front && (state.freed != seen_freed || !first) {
+            if front && (!tried || state.freed != seen_freed || !first) {
                 return Next::Try;
             }
             let now = Instant::now();

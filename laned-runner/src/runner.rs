@@ -185,7 +185,8 @@ impl LanedRunner {
         let mut waited = false;
         loop {
             let seen = core.admission.freed();
-            if core.admission.at_front(ticket.ticket()) {
+            let tried = core.admission.at_front(ticket.ticket());
+            if tried {
                 match core.try_shards_async(waited.then(|| since.elapsed())).await {
                     Ok(placed) => return Ok(placed),
                     Err(SpawnError::Full { .. }) => core.admission.may_wait().inspect_err(refused)?,
@@ -194,7 +195,8 @@ impl LanedRunner {
             }
             waited = true;
             let mut registered = false;
-            std::future::poll_fn(|cx| core.admission.poll_turn(ticket.ticket(), seen, &mut registered, cx)).await?;
+            std::future::poll_fn(|cx| core.admission.poll_turn(ticket.ticket(), seen, tried, &mut registered, cx))
+                .await?;
         }
     }
 
@@ -231,7 +233,8 @@ impl LanedRunner {
         })?;
         loop {
             let seen = core.admission.freed();
-            if core.admission.at_front(&ticket) {
+            let tried = core.admission.at_front(&ticket);
+            if tried {
                 match core.try_shards(Some(since.elapsed())) {
                     Ok(placed) => {
                         core.admission.leave(ticket);
@@ -244,7 +247,7 @@ impl LanedRunner {
                     }
                 }
             }
-            match core.admission.wait_turn(&ticket, seen, deadline) {
+            match core.admission.wait_turn(&ticket, seen, tried, deadline) {
                 Next::Try => (),
                 Next::Leave(e) => {
                     core.admission.leave(ticket);

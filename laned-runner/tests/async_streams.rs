@@ -289,6 +289,42 @@ fn a_thousand_tasks_on_64_lanes_in_arrival_order() {
     }
 }
 
+/// Tasks spawning at once on free lanes, on two executor threads, are all
+/// admitted: a ticket that reaches the front of the admission queue after
+/// its last look tries at once, though no lane was freed (the lost wake-up
+/// `cargo xtask bench` hit: the task before it left between its look and
+/// its wait).
+#[test]
+fn tasks_spawning_at_once_on_free_lanes_are_all_admitted() {
+    let f = fixtures::small_tdnn();
+    let rt = tokio_rt();
+    for (mode, shards) in SETUPS {
+        let r = runner(&f, mode, shards, 96 / shards);
+        for round in 0..60 {
+            let r2 = r.clone();
+            let handles = rt.block_on(async move {
+                let tasks: Vec<_> = (0..96)
+                    .map(|_| {
+                        let r = r2.clone();
+                        tokio::spawn(async move { r.spawn_async().await })
+                    })
+                    .collect();
+                let mut handles = vec![];
+                for t in tasks {
+                    let spawned = tokio::time::timeout(Duration::from_secs(20), t)
+                        .await
+                        .unwrap_or_else(|_| panic!("{mode:?}, {shards} shards, round {round}: a spawn hung"));
+                    handles.push(spawned.unwrap().unwrap());
+                }
+                handles
+            });
+            assert_eq!(handles.len(), 96);
+            drop(handles);
+            until_no_lane_is_held(&r, "a lane leaked");
+        }
+    }
+}
+
 /// Which solo histories a stream may have had: each call whose future was
 /// dropped may or may not have run. An answered call must match one of
 /// them; those that don't are forgotten.

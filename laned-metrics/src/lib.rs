@@ -43,6 +43,9 @@ pub struct Metrics {
     queue_wait: AtomicHistogram,
     turn_time: AtomicHistogram,
     lanes_taken: AtomicU64,
+    lanes_max: AtomicU64,
+    seats_queued: AtomicU64,
+    spawners_waiting: AtomicU64,
     admissions: AtomicU64,
     admissions_waited: AtomicU64,
     admission_wait: AtomicHistogram,
@@ -73,6 +76,9 @@ impl Metrics {
             queue_wait: AtomicHistogram::new(),
             turn_time: AtomicHistogram::new(),
             lanes_taken: AtomicU64::new(0),
+            lanes_max: AtomicU64::new(0),
+            seats_queued: AtomicU64::new(0),
+            spawners_waiting: AtomicU64::new(0),
             admissions: AtomicU64::new(0),
             admissions_waited: AtomicU64::new(0),
             admission_wait: AtomicHistogram::new(),
@@ -108,6 +114,26 @@ impl Metrics {
     /// Streams holding a lane now (the gauge's last value).
     pub fn lanes_taken(&self) -> u64 {
         self.lanes_taken.load(Ordering::Relaxed)
+    }
+
+    /// Lanes this state (or runner) has: a gauge, set once by its owner.
+    pub fn set_lanes_max(&self, lanes: usize) {
+        self.lanes_max.store(lanes as u64, Ordering::Relaxed);
+    }
+
+    /// Seats queued for a turn now (a gauge).
+    pub fn set_seats_queued(&self, seats: usize) {
+        self.seats_queued.store(seats as u64, Ordering::Relaxed);
+    }
+
+    /// Seats queued for a turn (the gauge's last value).
+    pub fn seats_queued(&self) -> u64 {
+        self.seats_queued.load(Ordering::Relaxed)
+    }
+
+    /// Spawners waiting for a lane now (a gauge).
+    pub fn set_spawners_waiting(&self, spawners: usize) {
+        self.spawners_waiting.store(spawners as u64, Ordering::Relaxed);
     }
 
     /// A stream got a lane at once.
@@ -162,6 +188,9 @@ impl Metrics {
             queue_wait: self.queue_wait.snapshot(),
             turn_time: self.turn_time.snapshot(),
             lanes_taken: self.lanes_taken.load(Ordering::Relaxed),
+            lanes_max: self.lanes_max.load(Ordering::Relaxed),
+            seats_queued: self.seats_queued.load(Ordering::Relaxed),
+            spawners_waiting: self.spawners_waiting.load(Ordering::Relaxed),
             admissions: self.admissions.load(Ordering::Relaxed),
             admissions_waited: self.admissions_waited.load(Ordering::Relaxed),
             admission_wait: self.admission_wait.snapshot(),
@@ -190,6 +219,16 @@ pub struct Snapshot {
     pub turn_time: HistogramSnapshot,
     /// Streams holding a lane at the instant of the snapshot (a gauge).
     pub lanes_taken: u64,
+    /// Lanes there are (a gauge): `lanes_max - lanes_taken` are free.
+    #[serde(default)]
+    pub lanes_max: u64,
+    /// Seats queued for a turn at the instant of the snapshot (a gauge).
+    #[serde(default)]
+    pub seats_queued: u64,
+    /// Spawners waiting for a lane at the instant of the snapshot (a
+    /// gauge; runner-wide, so in the runner's snapshot, not a shard's).
+    #[serde(default)]
+    pub spawners_waiting: u64,
     /// Streams admitted, at once or after waiting.
     pub admissions: u64,
     /// Streams admitted after waiting for a lane.
@@ -223,8 +262,14 @@ impl Snapshot {
         }
     }
 
+    /// Lanes free at the instant of the snapshot.
+    pub fn lanes_free(&self) -> u64 {
+        self.lanes_max.saturating_sub(self.lanes_taken)
+    }
+
     /// What happened after `earlier`, a snapshot of the same metrics. Gauges
-    /// (`lanes_taken`) keep this snapshot's value.
+    /// (`lanes_taken`, `lanes_max`, `seats_queued`, `spawners_waiting`) keep
+    /// this snapshot's value.
     pub fn delta(&self, earlier: &Snapshot) -> Snapshot {
         let occupancy = self
             .occupancy
@@ -239,6 +284,9 @@ impl Snapshot {
             queue_wait: self.queue_wait.delta(&earlier.queue_wait),
             turn_time: self.turn_time.delta(&earlier.turn_time),
             lanes_taken: self.lanes_taken,
+            lanes_max: self.lanes_max,
+            seats_queued: self.seats_queued,
+            spawners_waiting: self.spawners_waiting,
             admissions: self.admissions.saturating_sub(earlier.admissions),
             admissions_waited: self.admissions_waited.saturating_sub(earlier.admissions_waited),
             admission_wait: self.admission_wait.delta(&earlier.admission_wait),
@@ -264,6 +312,9 @@ impl Snapshot {
             queue_wait: self.queue_wait.merge(&other.queue_wait),
             turn_time: self.turn_time.merge(&other.turn_time),
             lanes_taken: self.lanes_taken + other.lanes_taken,
+            lanes_max: self.lanes_max + other.lanes_max,
+            seats_queued: self.seats_queued + other.seats_queued,
+            spawners_waiting: self.spawners_waiting + other.spawners_waiting,
             admissions: self.admissions + other.admissions,
             admissions_waited: self.admissions_waited + other.admissions_waited,
             admission_wait: self.admission_wait.merge(&other.admission_wait),

@@ -121,6 +121,38 @@ pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
         labels,
         s.lanes_taken,
     );
+    scalar(
+        &mut out,
+        "laned_lanes_max",
+        "gauge",
+        "Lanes there are",
+        labels,
+        s.lanes_max,
+    );
+    scalar(
+        &mut out,
+        "laned_lanes_free",
+        "gauge",
+        "Lanes free for a new stream",
+        labels,
+        s.lanes_free(),
+    );
+    scalar(
+        &mut out,
+        "laned_seats_queued",
+        "gauge",
+        "Seats queued for a turn",
+        labels,
+        s.seats_queued,
+    );
+    scalar(
+        &mut out,
+        "laned_spawners_waiting",
+        "gauge",
+        "Spawners waiting for a lane",
+        labels,
+        s.spawners_waiting,
+    );
     durations(
         &mut out,
         "tract_autobatch_queue_wait_seconds",
@@ -244,5 +276,13 @@ mod tests {
     fn renders_without_labels() {
         let text = Metrics::new(1).snapshot().to_prometheus(&[]);
         assert!(text.lines().any(|l| l == "tract_autobatch_lanes_taken 0"), "{text}");
+        for gauge in [
+            "laned_lanes_max",
+            "laned_lanes_free",
+            "laned_seats_queued",
+            "laned_spawners_waiting",
+        ] {
+            assert!(text.lines().any(|l| l == format!("{gauge} 0")), "{gauge}: {text}");
+        }
     }
 }

@@ -16,6 +16,9 @@ pub(crate) struct Admission {
     state: Mutex<State>,
     cv: Condvar,
     max_waiting: usize,
+    /// The spawners-waiting gauge of the `metrics` facade (nothing without
+    /// the feature); set under the lock, so it follows the queue in order.
+    meters: crate::facade::AdmissionMeters,
 }
 
 struct State {
@@ -42,7 +45,7 @@ pub(crate) enum Next {
 }
 
 impl Admission {
-    pub fn new(max_waiting: usize) -> Admission {
+    pub fn new(max_waiting: usize, meters: crate::facade::AdmissionMeters) -> Admission {
         Admission {
             state: Mutex::new(State {
                 next_ticket: 0,
@@ -53,6 +56,7 @@ impl Admission {
             }),
             cv: Condvar::new(),
             max_waiting,
+            meters,
         }
     }
 
@@ -99,6 +103,29 @@ impl Admission {
         Poll::Pending
     }
 
+    /// Whether new spawners are refused (a drain or a close started).
+    pub fn is_refused(&self) -> bool {
+        self.lock().refused.is_some()
+    }
+
+    /// The `freed` counter: a lane was freed (or a drain started) since a
+    /// caller read it if it moved. Blocks until it moves past `seen` or
+    /// `until` passes.
+    pub fn wait_freed(&self, seen: u64, until: Instant) {
+        let mut state = self.lock();
+        while state.freed == seen {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            state = self
+                .cv
+                .wait_timeout(state, until - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     /// Spawners waiting now.
     pub fn waiting(&self) -> usize {
         self.lock().queue.len()
@@ -133,6 +160,7 @@ impl Admission {
         let ticket = state.next_ticket;
         state.next_ticket += 1;
         state.queue.push_back(ticket);
+        self.meters.waiting(state.queue.len());
         Ok(Ticket(ticket))
     }
 
@@ -200,6 +228,7 @@ impl Admission {
     pub fn leave(&self, ticket: Ticket) {
         let mut state = self.lock();
         state.queue.retain(|t| *t != ticket.0);
+        self.meters.waiting(state.queue.len());
         self.wake_all(state);
     }
 

@@ -9,7 +9,7 @@ use tract_core::internal::*;
 
 use crate::admission::Admission;
 use crate::config::Resolved;
-use crate::err::SpawnError;
+use crate::err::{RunError, RunErrorKind, SpawnError};
 use crate::iface::Interface;
 use crate::policy::LearnedTurnTimes;
 use crate::protocol::{Grant, Live, Request};
@@ -33,6 +33,12 @@ pub(crate) struct Common {
     pub(crate) config: Resolved,
     /// The live policy and `max_seats` (shared with every shard).
     pub(crate) live: Arc<ArcSwap<Live>>,
+    /// Set by a drain that closed the runner: what its streams are told
+    /// from then on is `Draining` (they may retry elsewhere), not `Closed`.
+    /// Written once by the draining thread, read by any handle.
+    pub(crate) drained: std::sync::atomic::AtomicBool,
+    /// The deadlines of task calls (`call_until_async`).
+    pub(crate) timer: Arc<crate::deadline::Timer>,
 }
 
 impl Common {
@@ -107,8 +113,26 @@ impl Common {
         self.config.max_lanes * self.shards.len()
     }
 
+    /// Streams holding a lane now, every shard's.
+    pub(crate) fn streams(&self) -> usize {
+        self.metrics.iter().map(|m| m.lanes_taken() as usize).sum()
+    }
+
+    /// What a stream is told once its runner closed: `Draining` after a
+    /// drain (it may retry elsewhere), `Closed` otherwise.
+    pub(crate) fn told(&self, e: RunError) -> RunError {
+        if *e.kind() == RunErrorKind::Closed && self.drained.load(std::sync::atomic::Ordering::Acquire) {
+            return match e.into_inputs() {
+                Some(inputs) => RunError::with_inputs(RunErrorKind::Draining, inputs),
+                None => RunError::new(RunErrorKind::Draining),
+            };
+        }
+        e
+    }
+
     pub(crate) fn close(&self) {
         self.admission.refuse(SpawnError::Closed);
+        self.timer.close();
         for shard in &self.shards {
             shard.close();
         }

@@ -185,7 +185,11 @@ pub enum RunErrorKind {
     Evicted(String),
     /// The call was cancelled before it was answered.
     Cancelled,
-    /// The runner is draining and takes no new call.
+    /// The call's deadline passed before any of its seats was seated: its
+    /// seats left the queue, as a cancelled call's do.
+    DeadlineExceeded,
+    /// The runner is closing (a hard close, or a drain past its deadline)
+    /// and takes no new call.
     Draining,
     /// Ending the stream is not possible for this model.
     Finish(String),
@@ -224,14 +228,36 @@ impl RunError {
     }
 
     /// Whether the stream is gone for good: it lost its state in a failed
-    /// turn, was evicted, or its runner was dropped. Its handle will never
+    /// turn, was evicted, or its runner was closed (dropped, or drained past
+    /// its deadline). Its handle will never
     /// serve again; spawn a new stream. Any other failure concerns this
     /// call only, and the stream may call again.
     pub fn stream_is_gone(&self) -> bool {
         matches!(
             self.kind(),
-            RunErrorKind::Lost(_) | RunErrorKind::Evicted(_) | RunErrorKind::Closed
+            RunErrorKind::Lost(_) | RunErrorKind::Evicted(_) | RunErrorKind::Closed | RunErrorKind::Draining
         )
+    }
+
+    /// Why the stream (or, for a cancelled call, the call) ended, where
+    /// this error says it ended: what a server needs to tell its client
+    /// "retry" (evicted, lost, drained) or "bye" (finished, cancelled,
+    /// closed). `None` for a failure of this call only (bad input, a
+    /// failed turn that kept the stream's state): the stream may call
+    /// again.
+    ///
+    /// A cancelled call, or one past its deadline, ends the call, not the
+    /// stream: `Some(EndReason::Cancelled)`, while
+    /// [`RunError::stream_is_gone`] stays false.
+    pub fn end_reason(&self) -> Option<EndReason> {
+        Some(match self.kind() {
+            RunErrorKind::Lost(_) => EndReason::Lost,
+            RunErrorKind::Evicted(_) => EndReason::Evicted,
+            RunErrorKind::Closed => EndReason::Closed,
+            RunErrorKind::Draining => EndReason::Drained,
+            RunErrorKind::Cancelled | RunErrorKind::DeadlineExceeded => EndReason::Cancelled,
+            _ => return None,
+        })
     }
 
     /// The inputs of a call refused before it was queued.
@@ -280,6 +306,7 @@ impl fmt::Display for RunError {
             RunErrorKind::Output(why) => write!(f, "the call's outputs could not be delivered: {why}"),
             RunErrorKind::Evicted(why) => write!(f, "the stream was evicted ({why}); spawn a new stream"),
             RunErrorKind::Cancelled => f.write_str("the call was cancelled"),
+            RunErrorKind::DeadlineExceeded => f.write_str("the call's deadline passed before it was seated"),
             RunErrorKind::Draining => f.write_str("the laned runner is draining and takes no new call"),
             RunErrorKind::Finish(why) => write!(f, "cannot end the stream: {why}"),
             RunErrorKind::State(why) => write!(f, "cannot set the stream's state: {why}"),
@@ -289,3 +316,48 @@ impl fmt::Display for RunError {
 }
 
 impl std::error::Error for RunError {}
+
+/// Why a stream ended, as [`LanedStateHandle::end_reason`] and
+/// [`RunError::end_reason`] tell it.
+///
+/// [`LanedStateHandle::end_reason`]: crate::LanedStateHandle::end_reason
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EndReason {
+    /// The stream was ended by its caller: `finish` fed its last pulse.
+    Finished,
+    /// The stream lost its lane for being idle.
+    Evicted,
+    /// The stream's state was lost in a failed turn.
+    Lost,
+    /// The call was cancelled (a token, a deadline, a dropped future). It
+    /// ends the call only: the stream may call again.
+    Cancelled,
+    /// The runner was drained (`LanedRunner::drain`) and its deadline
+    /// passed before this stream ended.
+    Drained,
+    /// The runner was dropped or closed.
+    Closed,
+}
+
+impl EndReason {
+    /// Whether a client told of this end may come back and be served as a
+    /// new stream (on this runner or on another replica): evicted, lost,
+    /// drained.
+    pub fn may_retry(self) -> bool {
+        matches!(self, EndReason::Evicted | EndReason::Lost | EndReason::Drained)
+    }
+}
+
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EndReason::Finished => "finished",
+            EndReason::Evicted => "evicted for being idle",
+            EndReason::Lost => "lost its state in a failed turn",
+            EndReason::Cancelled => "cancelled",
+            EndReason::Drained => "drained: the runner is going away",
+            EndReason::Closed => "closed: the runner was dropped",
+        })
+    }
+}

@@ -10,7 +10,7 @@ use tract_core::internal::*;
 
 use crate::cancel::CancelToken;
 use crate::common::Common;
-use crate::err::{RunError, RunErrorKind};
+use crate::err::{EndReason, RunError, RunErrorKind};
 use crate::iface::Group;
 use crate::protocol::{Call, CallResult, Grant, Request};
 use crate::shard::Shard;
@@ -23,6 +23,8 @@ pub(crate) struct Stream {
     /// The shard the stream was placed on, for its whole life.
     pub(crate) shard: usize,
     pub(crate) core: Arc<Common>,
+    /// Set once `finish` fed the stream's last pulse (any clone's).
+    pub(crate) finished: std::sync::atomic::AtomicBool,
 }
 
 impl Stream {
@@ -120,18 +122,47 @@ impl LanedStateHandle {
     /// Inputs are checked against the model's facts first; a refused call
     /// hands its inputs back in the error.
     pub fn call(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
-        self.call_inner(inputs, None)
+        self.call_inner(inputs, None, None)
     }
 
     /// [`LanedStateHandle::call`], cancellable from another thread through
     /// `token`.
     pub fn call_with(&mut self, inputs: TVec<TValue>, token: &CancelToken) -> Result<TVec<TValue>, RunError> {
-        self.call_inner(inputs, Some(token))
+        self.call_inner(inputs, Some(token), None)
     }
 
-    fn call_inner(&mut self, inputs: TVec<TValue>, token: Option<&CancelToken>) -> Result<TVec<TValue>, RunError> {
+    /// [`LanedStateHandle::call`] with a deadline, as a per-request timeout:
+    /// if none of the call's seats is seated when `deadline` passes, its
+    /// seats leave the queue and the call is answered
+    /// [`RunErrorKind::DeadlineExceeded`], exactly as a cancelled call is
+    /// answered `Cancelled`; a call already in a turn completes and gets
+    /// its answer. A deadline already past refuses the call before it is
+    /// queued, its inputs handed back.
+    pub fn call_until(&mut self, inputs: TVec<TValue>, deadline: Instant) -> Result<TVec<TValue>, RunError> {
+        self.call_inner(inputs, None, Some(deadline))
+    }
+
+    fn call_inner(
+        &mut self,
+        inputs: TVec<TValue>,
+        token: Option<&CancelToken>,
+        deadline: Option<Instant>,
+    ) -> Result<TVec<TValue>, RunError> {
+        let core = self.stream.core.clone();
+        self.call_blocking(inputs, token, deadline).map_err(|e| core.told(e))
+    }
+
+    fn call_blocking(
+        &mut self,
+        inputs: TVec<TValue>,
+        token: Option<&CancelToken>,
+        deadline: Option<Instant>,
+    ) -> Result<TVec<TValue>, RunError> {
         if self.stream.shard().is_closed() {
             return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(RunError::with_inputs(RunErrorKind::DeadlineExceeded, inputs));
         }
         // The call's number on the slot: a cancel meant for an earlier call
         // that raced its answer finds another number, and is ignored.
@@ -155,9 +186,11 @@ impl LanedStateHandle {
                 return Err(e);
             }
         };
-        let answer = match self.stream.shard().wait(&self.slot, None) {
+        let mut timed_out = false;
+        let answer = match self.stream.shard().wait(&self.slot, deadline) {
             Wake::Value(answer) => answer,
-            Wake::Cancelled | Wake::TimedOut => {
+            woke @ (Wake::Cancelled | Wake::TimedOut) => {
+                timed_out = matches!(woke, Wake::TimedOut);
                 // Cancelled: the engine drops the call if none of its seats
                 // was seated yet and answers `Cancelled`; otherwise the call
                 // completes and its answer comes. Either way the slot gets
@@ -174,7 +207,7 @@ impl LanedStateHandle {
         if let Some(token) = token {
             token.guard(None);
         }
-        self.deliver(answer, rows)
+        self.deliver(past_deadline(answer, timed_out), rows)
     }
 
     /// [`LanedStateHandle::call`] for a task: the same checks, turn rules
@@ -188,15 +221,51 @@ impl LanedStateHandle {
     /// In combining mode, a task that finds the state free runs the turn in
     /// its own `poll`, on the executor's thread, as a calling thread would.
     pub async fn call_async(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
+        let core = self.stream.core.clone();
+        self.call_async_inner(inputs, None).await.map_err(|e| core.told(e))
+    }
+
+    /// [`LanedStateHandle::call_until`] for a task: past `deadline`, a call
+    /// none of whose seats was seated leaves the queue and is answered
+    /// [`RunErrorKind::DeadlineExceeded`]; one already in a turn completes.
+    /// The runner's deadline thread (one per runner, started by the first
+    /// such call) wakes the task then: no executor timer is needed.
+    pub async fn call_until_async(
+        &mut self,
+        inputs: TVec<TValue>,
+        deadline: Instant,
+    ) -> Result<TVec<TValue>, RunError> {
+        let core = self.stream.core.clone();
+        self.call_async_inner(inputs, Some(deadline))
+            .await
+            .map_err(|e| core.told(e))
+    }
+
+    async fn call_async_inner(
+        &mut self,
+        inputs: TVec<TValue>,
+        deadline: Option<Instant>,
+    ) -> Result<TVec<TValue>, RunError> {
         if self.stream.shard().is_closed() {
             return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
         }
-        self.slot.begin();
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(RunError::with_inputs(RunErrorKind::DeadlineExceeded, inputs));
+        }
+        let call_no = self.slot.begin();
         let rows = self.submit(inputs)?;
-        let mut pending = PendingCall { handle: Some(self) };
+        if let Some(deadline) = deadline {
+            let slot: Arc<dyn Cancel> = self.slot.clone();
+            self.stream.core.timer.add(deadline, Arc::downgrade(&slot), call_no);
+        }
+        let mut pending = PendingCall {
+            handle: Some(self),
+            timed_out: false,
+        };
         let answer = std::future::poll_fn(|cx| pending.poll(cx)).await;
+        let timed_out = pending.timed_out;
         let handle = pending.handle.take().expect("armed until answered");
-        handle.deliver(answer, rows)
+        handle.deliver(past_deadline(answer, timed_out), rows)
     }
 
     /// Check `inputs` and queue them as a call answering into this handle's
@@ -244,6 +313,7 @@ impl LanedStateHandle {
             self.resolve(&symbol, length)?;
             outputs.push(self.call(pulse)?);
         }
+        self.stream.finished.store(true, std::sync::atomic::Ordering::Release);
         Ok(outputs)
     }
 
@@ -260,6 +330,7 @@ impl LanedStateHandle {
             self.resolve(&symbol, length)?;
             outputs.push(self.call_async(pulse).await?);
         }
+        self.stream.finished.store(true, std::sync::atomic::Ordering::Release);
         Ok(outputs)
     }
 
@@ -299,6 +370,47 @@ impl LanedStateHandle {
             fed += pulse.pulse;
         }
         Ok((pulse.symbol, total as i64, pulses))
+    }
+
+    /// Why this stream ended, or `None` while it can still be served: the
+    /// question a server asks before telling its client "retry" or "bye".
+    /// [`EndReason::Finished`] once `finish` fed its last pulse (read on a
+    /// clone); [`EndReason::Evicted`] or [`EndReason::Lost`] as its shard
+    /// recorded it (a round trip to the shard, served between turns);
+    /// [`EndReason::Drained`] or [`EndReason::Closed`] once the runner
+    /// closed. A cancelled call does not end its stream: see
+    /// [`RunError::end_reason`].
+    pub fn end_reason(&self) -> Option<EndReason> {
+        use std::sync::atomic::Ordering;
+        let core = &self.stream.core;
+        if self.stream.finished.load(Ordering::Acquire) {
+            return Some(EndReason::Finished);
+        }
+        let closed = || {
+            Some(if core.drained.load(Ordering::Acquire) {
+                EndReason::Drained
+            } else {
+                EndReason::Closed
+            })
+        };
+        let shard = self.stream.shard();
+        if shard.is_closed() {
+            return closed();
+        }
+        let slot = Arc::new(Slot::new());
+        shard.push(Request::Status {
+            stream: self.stream.grant,
+            slot: slot.clone(),
+        });
+        let status = loop {
+            if let Wake::Value(status) = shard.wait(&slot, None) {
+                break status;
+            }
+        };
+        match status {
+            Some(EndReason::Closed) => closed(),
+            other => other,
+        }
     }
 
     /// Pin `symbol` to `value` for this handle's next call only (a stream's
@@ -341,14 +453,42 @@ impl State for LanedStateHandle {
 struct PendingCall<'a> {
     /// `None` once answered.
     handle: Option<&'a mut LanedStateHandle>,
+    /// Set once the deadline thread cancelled the call: a `Cancelled`
+    /// verdict then reads `DeadlineExceeded`.
+    timed_out: bool,
 }
 
 impl PendingCall<'_> {
     fn poll(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<CallResult> {
         let handle = self.handle.as_ref().expect("polled after its answer");
         let slot = &handle.slot;
-        handle.stream.shard().serve(&|| slot.is_filled());
-        slot.poll_value(cx)
+        loop {
+            handle.stream.shard().serve(&|| slot.is_filled());
+            match slot.poll_answer(cx) {
+                std::task::Poll::Ready(Ok(answer)) => return std::task::Poll::Ready(answer),
+                // The deadline passed: as a cancel token's, the engine
+                // drops the seats if none was seated (answering
+                // `Cancelled`), or the call completes; either way one
+                // verdict comes, and this poll waits for it.
+                std::task::Poll::Ready(Err(())) => {
+                    self.timed_out = true;
+                    handle.stream.shard().push(Request::Cancel(slot.clone()));
+                    handle.stream.shard().tend();
+                }
+                std::task::Poll::Pending => return std::task::Poll::Pending,
+            }
+        }
+    }
+}
+
+/// A call cancelled because its deadline passed is answered
+/// `DeadlineExceeded`, not `Cancelled`.
+fn past_deadline(answer: CallResult, timed_out: bool) -> CallResult {
+    match answer {
+        Err(e) if timed_out && *e.kind() == RunErrorKind::Cancelled => {
+            Err(RunError::new(RunErrorKind::DeadlineExceeded))
+        }
+        other => other,
     }
 }
 

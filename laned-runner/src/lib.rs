@@ -40,11 +40,14 @@
 
 mod admission;
 mod cancel;
+mod capacity;
 mod common;
 mod config;
+mod deadline;
 mod engine;
 mod err;
 mod explicit;
+mod facade;
 mod handle;
 mod iface;
 mod inbox;
@@ -57,8 +60,9 @@ mod stack;
 mod sync;
 
 pub use cancel::CancelToken;
+pub use capacity::{Capacity, ShardCapacity};
 pub use config::{InitialState, Mode, PortRef, RunnerConfig, RunnerConfigBuilder, StatePair, StateSpec};
-pub use err::{NewRunnerError, RunError, RunErrorKind, SpawnError};
+pub use err::{EndReason, NewRunnerError, RunError, RunErrorKind, SpawnError};
 pub use handle::LanedStateHandle;
 pub use policy::TurnPolicy;
-pub use runner::LanedRunner;
+pub use runner::{Drained, LanedRunner};

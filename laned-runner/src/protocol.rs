@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tract_core::internal::*;
 
-use crate::err::{RunError, RunErrorKind, SpawnError};
+use crate::err::{EndReason, RunError, RunErrorKind, SpawnError};
 use crate::iface::Group;
 use crate::policy::TurnPolicy;
 use crate::slot::Slot;
@@ -82,6 +82,11 @@ pub(crate) enum Request {
     ReadState {
         stream: Grant,
         slot: Arc<Slot<Result<TVec<Tensor>, RunError>>>,
+    },
+    /// Whether a stream can still be served, and why not (`None`: it can).
+    Status {
+        stream: Grant,
+        slot: Arc<Slot<Option<EndReason>>>,
     },
     /// A stream overwrites its explicit state.
     WriteState {

@@ -9,6 +9,7 @@ use laned_metrics::{Metrics, Snapshot};
 use tract_core::internal::*;
 
 use crate::admission::{Admission, Next};
+use crate::capacity::{Capacity, ShardCapacity};
 use crate::common::Common;
 use crate::config::RunnerConfig;
 use crate::engine::Parts;
@@ -70,7 +71,11 @@ impl LanedRunner {
             policy: config.policy,
             max_seats: config.max_seats,
         }));
-        let admission = Arc::new(Admission::new(config.max_waiting));
+        let name = inner.typed_model().and_then(|m| m.name());
+        let admission = Arc::new(Admission::new(
+            config.max_waiting,
+            crate::facade::AdmissionMeters::new(name),
+        ));
         let mut shards: Vec<Arc<Shard>> = vec![];
         let (mut metrics, mut times) = (vec![], vec![]);
         for index in 0..config.shards {
@@ -82,6 +87,7 @@ impl LanedRunner {
                 times: Arc::new(LearnedTurnTimes::new(config.max_lanes + 1)),
                 admission: admission.clone(),
                 index,
+                meters: crate::facade::Meters::new(name, index, config.max_lanes),
             };
             metrics.push(parts.metrics.clone());
             times.push(parts.times.clone());
@@ -107,6 +113,8 @@ impl LanedRunner {
             admission,
             config,
             live,
+            drained: std::sync::atomic::AtomicBool::new(false),
+            timer: Arc::new(crate::deadline::Timer::new()),
         });
         Ok(LanedRunner {
             _owner: Some(Arc::new(Owner { core: core.clone() })),
@@ -195,8 +203,11 @@ impl LanedRunner {
             }
             waited = true;
             let mut registered = false;
-            std::future::poll_fn(|cx| core.admission.poll_turn(ticket.ticket(), seen, tried, &mut registered, cx))
-                .await?;
+            std::future::poll_fn(|cx| {
+                core.admission
+                    .poll_turn(ticket.ticket(), seen, tried, &mut registered, cx)
+            })
+            .await?;
         }
     }
 
@@ -208,6 +219,7 @@ impl LanedRunner {
                 grant,
                 shard,
                 core: core.clone(),
+                finished: std::sync::atomic::AtomicBool::new(false),
             }),
             slot: Arc::new(Slot::new()),
             resolved: vec![],
@@ -267,15 +279,94 @@ impl LanedRunner {
         }
     }
 
-    /// Refuse new streams and calls, finish everything queued on every
-    /// shard, close the runner, and return the final metrics.
-    pub fn drain(&self) -> Snapshot {
+    /// Stop admitting new streams, the first step of a soft drain: from
+    /// the instant this returns every spawn is refused with
+    /// [`SpawnError::Draining`], and every spawner waiting for a lane is
+    /// answered so at once. Live streams keep calling as before. A
+    /// readiness probe reading [`LanedRunner::capacity`] sees `accepting`
+    /// false.
+    pub fn stop_admitting(&self) {
+        self.core.admission.refuse(SpawnError::Draining);
+    }
+
+    /// Whether new streams are admitted (no drain or close started).
+    pub fn is_admitting(&self) -> bool {
+        !self.core.admission.is_refused()
+    }
+
+    /// The soft drain, a rolling restart's steps in one call:
+    ///
+    /// 1. stop admitting ([`LanedRunner::stop_admitting`]): new spawns are
+    ///    refused with `Draining`;
+    /// 2. let every live stream finish, calling as usual, until the last
+    ///    one has dropped its handle or `deadline` passes;
+    /// 3. close ([`LanedRunner::close`]): what is queued is served, and the
+    ///    streams still live past the deadline (the stragglers) are told
+    ///    `Draining` at their next call ([`RunError::end_reason`] says
+    ///    [`EndReason::Drained`]: retry elsewhere).
+    ///
+    /// [`RunError::end_reason`]: crate::RunError::end_reason
+    /// [`EndReason::Drained`]: crate::EndReason::Drained
+    pub fn drain(&self, deadline: Instant) -> Drained {
+        let core = &self.core;
+        self.stop_admitting();
+        loop {
+            // Read before looking: a lane freed after the look moves it.
+            let seen = core.admission.freed();
+            if core.streams() == 0 || Instant::now() >= deadline {
+                break;
+            }
+            // Woken by every freed lane; bounded, so that a release seen
+            // by the gauge but not signalled yet costs at most 20 ms.
+            core.admission
+                .wait_freed(seen, deadline.min(Instant::now() + Duration::from_millis(20)));
+        }
+        let stragglers = core.streams();
+        core.drained.store(true, std::sync::atomic::Ordering::Release);
+        Drained {
+            stragglers,
+            metrics: self.close(),
+        }
+    }
+
+    /// The hard close: refuse new streams and calls at once (`Draining`),
+    /// finish what is queued on every shard, close the runner (every later
+    /// call is refused), and return the final metrics. Streams are cut
+    /// wherever they are: [`LanedRunner::drain`] lets them end first.
+    pub fn close(&self) -> Snapshot {
         self.core.admission.refuse(SpawnError::Draining);
         for shard in &self.core.shards {
             shard.drain();
         }
         self.core.close();
         self.metrics()
+    }
+
+    /// Free lanes, waiting spawners and queued seats, per shard and in
+    /// total, and whether streams are admitted: what a readiness probe or a
+    /// gateway reads (cheap: gauges, no round trip to any shard).
+    pub fn capacity(&self) -> Capacity {
+        let core = &self.core;
+        let shards: Vec<ShardCapacity> = core
+            .metrics
+            .iter()
+            .map(|m| {
+                let lanes = core.config.max_lanes;
+                ShardCapacity {
+                    lanes,
+                    lanes_free: lanes.saturating_sub(m.lanes_taken() as usize),
+                    seats_queued: m.seats_queued() as usize,
+                }
+            })
+            .collect();
+        Capacity {
+            accepting: self.is_admitting(),
+            lanes: core.total_lanes(),
+            lanes_free: shards.iter().map(|s| s.lanes_free).sum(),
+            spawners_waiting: core.admission.waiting(),
+            seats_queued: shards.iter().map(|s| s.seats_queued).sum(),
+            shards,
+        }
     }
 
     /// A clone that does not keep the runner open: once every other clone is
@@ -292,9 +383,12 @@ impl LanedRunner {
     /// What the runner has served so far: every shard's records together,
     /// with the runner-wide events (admission refusals, policy changes).
     pub fn metrics(&self) -> Snapshot {
-        self.shard_metrics()
+        let mut total = self
+            .shard_metrics()
             .iter()
-            .fold(self.core.events.snapshot(), |total, shard| total.merge(shard))
+            .fold(self.core.events.snapshot(), |total, shard| total.merge(shard));
+        total.spawners_waiting = self.core.admission.waiting() as u64;
+        total
     }
 
     /// What each shard has served (occupancy per shard shows imbalance);
@@ -406,4 +500,15 @@ impl Runnable for LanedRunner {
     fn output_fact(&self, ix: usize) -> TractResult<&TypedFact> {
         self.core.inner.output_fact(ix)
     }
+}
+
+/// What [`LanedRunner::drain`] saw.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Drained {
+    /// Streams still live when the deadline passed (0: every stream ended
+    /// in time). Their next call is refused with `Draining`.
+    pub stragglers: usize,
+    /// The runner's final metrics.
+    pub metrics: Snapshot,
 }

@@ -208,7 +208,34 @@ impl<T> Slot<T> {
             return;
         }
         inner.cancelled = true;
+        // A task waiting is woken to see the cancel (its deadline passed).
+        let waker = inner.waker.take();
         self.signal(inner);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    /// A task's wait for a call that may be cancelled: the value if it
+    /// landed (a cancel it raced forgotten), `Err(())` once for a cancel of
+    /// the current call, otherwise the task's waker is left to be woken by
+    /// either.
+    pub fn poll_answer(&self, cx: &mut Context<'_>) -> Poll<Result<T, ()>> {
+        let mut inner = self.lock();
+        if let Some(value) = inner.value.take() {
+            inner.cancelled = false;
+            inner.waker = None;
+            return Poll::Ready(Ok(value));
+        }
+        if inner.cancelled {
+            inner.cancelled = false;
+            return Poll::Ready(Err(()));
+        }
+        match &inner.waker {
+            Some(waker) if waker.will_wake(cx.waker()) => (),
+            _ => inner.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
     }
 
     /// Tell the waiter `inner` changed. `parked` is read under the lock the

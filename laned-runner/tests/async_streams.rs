@@ -487,7 +487,7 @@ fn async_spawns_get_the_same_refusals() {
     let busy = run_bounded(&rt, async move { r2.spawn_async().await.map(|_| ()) });
     assert!(matches!(busy, Err(SpawnError::Busy { .. })), "{busy:?}");
     drop(held);
-    r.drain();
+    r.close();
     let r2 = r.clone();
     let after = run_bounded(&rt, async move { r2.spawn_async().await.map(|_| ()) });
     assert!(

@@ -413,7 +413,7 @@ fn drain_finishes_the_queue_and_refuses_the_rest() {
             })
             .collect();
         eventually("some turns", || r.metrics().turns > 20);
-        let snapshot = r.drain();
+        let snapshot = r.close();
         let answered: u64 = callers.into_iter().map(|t| t.join().unwrap()).sum();
         assert!(snapshot.turns > 0);
         assert_eq!(snapshot.seats, answered, "{mode:?}: every seat run was answered");

@@ -38,7 +38,6 @@ pub mod alloc;
 pub mod check;
 pub mod drive;
 pub mod fixtures;
-pub mod load;
 pub mod schedule;
 #[cfg(feature = "silero")]
 pub mod silero;

@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's tasks. It only drives cargo; the heavy code it
-//! runs (the bench and fuzz binaries) lives with the crates it measures, so
-//! this crate builds in seconds and has no dependency.
+//! runs lives elsewhere (the bench binaries in `xtask/bench`, package
+//! `laned-bench`; the fuzz example with the testkit), so this crate builds
+//! in seconds and has no dependency.
 
 use std::env;
 use std::path::PathBuf;
@@ -11,17 +12,21 @@ cargo xtask <task> [args]
 
 tasks:
   bench [--quick] [args]   side-by-side report: ours vs tract's LanedRunnable vs the
-                           ideal loop vs a state per stream, on the built-in models
-                           (laned-runner/examples/laned-bench/; --help for its flags)
+                           ideal loop vs a state per stream, on the built-in models;
+                           report.md, report.json and SVG plots in target/laned-bench/
+                           (xtask/bench/src/bin/laned-bench/; --help for its flags)
+  bench --compare A.json B.json
+                           every figure two reports share, with its ratio B / A
   bench --model silero [--cores N] [--streams 64] [--quick]
                            Silero VAD (fetched with pip): a state per stream vs the
                            ideal loop vs ours, pinned to N cores (default 1)
-                           (laned-testkit/examples/silero-bench.rs)
+                           (xtask/bench/src/bin/silero-bench.rs)
   fuzz [--cases N] [--seed S] [--model PATH --pulse P [--symbol S]]
                            the property tests with many cases (default 2000); with
                            --model, the seating property on your NNEF model
-  ci                       what CI runs: fmt check, clippy, the test suite, doc tests,
-                           cargo doc warning-free, the loom model checks
+  ci                       what CI runs, in short: fmt check, clippy, the test suite, doc
+                           tests, cargo doc warning-free, the loom model checks
+                           (.ci/run adds cargo deny, packaging, MSRV, downstream smoke)
   loom                     model-check the answer slot and the inbox's sleeper rule
                            with loom (laned-runner built with --cfg loom, in
                            target/loom so the main build is left alone)
@@ -83,15 +88,7 @@ fn bench(args: &[String]) -> bool {
         return bench_silero(args);
     }
     let mut command = cargo();
-    command.args([
-        "run",
-        "--release",
-        "-p",
-        "laned-runner",
-        "--example",
-        "laned-bench",
-        "--",
-    ]);
+    command.args(["run", "--release", "-p", "laned-bench", "--bin", "laned-bench", "--"]);
     command.args(args);
     run(command)
 }
@@ -103,10 +100,10 @@ fn build_silero_bench() -> bool {
         "build",
         "--release",
         "-p",
-        "laned-testkit",
+        "laned-bench",
         "--features",
         "silero",
-        "--example",
+        "--bin",
         "silero-bench",
     ]);
     run(build)
@@ -130,7 +127,7 @@ fn bench_silero(args: &[String]) -> bool {
     if !build_silero_bench() {
         return false;
     }
-    let binary = target_dir().join("release").join("examples").join("silero-bench");
+    let binary = target_dir().join("release").join("silero-bench");
     let Ok(n) = cores.parse::<usize>() else {
         eprintln!("bench: --cores {cores:?} is not a number");
         return false;
@@ -224,7 +221,7 @@ fn device(args: &[String]) -> bool {
         }
     };
     let mut bench = cargo();
-    bench.args(["build", "--release", "-p", "laned-runner", "--example", "laned-bench"]);
+    bench.args(["build", "--release", "-p", "laned-bench", "--bin", "laned-bench"]);
     if !(run(bench) && build_silero_bench()) {
         return false;
     }
@@ -235,7 +232,7 @@ fn device(args: &[String]) -> bool {
         return false;
     }
     for name in ["laned-bench", "silero-bench"] {
-        let built = target.join("release").join("examples").join(name);
+        let built = target.join("release").join(name);
         let packed = pack.join(name);
         let _ = std::fs::remove_file(&packed);
         let mut strip = Command::new("strip");
@@ -298,19 +295,18 @@ fn ci() -> bool {
         "clippy",
         "--workspace",
         "--all-targets",
-        "--features",
-        "laned-testkit/silero",
+        "--all-features",
         "--",
         "-D",
         "warnings",
     ]);
     let mut tests = cargo();
-    tests.args(["nextest", "run", "--workspace", "--features", "laned-testkit/silero"]);
+    tests.args(["nextest", "run", "--workspace", "--all-features"]);
     let mut doc = cargo();
-    doc.args(["test", "--workspace", "--doc", "--features", "laned-testkit/silero"]);
+    doc.args(["test", "--workspace", "--doc", "--all-features"]);
     let mut rustdoc = cargo();
     rustdoc
-        .args(["doc", "--workspace", "--no-deps", "--features", "laned-testkit/silero"])
+        .args(["doc", "--workspace", "--no-deps", "--all-features"])
         .env("RUSTDOCFLAGS", "-D warnings");
     [fmt, clippy, tests, doc, rustdoc].into_iter().all(run) && loom()
 }

@@ -24,7 +24,7 @@ use laned_metrics::Metrics;
 use tract_core::internal::*;
 
 use crate::admission::Admission;
-use crate::err::{NewRunnerError, RunError, RunErrorKind};
+use crate::err::{EndReason, NewRunnerError, RunError, RunErrorKind};
 use crate::explicit::ExplicitState;
 use crate::iface::Interface;
 use crate::policy::{decide, recheck_after, Decision, LearnedTurnTimes, QueueState};
@@ -48,6 +48,9 @@ pub(crate) struct Parts {
     /// The runner's admission queue, shared by every shard.
     pub admission: Arc<Admission>,
     pub index: usize,
+    /// This shard's `metrics` facade handles, bound on the thread building
+    /// the runner (to the recorder installed there, as tract's are).
+    pub meters: crate::facade::Meters,
 }
 
 /// What a caught panic carried, as text.
@@ -123,6 +126,9 @@ pub(crate) struct Engine {
     /// resolved symbol, so calls resolving one are refused.
     symbols_at_spawn: Option<SymbolValues>,
     metrics: Arc<Metrics>,
+    /// The same records through the `metrics` facade (feature
+    /// `metrics-facade`; nothing otherwise).
+    meters: crate::facade::Meters,
     /// Streams held at most: one lane fewer than the state has.
     max_streams: usize,
     /// The policy and `max_seats`, changeable while serving: read once per
@@ -186,6 +192,7 @@ impl Engine {
             live,
             times,
             admission,
+            meters,
             ..
         } = parts;
         let max_streams = config.max_lanes;
@@ -194,6 +201,7 @@ impl Engine {
         let every: Vec<LaneId> = (0..max_lanes).map(LaneId).collect();
         resettable(&mut state, &*inner, &every)?;
         let explicit = ExplicitState::new(&iface, max_lanes)?;
+        metrics.set_lanes_max(max_streams);
         let symbols_at_spawn = state
             .downcast_ref::<TypedSimpleState>()
             .map(|s| s.turn_state.resolved_symbols.clone());
@@ -223,6 +231,7 @@ impl Engine {
             explicit,
             symbols_at_spawn,
             metrics,
+            meters,
             max_streams,
             live,
             times,
@@ -261,6 +270,11 @@ impl Engine {
     }
 
     pub fn accept(&mut self, request: Request) {
+        self.take(request);
+        self.publish_queue();
+    }
+
+    fn take(&mut self, request: Request) {
         match request {
             Request::Spawn { slot, waited } => self.spawn(slot, waited),
             Request::Call(call) => self.enqueue(call),
@@ -274,6 +288,13 @@ impl Engine {
                 });
                 slot.fill(read);
             }
+            Request::Status { stream, slot } => {
+                let status = match self.own(stream) {
+                    Ok(lane) => self.lost[lane].as_ref().map(|_| EndReason::Lost),
+                    Err(e) => e.end_reason(),
+                };
+                slot.fill(if self.closed { Some(EndReason::Closed) } else { status });
+            }
             Request::WriteState { stream, state, slot } => {
                 let written = self.own(stream).and_then(|lane| {
                     self.explicit
@@ -283,6 +304,13 @@ impl Engine {
                 slot.fill(written);
             }
         }
+    }
+
+    /// Publish the queue's length (the `seats_queued` gauge): after the
+    /// requests were taken in and after each turn.
+    pub fn publish_queue(&self) {
+        self.metrics.set_seats_queued(self.queue.len());
+        self.meters.seats_queued(self.queue.len());
     }
 
     /// Whether the engine was closed (its state dropped).

@@ -14,6 +14,13 @@ use crate::slot::Slot;
 use super::{reset_caught, spawn_caught, Engine};
 
 impl Engine {
+    /// Publish the lanes taken (the gauges of the metrics and the facade).
+    fn lanes_changed(&self) {
+        let taken = self.table.taken();
+        self.metrics.set_lanes_taken(taken);
+        self.meters.lanes(taken);
+    }
+
     /// The lane of `stream` while it holds one, the reason it lost it otherwise.
     pub(super) fn own(&self, stream: Grant) -> Result<usize, RunError> {
         if self.owner[stream.lane.0] == Some(stream.stream) {
@@ -31,7 +38,9 @@ impl Engine {
         if self.closed {
             return slot.fill(Err(SpawnError::Closed));
         }
-        if self.draining {
+        // Not admitting (a soft drain started): refused from the instant
+        // `stop_admitting` returned, whatever this request's path.
+        if self.draining || self.admission.is_refused() {
             return slot.fill(Err(SpawnError::Draining));
         }
         if self.table.taken() < self.max_streams {
@@ -62,13 +71,13 @@ impl Engine {
         // after this one returns must see the lane taken (placement reads it).
         self.owner[lane.0] = Some(stream);
         self.last_active[lane.0] = Instant::now();
-        self.metrics.set_lanes_taken(self.table.taken());
+        self.lanes_changed();
         if slot.offer(Ok(Grant { lane, stream })).is_err() {
             // The spawner went away meanwhile (its future dropped): the lane
             // goes back, and the next waiter may take it.
             self.owner[lane.0] = None;
             let _ = self.table.give_back(lane);
-            self.metrics.set_lanes_taken(self.table.taken());
+            self.lanes_changed();
             self.admission.lane_freed();
             return;
         }
@@ -116,7 +125,7 @@ impl Engine {
         self.lost[lane.0] = None;
         self.owner[lane.0] = None;
         let _ = self.table.give_back(lane);
-        self.metrics.set_lanes_taken(self.table.taken());
+        self.lanes_changed();
         // Spawners waiting (on any shard's lane) try again.
         self.admission.lane_freed();
     }

@@ -77,6 +77,7 @@ impl Engine {
             self.unqueued(seat.lane);
             self.metrics
                 .record_queue_wait(started.saturating_duration_since(seat.queued));
+            self.meters.queue_wait(started.saturating_duration_since(seat.queued));
         }
         let borrowed: Vec<LaneId> = self.fill.borrowed().to_vec();
         for lane in &borrowed {
@@ -105,7 +106,10 @@ impl Engine {
         }
         // Record before answering: a caller reading the metrics after its
         // answer sees its own turn counted.
-        self.metrics.record_turn(occupancy, started.elapsed());
+        let took = started.elapsed();
+        self.metrics.record_turn(occupancy, took);
+        self.meters.turn(occupancy, took);
+        self.publish_queue();
         if let TurnPolicy::LatencyBudget { us } = live.policy {
             let budget = std::time::Duration::from_micros(us);
             let late = seated

@@ -80,7 +80,16 @@ impl Shard {
                 // would keep this thread from its own stream's next call,
                 // which may be the one the others wait for. The helper
                 // serves what is queued.
-                if done() || !self.wait_for_turn(&mut engine) {
+                // A caller (no `hold_when_empty`) runs only a turn that is
+                // due now: waiting out the turn policy is the helper's job,
+                // so that a caller (or a task, in its poll) never sleeps
+                // holding the state where its own cancel or deadline cannot
+                // reach it.
+                let due = match hold_when_empty {
+                    Some(_) => self.wait_for_turn(&mut engine),
+                    None => self.turn_is_due(&mut engine),
+                };
+                if done() || !due {
                     break;
                 }
                 engine.turn();

@@ -5,28 +5,37 @@
 //! helper thread serves what callers leave queued). A runner holds several
 //! shards (one per core by default); each is whole on its own.
 //!
-//! # Closing and draining
+//! # Draining and closing
 //!
-//! Draining (`LanedRunner::drain`), per shard:
+//! The whole life's end, in order. A soft drain (`LanedRunner::drain`)
+//! runs every step; `stop_admitting` alone is step 1; the hard close
+//! (`LanedRunner::close`) starts at step 3; dropping the last
+//! `LanedRunner` starts at step 5.
 //!
-//! 1. The inbox is marked draining and its sleeper woken: a turn policy
-//!    waiting for more seats starts the turn at once (nothing new can join).
-//! 2. The engine takes the flag in and refuses new streams and calls
-//!    (`Draining`); what is queued is served turn after turn (by the worker,
-//!    or by the draining thread holding the state in combining mode).
-//! 3. Once nothing is queued or waiting for an answer, the drain returns;
-//!    the runner then closes every shard.
-//!
-//! Closing (the last `LanedRunner` dropped, or after a drain), per shard:
-//!
-//! 1. The inbox is marked closed and everyone sleeping on it woken: from
-//!    now on a push is refused and answered `Closed` by the pusher itself.
-//! 2. The worker (or the helper) sees the flag and stops; the closing
+//! 1. Admission is refused (`Draining`): every waiting spawner is answered
+//!    at once, and every engine refuses a spawn it takes in from then on
+//!    (it reads the admission queue's flag), whichever path the spawn took.
+//!    Live streams call as before.
+//! 2. The drain waits, woken by every freed lane, until no stream holds a
+//!    lane or its deadline passes; the streams left are the stragglers, and
+//!    the runner is marked drained, so that they are told `Draining` (retry
+//!    elsewhere), not `Closed`, from now on.
+//! 3. Per shard, the inbox is marked draining and its sleeper woken: a turn
+//!    policy waiting for more seats starts the turn at once (nothing new can
+//!    join).
+//! 4. The engine takes the flag in and refuses new calls (`Draining`); what
+//!    is queued is served turn after turn (by the worker, or by the closing
+//!    thread holding the state in combining mode). Once nothing is queued or
+//!    waiting for an answer, the runner closes every shard.
+//! 5. The deadline thread stops. Per shard, the inbox is marked closed and
+//!    everyone sleeping on it woken: from now on a push is refused and
+//!    answered `Closed` by the pusher itself.
+//! 6. The worker (or the helper) sees the flag and stops; the closing
 //!    thread joins it (never itself).
-//! 3. The engine is closed on a live thread (the worker in worker mode,
+//! 7. The engine is closed on a live thread (the worker in worker mode,
 //!    the closing thread otherwise): every pending call is answered
 //!    `Closed`, the queue dropped, and the state dropped with it.
-//! 4. Requests pushed between 1 and 3 are taken in and answered by the same
+//! 8. Requests pushed between 5 and 7 are taken in and answered by the same
 //!    closed engine, so every request ever pushed gets exactly one answer.
 
 mod combining;
@@ -149,6 +158,14 @@ impl Shard {
     /// Wait as the turn policy says before the next turn, taking requests
     /// in meanwhile. Returns false when the shard closed meanwhile: the turn
     /// must not run, its seats are answered by the close.
+    /// Whether the turn policy says to run a turn now (after taking the
+    /// inbox in), without waiting.
+    fn turn_is_due(&self, engine: &mut Engine) -> bool {
+        self.take_inbox(engine);
+        let live = **self.live.load();
+        matches!(engine.decide(&live, Instant::now()), None | Some((Decision::RunNow, _)))
+    }
+
     fn wait_for_turn(&self, engine: &mut Engine) -> bool {
         let mut waited: Option<Instant> = None;
         loop {
@@ -265,6 +282,7 @@ fn refuse(request: Request) {
             .fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
         Request::ReadState { slot, .. } => slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
         Request::WriteState { slot, .. } => slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
+        Request::Status { slot, .. } => slot.fill(Some(crate::err::EndReason::Closed)),
         Request::Release(_) | Request::Cancel(_) => (),
     }
 }

@@ -567,7 +567,7 @@ fn drain_does_not_wait_out_a_linger() {
             while r.metrics().turns == 0 && start.elapsed() < Duration::from_millis(100) {
                 thread::sleep(Duration::from_millis(1));
             }
-            let snapshot = r.drain();
+            let snapshot = r.close();
             assert_eq!(snapshot.seats, 1, "{mode:?}");
             assert_eq!(caller.join().unwrap().unwrap(), solo(&x, 0));
         });

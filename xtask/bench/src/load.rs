@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tract_core::internal::*;
 use tract_core::plan::{LaneId, Seating};
 
-use crate::fixtures::{Fixture, Lcg};
+use laned_testkit::fixtures::{Fixture, Lcg};
 
 /// What a closed-loop run served.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -228,6 +228,38 @@ pub fn threads_cpu_time(prefix: &str) -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10))
 }
 
+/// The smallest and the largest of `v` (`(NaN, NaN)` for no value): the
+/// spread the tables show beside a median.
+pub fn spread(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
+/// What a capacity search found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Capacity {
+    /// The most streams accepted.
+    pub streams: usize,
+    /// Every count whose probes disagreed (one missed, another passed):
+    /// where the system sits near its limit or the machine hiccuped.
+    pub disputed: Vec<Disputed>,
+}
+
+/// A count whose probes disagreed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Disputed {
+    /// The stream count probed.
+    pub streams: usize,
+    /// Probes within the budget.
+    pub passed: u32,
+    /// Probes run at this count (2 or 3).
+    pub probes: u32,
+}
+
 /// The most streams `probe` accepts: doubling from `start` up to `max`,
 /// then bisecting between the last accepted and the first refused count
 /// until they are within a sixteenth (at most `bisections` probes). 0 if
@@ -236,21 +268,29 @@ pub fn threads_cpu_time(prefix: &str) -> Option<Duration> {
 /// A count is refused only when two of three probes refuse it: a probe
 /// that misses is run again (and a third time if the second passes), so a
 /// single hiccup (another process's burst, a page fault storm) cannot stop
-/// the doubling early or pull the bisection down.
+/// the doubling early or pull the bisection down. Counts whose probes
+/// disagreed are handed back in [`Capacity::disputed`].
 pub fn search_capacity(
     start: usize,
     max: usize,
     bisections: usize,
     mut probe: impl FnMut(usize) -> TractResult<bool>,
-) -> TractResult<usize> {
-    let mut probe = move |n: usize| -> TractResult<bool> {
+) -> TractResult<Capacity> {
+    let mut disputed = vec![];
+    let mut probe = |n: usize| -> TractResult<bool> {
         if probe(n)? {
             return Ok(true);
         }
-        if probe(n)? {
-            return probe(n);
+        if !probe(n)? {
+            return Ok(false);
         }
-        Ok(false)
+        let third = probe(n)?;
+        disputed.push(Disputed {
+            streams: n,
+            passed: 1 + u32::from(third),
+            probes: 3,
+        });
+        Ok(third)
     };
     let (mut good, mut bad) = (0usize, None::<usize>);
     let mut n = start.max(1);
@@ -276,7 +316,10 @@ pub fn search_capacity(
             }
         }
     }
-    Ok(good)
+    Ok(Capacity {
+        streams: good,
+        disputed,
+    })
 }
 
 /// Latencies of a real-time run.
@@ -425,11 +468,12 @@ mod tests {
             probed.push(n);
             Ok(n <= 300)
         })
-        .unwrap();
+        .unwrap()
+        .streams;
         assert!((300 - 300 / 16..=300).contains(&cap), "found {cap}");
         assert_eq!(&probed[..7], &[8, 16, 32, 64, 128, 256, 512]);
-        assert_eq!(search_capacity(8, 2048, 8, |_| Ok(false)).unwrap(), 0);
-        assert_eq!(search_capacity(8, 64, 8, |_| Ok(true)).unwrap(), 64);
+        assert_eq!(search_capacity(8, 2048, 8, |_| Ok(false)).unwrap().streams, 0);
+        assert_eq!(search_capacity(8, 64, 8, |_| Ok(true)).unwrap().streams, 64);
     }
 
     /// One hiccup (a single probe missing where the system holds) neither
@@ -448,9 +492,16 @@ mod tests {
             })
             .unwrap();
             assert!(
-                (300 - 300 / 16..=300).contains(&cap),
-                "hiccup at {hiccup_at}: found {cap}"
+                (300 - 300 / 16..=300).contains(&cap.streams),
+                "hiccup at {hiccup_at}: found {cap:?}"
             );
+            // The hiccup shows as a dispute where it hit a count the system holds.
+            if hiccup_at <= 300 {
+                assert!(
+                    cap.disputed.iter().any(|d| d.streams == hiccup_at && d.passed == 2),
+                    "hiccup at {hiccup_at} not reported: {cap:?}"
+                );
+            }
         }
         // Missing two probes of three is a refusal.
         let mut calls_at_64 = 0;
@@ -462,7 +513,15 @@ mod tests {
             Ok(n <= 300)
         })
         .unwrap();
-        assert!(cap < 64, "found {cap}");
+        assert!(cap.streams < 64, "found {cap:?}");
+        assert_eq!(
+            cap.disputed,
+            vec![Disputed {
+                streams: 64,
+                passed: 1,
+                probes: 3
+            }]
+        );
     }
 
     /// A named thread's CPU time is counted under its name's prefix, and

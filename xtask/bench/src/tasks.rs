@@ -2,22 +2,26 @@
 //! holds them. Ours through `spawn_async` and `call_async`; tract's runner
 //! the only way a tokio user can drive it, a `spawn_blocking` per call.
 //! Closed loop and real time, measured as the thread-per-stream generators
-//! of `laned_testkit::load` measure (warm-up call excluded; CPU over the
-//! timed part), but for real-time latency, counted from the send.
+//! of [`crate::load`] measure (warm-up call excluded; CPU over the timed
+//! part), but for real-time latency, counted from the send. Stream `s`
+//! sends `inputs(s)` every time, so one driver serves every model.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use laned_runner::LanedRunner;
-use laned_testkit::fixtures::{Fixture, Lcg};
-use laned_testkit::load::{self, Latencies, Throughput};
+use laned_testkit::fixtures::Lcg;
+
+use crate::load::{self, Latencies, Throughput};
 use tract_core::internal::*;
 
 /// A stream driven as a task: ours natively, tract's behind spawn_blocking.
 #[derive(Clone)]
 pub enum TaskSystem {
+    /// Ours: `spawn_async`, `call_async`.
     Ours(LanedRunner),
+    /// Any runnable (tract's runner): a `spawn_blocking` per call.
     TractBlocking(Arc<dyn Runnable>),
 }
 
@@ -61,14 +65,15 @@ impl Stream {
     }
 }
 
-/// Closed loop: `n` tasks, each calling as soon as answered, for
-/// `duration`; pulses per second and the process's CPU per pulse.
+/// Closed loop: `n` tasks, each calling with `inputs(s)` as soon as
+/// answered, for `duration`; pulses per second and the process's CPU per
+/// pulse.
 pub fn closed_loop(
     rt: &tokio::runtime::Runtime,
-    fixture: &Fixture,
     system: &TaskSystem,
     n: usize,
     duration: Duration,
+    inputs: impl Fn(usize) -> TVec<TValue>,
 ) -> TractResult<Throughput> {
     rt.block_on(async {
         let stop = Arc::new(AtomicBool::new(false));
@@ -77,7 +82,7 @@ pub fn closed_loop(
         let tasks: Vec<_> = (0..n)
             .map(|s| {
                 let (system, stop, total, ready) = (system.clone(), stop.clone(), total.clone(), ready.clone());
-                let inputs = fixture.inputs(1, s as u64);
+                let inputs = inputs(s);
                 tokio::spawn(async move {
                     let stream = system.spawn().await;
                     ready.wait().await;
@@ -122,12 +127,12 @@ pub fn closed_loop(
 /// millisecond's grain, which says nothing of the runner).
 pub fn real_time(
     rt: &tokio::runtime::Runtime,
-    fixture: &Fixture,
     system: &TaskSystem,
     n: usize,
     period: Duration,
     duration: Duration,
     seed: u64,
+    inputs: impl Fn(usize) -> TVec<TValue>,
 ) -> TractResult<Latencies> {
     rt.block_on(async {
         let ready = Arc::new(tokio::sync::Barrier::new(n + 1));
@@ -135,7 +140,7 @@ pub fn real_time(
         let tasks: Vec<_> = (0..n)
             .map(|s| {
                 let (system, ready, start_at) = (system.clone(), ready.clone(), start_at.clone());
-                let inputs = fixture.inputs(1, s as u64);
+                let inputs = inputs(s);
                 let offset =
                     Duration::from_nanos(Lcg(seed.wrapping_add(s as u64) | 1).next() % period.as_nanos().max(1) as u64);
                 tokio::spawn(async move {

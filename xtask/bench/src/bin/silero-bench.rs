@@ -5,9 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use laned_bench::load;
+use laned_bench::tasks::{self, TaskSystem};
 use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
 use laned_testkit::fixtures::Lcg;
-use laned_testkit::load;
 use laned_testkit::silero::{self, Context, CHUNK, CONTEXT, SAMPLE_RATE};
 use tract_core::internal::*;
 use tract_core::plan::{LaneId, Seating};
@@ -199,56 +200,6 @@ fn ours_loop(runner: LanedRunner, n: usize, d: Duration) -> TractResult<load::Th
 /// Builds the runnable serving `n` streams.
 type MakeRunnable<'a> = dyn Fn(usize) -> TractResult<Arc<dyn Runnable>> + 'a;
 
-/// Real time with a tokio task per stream (`spawn_async`, `call_async`) on
-/// `rt`: each stream sends a chunk every `period` from a random phase; a
-/// late answer delays its next chunk; latency counts from the send
-/// (tokio's timer wakes tasks up to a millisecond late, which says nothing
-/// of the runner: a server's chunks arrive by IO).
-fn real_time_tasks(
-    rt: &tokio::runtime::Runtime,
-    runner: &LanedRunner,
-    n: usize,
-    period: Duration,
-    duration: Duration,
-) -> TractResult<load::Latencies> {
-    rt.block_on(async {
-        let ready = Arc::new(tokio::sync::Barrier::new(n + 1));
-        let t0 = std::time::Instant::now() + Duration::from_millis(50);
-        let tasks: Vec<_> = (0..n)
-            .map(|s| {
-                let (runner, ready) = (runner.clone(), ready.clone());
-                let offset = Duration::from_nanos(Lcg(s as u64 | 1).next() % period.as_nanos() as u64);
-                tokio::spawn(async move {
-                    let handle = runner.spawn_async().await;
-                    ready.wait().await;
-                    let mut handle = handle?;
-                    let inputs = chunk_inputs(s);
-                    let (mut due, end) = (t0 + offset, t0 + duration);
-                    let mut latencies = vec![];
-                    while due < end {
-                        tokio::time::sleep_until(due.into()).await;
-                        let sent = std::time::Instant::now().max(due);
-                        handle.call_async(inputs.clone()).await?;
-                        latencies.push(sent.elapsed().as_micros() as u64);
-                        due += period;
-                    }
-                    TractResult::Ok(latencies)
-                })
-            })
-            .collect();
-        ready.wait().await;
-        let mut all = vec![];
-        for t in tasks {
-            all.extend(t.await??);
-        }
-        all.sort_unstable();
-        Ok(load::Latencies {
-            pulses: all.len() as u64,
-            sorted_us: all,
-        })
-    })
-}
-
 /// The most streams (doubling, then bisecting) whose p99 latency stays
 /// within `budget`, sending a chunk every `period`; and the probes.
 fn capacity(
@@ -264,7 +215,7 @@ fn capacity(
         probes.push((n, p99));
         Ok(p99 as u128 <= budget.as_micros())
     };
-    let good = load::search_capacity(4, 4096, 8, &mut run)?;
+    let good = load::search_capacity(4, 4096, 8, &mut run)?.streams;
     Ok((good, probes))
 }
 
@@ -435,10 +386,13 @@ fn main() -> TractResult<()> {
             let mut probes = vec![];
             let cap = load::search_capacity(4, 4096, 8, |n| {
                 let runner = ours(&plan, n, shards, Mode::Worker, policy)?;
-                let p99 = real_time_tasks(&tokio, &runner, n, period, probe)?.quantile_us(0.99);
+                let system = TaskSystem::Ours(runner);
+                let p99 =
+                    tasks::real_time(&tokio, &system, n, period, probe, n as u64, chunk_inputs)?.quantile_us(0.99);
                 probes.push((n, p99));
                 Ok(p99 as u128 <= budget.as_micros())
-            })?;
+            })?
+            .streams;
             let probes: Vec<String> = probes
                 .iter()
                 .map(|(n, p99)| format!("{n}: {:.1}", *p99 as f64 / 1000.0))

@@ -1,24 +1,25 @@
 //! `cargo xtask bench`: ours vs tract's `LanedRunnable` vs the ideal loop vs
 //! a state per stream, side by side in one process, on the built-in models.
-//! Writes `target/laned-bench/report.md`, `report.json` and SVG plots.
+//! Writes `target/laned-bench/report.md`, `report.json` and SVG plots;
+//! `--compare A.json B.json` sets two reports side by side.
 
-mod tasks;
-
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use laned_bench::progress::Progress;
+use laned_bench::report::{self, ClosedLoop, Machine, Probe, RealTime, Report};
+use laned_bench::{load, plot, tasks};
 use laned_runner::{LanedRunner, Mode, RunnerConfig, TurnPolicy};
 use laned_testkit::fixtures::{self, Fixture, TdnnConfig};
-use laned_testkit::load;
-use serde::Serialize;
 use tract_core::internal::*;
 
 const HELP: &str = "\
 laned-bench [--quick] [--model light|heavy|all|PATH [--pulse P] [--symbol S]] [--streams 1,4,16,64] [--frame-ms F] [--out DIR]
+laned-bench --compare A.json B.json
 
-  --quick        short runs (under two minutes on 2 cores)
+  --quick        short runs (about two minutes on 2 cores): the light TDNN only (unless
+                 --model says otherwise), shorter runs and probes
   --model        which built-in TDNN(s) to measure (default: all), or a streaming model
                  in tract's NNEF format (batch symbol on axis 0), pulsified by --pulse
                  frames (default 4) on --symbol (default S)
@@ -39,6 +40,7 @@ laned-bench [--quick] [--model light|heavy|all|PATH [--pulse P] [--symbol S]] [-
   --skip-closed-loop
                  real time only
   --out          where the report goes (default: target/laned-bench)
+  --compare A B  print every figure two reports share, with its ratio B / A, and exit
 ";
 
 #[derive(Clone)]
@@ -91,21 +93,25 @@ fn args() -> Result<Args, String> {
         seconds: None,
         repeats: None,
         rt_max: 2048,
-        out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/laned-bench"),
+        out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/laned-bench"),
     };
     let (mut pulse, mut symbol) = (4usize, "S".to_string());
     let mut file: Option<PathBuf> = None;
+    let mut model_given = false;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--quick" => a.quick = true,
-            "--model" => match it.next().as_deref() {
-                Some("light") => a.models.retain(|m| m.0.starts_with("light")),
-                Some("heavy") => a.models.retain(|m| m.0.starts_with("heavy")),
-                Some("all") => (),
-                Some(path) => file = Some(PathBuf::from(path)),
-                None => return Err("--model takes light, heavy, all or a path".into()),
-            },
+            "--model" => {
+                model_given = true;
+                match it.next().as_deref() {
+                    Some("light") => a.models.retain(|m| m.0.starts_with("light")),
+                    Some("heavy") => a.models.retain(|m| m.0.starts_with("heavy")),
+                    Some("all") => (),
+                    Some(path) => file = Some(PathBuf::from(path)),
+                    None => return Err("--model takes light, heavy, all or a path".into()),
+                }
+            }
             "--pulse" => {
                 let v = it.next().ok_or("--pulse needs a number")?;
                 pulse = v.parse().map_err(|e| format!("--pulse {v:?}: {e}"))?;
@@ -153,12 +159,26 @@ fn args() -> Result<Args, String> {
             "--skip-real-time" => a.real_time = false,
             "--skip-closed-loop" => a.streams.clear(),
             "--out" => a.out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
+            "--compare" => {
+                let (Some(x), Some(y)) = (it.next(), it.next()) else {
+                    return Err("--compare needs two report.json paths".into());
+                };
+                let read = |p: &str| -> Result<Report, String> {
+                    let text = std::fs::read_to_string(p).map_err(|e| format!("--compare: reading {p}: {e}"))?;
+                    serde_json::from_str(&text).map_err(|e| format!("--compare: {p} is not a report: {e}"))
+                };
+                print!("{}", report::compare(&read(&x)?, &read(&y)?));
+                std::process::exit(0);
+            }
             "--help" | "-h" => {
                 print!("{HELP}");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}\n\n{HELP}")),
         }
+    }
+    if a.quick && !model_given {
+        a.models.retain(|m| m.0.starts_with("light"));
     }
     if let Some(path) = file {
         let name = path
@@ -170,8 +190,7 @@ fn args() -> Result<Args, String> {
     Ok(a)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum System {
     Solo,
     Ideal,
@@ -264,92 +283,6 @@ impl System {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
-struct ClosedLoop {
-    model: String,
-    streams: usize,
-    system: System,
-    /// Pulses per second, one figure per repeat.
-    runs: Vec<f64>,
-    median: f64,
-    min: f64,
-    max: f64,
-    /// Mean seats per turn, for the laned runners.
-    mean_occupancy: Option<f64>,
-    /// Process CPU time (every thread) per pulse, microseconds, median of
-    /// the repeats.
-    cpu_us_per_pulse: Option<f64>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct Report {
-    machine_cores: usize,
-    quick: bool,
-    seconds_per_run: f64,
-    repeats: usize,
-    closed_loop: Vec<ClosedLoop>,
-    real_time: Vec<RealTime>,
-}
-
-/// One system's real-time capacity: the most streams with p99 latency
-/// within the budget, and every probe of the search.
-#[derive(Debug, Clone, Serialize)]
-struct RealTime {
-    model: String,
-    system: String,
-    period_ms: f64,
-    budget_ms: f64,
-    /// The median of `capacities`; the probes are the median search's.
-    capacity: usize,
-    /// One capacity per repeat of the search, interleaved with the others'.
-    capacities: Vec<usize>,
-    probes: Vec<Probe>,
-    /// Latencies (µs, sorted, decimated to at most 200 points) at the capacity.
-    cdf_at_capacity_us: Vec<u64>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct Probe {
-    streams: usize,
-    p50_us: u64,
-    p99_us: u64,
-    max_us: u64,
-    pulses: u64,
-    /// Process CPU time per 1000 pulses served (all threads: the streams'
-    /// and the runner's).
-    cpu_ms_per_1k: Option<f64>,
-    /// The same for the runner's own threads only (the worker threads, or
-    /// tract's), where the system has such threads.
-    runner_cpu_ms_per_1k: Option<f64>,
-}
-
-struct Progress {
-    done: usize,
-    total: usize,
-    started: Instant,
-}
-
-impl Progress {
-    fn step(&mut self, what: &str) {
-        self.done += 1;
-        let width = 30;
-        let filled = width * self.done / self.total.max(1);
-        eprint!(
-            "\r[{}{}] {:>3}/{} {:>5.0}s {:<60}",
-            "#".repeat(filled),
-            "-".repeat(width - filled),
-            self.done,
-            self.total,
-            self.started.elapsed().as_secs_f64(),
-            what
-        );
-        let _ = std::io::stderr().flush();
-        if self.done == self.total {
-            eprintln!();
-        }
-    }
-}
-
 fn ours(
     plan: &Arc<dyn Runnable>,
     n: usize,
@@ -388,10 +321,10 @@ fn measure(
             let before = tract.turns_and_seats();
             let rate = tasks::closed_loop(
                 rt,
-                fixture,
                 &tasks::TaskSystem::TractBlocking(Arc::new(tract.clone())),
                 n,
                 d,
+                |s| fixture.inputs(1, s as u64),
             )?;
             let after = tract.turns_and_seats();
             let turns = (after.0 - before.0).max(1);
@@ -405,7 +338,9 @@ fn measure(
             };
             let (_, runner) = ours(plan, n, mode, shards)?;
             let before = runner.metrics();
-            let rate = tasks::closed_loop(rt, fixture, &tasks::TaskSystem::Ours(runner.clone()), n, d)?;
+            let rate = tasks::closed_loop(rt, &tasks::TaskSystem::Ours(runner.clone()), n, d, |s| {
+                fixture.inputs(1, s as u64)
+            })?;
             let delta = runner.metrics().delta(&before);
             Ok((rate, Some(delta.mean_occupancy())))
         }
@@ -463,11 +398,11 @@ fn main() -> TractResult<()> {
         .worker_threads(cores)
         .enable_time()
         .build()?;
-    let mut progress = Progress {
-        done: 0,
-        total: args.models.len() * args.streams.len() * args.systems.len() * repeats,
-        started: Instant::now(),
-    };
+    let machine = Machine::here();
+    let progress = Progress::new(
+        "closed loop",
+        args.models.len() * args.streams.len() * args.systems.len() * repeats,
+    );
     let mut rows: Vec<ClosedLoop> = vec![];
     for (name, source) in &args.models {
         let fixture = source.load()?;
@@ -477,9 +412,13 @@ fn main() -> TractResult<()> {
             let mut occupancy: Vec<Vec<f64>> = vec![vec![]; args.systems.len()];
             let mut cpu: Vec<Vec<f64>> = vec![vec![]; args.systems.len()];
             // Interleaved: every system once per repeat, so drift hits all alike.
-            for _ in 0..repeats {
+            for repeat in 0..repeats {
                 for (ix, system) in args.systems.iter().enumerate() {
-                    progress.step(&format!("closed loop {name} n={n} {}", system.label()));
+                    progress.step(format!(
+                        "{name}, {n} streams, run {}/{repeats}: {}",
+                        repeat + 1,
+                        system.label()
+                    ));
                     let (run, occ) = measure(&rt, *system, &fixture, &plan, n, d)?;
                     runs[ix].push(run.per_sec);
                     occupancy[ix].extend(occ);
@@ -488,13 +427,15 @@ fn main() -> TractResult<()> {
             }
             for (ix, system) in args.systems.iter().enumerate() {
                 let r = &runs[ix];
+                let (min, max) = load::spread(r);
                 rows.push(ClosedLoop {
                     model: name.clone(),
                     streams: n,
-                    system: *system,
+                    system: system.short().into(),
+                    label: system.label().into(),
                     median: load::median(r),
-                    min: r.iter().cloned().fold(f64::INFINITY, f64::min),
-                    max: r.iter().cloned().fold(0.0, f64::max),
+                    min,
+                    max,
                     runs: r.clone(),
                     mean_occupancy: (!occupancy[ix].is_empty()).then(|| load::median(&occupancy[ix])),
                     cpu_us_per_pulse: (!cpu[ix].is_empty()).then(|| load::median(&cpu[ix])),
@@ -502,6 +443,7 @@ fn main() -> TractResult<()> {
             }
         }
     }
+    progress.finish();
     let mut real_time = vec![];
     if args.real_time {
         let (name, source) = args
@@ -515,7 +457,7 @@ fn main() -> TractResult<()> {
         let period = Duration::from_secs_f64(args.frame_ms * fixture.pulse as f64 / 1000.0);
         let budget = period / 2;
         let probe_time = if args.quick {
-            Duration::from_millis(600)
+            Duration::from_millis(400)
         } else {
             Duration::from_secs(2)
         };
@@ -575,17 +517,13 @@ fn main() -> TractResult<()> {
             })
             .collect();
         let rt_repeats = if args.quick { 1 } else { 3 };
-        let mut progress = Progress {
-            done: 0,
-            total: systems.len() * rt_repeats,
-            started: Instant::now(),
-        };
+        let progress = Progress::new("real time", systems.len() * rt_repeats);
         // Interleaved: every system's search once per repeat, so drift hits
         // all alike; the median search is reported.
         let mut searches: Vec<Vec<RealTime>> = vec![vec![]; systems.len()];
         for repeat in 0..rt_repeats {
             for (ix, (label, system)) in systems.iter().enumerate() {
-                progress.step(&format!("real time {name} #{}: capacity of {label}", repeat + 1));
+                progress.step(format!("{name}, search {}/{rt_repeats}: {label}", repeat + 1));
                 let scenario = RtScenario {
                     period,
                     budget,
@@ -595,16 +533,21 @@ fn main() -> TractResult<()> {
                 searches[ix].push(capacity(&rt, &fixture, &plan, &name, label, *system, &scenario)?);
             }
         }
+        progress.finish();
         for mut runs in searches {
             let capacities: Vec<usize> = runs.iter().map(|r| r.capacity).collect();
+            let disputed = runs.iter().flat_map(|r| r.disputed.clone()).collect();
+            let probes = runs.iter().flat_map(|r| r.probes.clone()).collect();
             runs.sort_by_key(|r| r.capacity);
             let mut median = runs.swap_remove(runs.len() / 2);
             median.capacities = capacities;
+            median.disputed = disputed;
+            median.probes = probes;
             real_time.push(median);
         }
     }
     let report = Report {
-        machine_cores: cores,
+        machine,
         quick: args.quick,
         seconds_per_run: seconds,
         repeats,
@@ -613,19 +556,17 @@ fn main() -> TractResult<()> {
     };
     std::fs::create_dir_all(&args.out)?;
     std::fs::write(args.out.join("report.json"), serde_json::to_string_pretty(&report)?)?;
-    let md = markdown(&report);
+    let md = report::markdown(&report);
     std::fs::write(args.out.join("report.md"), &md)?;
-    for (name, _) in &args.models {
-        std::fs::write(
-            args.out.join(format!(
-                "throughput-{}.svg",
-                name.split_whitespace().next().unwrap_or("model")
-            )),
-            throughput_svg(&report, name),
-        )?;
+    for name in report.models() {
+        let svg = plot::throughput(&report, name).map_err(|e| format_err!("plotting {name}: {e}"))?;
+        std::fs::write(args.out.join(plot::throughput_file(name)), svg)?;
     }
     if !report.real_time.is_empty() {
-        std::fs::write(args.out.join("latency-cdf.svg"), cdf_svg(&report.real_time))?;
+        let cdf = plot::latency_cdf(&report).map_err(|e| format_err!("plotting the latency CDF: {e}"))?;
+        std::fs::write(args.out.join("latency-cdf.svg"), cdf)?;
+        let p99 = plot::p99_against_load(&report).map_err(|e| format_err!("plotting p99 against load: {e}"))?;
+        std::fs::write(args.out.join("p99-against-load.svg"), p99)?;
     }
     println!("{md}");
     println!("report: {}", args.out.join("report.md").display());
@@ -823,7 +764,9 @@ fn capacity(
         let cpu_before = load::process_cpu_time();
         let runner_before = system.runner_threads().and_then(load::threads_cpu_time);
         let lat = match (&task_system, &runnable) {
-            (Some(tasks), _) => tasks::real_time(rt, fixture, tasks, n, period, probe_time, n as u64)?,
+            (Some(tasks), _) => tasks::real_time(rt, tasks, n, period, probe_time, n as u64, |s| {
+                fixture.inputs(1, s as u64)
+            })?,
             (None, Some(runnable)) => load::real_time(fixture, runnable.clone(), n, period, probe_time, n as u64)?,
             (None, None) => unreachable!(),
         };
@@ -848,7 +791,8 @@ fn capacity(
         probes.push((p, lat));
         Ok(ok)
     };
-    let good = load::search_capacity(8, max_streams.max(8), 4, &mut probe)?;
+    let found = load::search_capacity(8, max_streams.max(8), 4, &mut probe)?;
+    let good = found.streams;
     let cdf = probes
         .iter()
         .find(|(p, _)| p.streams == good)
@@ -859,217 +803,14 @@ fn capacity(
         .unwrap_or_default();
     Ok(RealTime {
         model: model.into(),
+        short: system.short().into(),
         system: label.into(),
         period_ms: period.as_secs_f64() * 1000.0,
         budget_ms: budget.as_secs_f64() * 1000.0,
         capacity: good,
         capacities: vec![good],
+        disputed: found.disputed,
         probes: probes.into_iter().map(|(p, _)| p).collect(),
         cdf_at_capacity_us: cdf,
     })
-}
-
-fn cdf_svg(rt: &[RealTime]) -> String {
-    let (w, h, m) = (640.0, 400.0, 60.0);
-    let max_x = rt
-        .iter()
-        .flat_map(|r| r.cdf_at_capacity_us.last().copied())
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64;
-    let colors = [
-        "#888888", "#d62728", "#1f77b4", "#9467bd", "#17becf", "#2ca02c", "#ff7f0e",
-    ];
-    let mut svg = svg_frame(
-        w,
-        h,
-        m,
-        &format!("latency CDF at each system's capacity (x: µs, up to {max_x:.0})"),
-    );
-    for (ix, r) in rt.iter().enumerate() {
-        let n = r.cdf_at_capacity_us.len().max(1) as f64;
-        let points: Vec<String> = r
-            .cdf_at_capacity_us
-            .iter()
-            .enumerate()
-            .map(|(i, us)| {
-                format!(
-                    "{:.1},{:.1}",
-                    m + *us as f64 / max_x * (w - 2.0 * m),
-                    h - m - (i + 1) as f64 / n * (h - 2.0 * m)
-                )
-            })
-            .collect();
-        let color = colors[ix % colors.len()];
-        svg += &format!(
-            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n",
-            points.join(" ")
-        );
-        svg += &format!(
-            "<text x=\"{}\" y=\"{}\" fill=\"{color}\">{} ({} streams)</text>\n",
-            w - m - 260.0,
-            h - m - 20.0 - 14.0 * ix as f64,
-            r.system,
-            r.capacity
-        );
-    }
-    svg + "</svg>\n"
-}
-
-fn markdown(r: &Report) -> String {
-    let mut out = String::new();
-    out += &format!(
-        "# laned bench\n\n{} cores; closed loop, a thread per stream; {} repeats of {:.2} s, interleaved; median pulses/s (min..max); ratio = median / ideal's median; occ = mean seats per turn; CPU = process CPU time (every thread) per pulse, median.\n\n",
-        r.machine_cores, r.repeats, r.seconds_per_run
-    );
-    let mut models: Vec<&str> = r.closed_loop.iter().map(|c| c.model.as_str()).collect();
-    models.dedup();
-    for model in models {
-        out += &format!(
-            "## {model}\n\n| streams | system | pulses/s | spread | / ideal | occ | CPU µs/pulse |\n|---|---|---|---|---|---|---|\n"
-        );
-        let rows: Vec<&ClosedLoop> = r.closed_loop.iter().filter(|c| c.model == model).collect();
-        for row in &rows {
-            let ideal = rows
-                .iter()
-                .find(|c| c.streams == row.streams && c.system == System::Ideal)
-                .map(|c| c.median)
-                .unwrap_or(f64::NAN);
-            out += &format!(
-                "| {} | {} | {:.0} | {:.0}..{:.0} | {:.2} | {} | {} |\n",
-                row.streams,
-                row.system.label(),
-                row.median,
-                row.min,
-                row.max,
-                row.median / ideal,
-                row.mean_occupancy.map(|o| format!("{o:.1}")).unwrap_or_default(),
-                row.cpu_us_per_pulse.map(|c| format!("{c:.1}")).unwrap_or_default()
-            );
-        }
-        out += "\n";
-    }
-    if let Some(first) = r.real_time.first() {
-        out += &format!(
-            "## real time ({})\n\nEach stream sends one pulse every {:.1} ms from a random phase; capacity = most streams with p99 latency within {:.1} ms (doubling, then bisecting); the median of the searches (each listed), interleaved. Latencies at the median capacity point; CPU = process CPU time (every thread) per 1000 pulses, at 128 and 256 streams; runner threads = the same for the runner's own threads only (its workers; tract's worker), at 256 streams: what bounds the capacity once the callers have cores of their own.\n\n| system | capacity | searches | p50 ms | p99 ms | max ms | CPU ms/1k at 128 | at 256 | runner threads ms/1k at 256 |\n|---|---|---|---|---|---|---|---|---|\n",
-            first.model, first.period_ms, first.budget_ms
-        );
-        for rt in &r.real_time {
-            let at = rt.probes.iter().find(|p| p.streams == rt.capacity);
-            let ms = |us: Option<u64>| {
-                us.map(|u| format!("{:.2}", u as f64 / 1000.0))
-                    .unwrap_or_else(|| "-".into())
-            };
-            let all: Vec<String> = rt.capacities.iter().map(|c| c.to_string()).collect();
-            let cpu = |n: usize| {
-                rt.probes
-                    .iter()
-                    .find(|p| p.streams == n)
-                    .and_then(|p| p.cpu_ms_per_1k)
-                    .map(|c| format!("{c:.0}"))
-                    .unwrap_or_else(|| "-".into())
-            };
-            let runner_cpu = rt
-                .probes
-                .iter()
-                .find(|p| p.streams == 256)
-                .and_then(|p| p.runner_cpu_ms_per_1k)
-                .map(|c| format!("{c:.1}"))
-                .unwrap_or_else(|| "-".into());
-            out += &format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                rt.system,
-                rt.capacity,
-                all.join(", "),
-                ms(at.map(|p| p.p50_us)),
-                ms(at.map(|p| p.p99_us)),
-                ms(at.map(|p| p.max_us)),
-                cpu(128),
-                cpu(256),
-                runner_cpu
-            );
-        }
-        out += "\n";
-    }
-    out
-}
-
-fn throughput_svg(r: &Report, model: &str) -> String {
-    let rows: Vec<&ClosedLoop> = r.closed_loop.iter().filter(|c| c.model == model).collect();
-    let (w, h, m) = (640.0, 400.0, 60.0);
-    let max_y = rows.iter().map(|c| c.median).fold(1.0, f64::max) * 1.1;
-    let streams: Vec<usize> = {
-        let mut s: Vec<usize> = rows.iter().map(|c| c.streams).collect();
-        s.sort();
-        s.dedup();
-        s
-    };
-    let x_of = |n: usize| {
-        let ix = streams.iter().position(|s| *s == n).unwrap_or(0) as f64;
-        m + ix * (w - 2.0 * m) / ((streams.len().max(2) - 1) as f64)
-    };
-    let y_of = |v: f64| h - m - v / max_y * (h - 2.0 * m);
-    let colors = [
-        "#888888", "#000000", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#8c564b", "#e377c2",
-    ];
-    let mut svg = svg_frame(w, h, m, &format!("{model}: pulses/s vs streams (closed loop)"));
-    for n in &streams {
-        svg += &format!(
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{n}</text>\n",
-            x_of(*n),
-            h - m + 16.0
-        );
-    }
-    for k in 0..=4 {
-        let v = max_y * k as f64 / 4.0;
-        svg += &format!(
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.0}k</text>\n",
-            m - 4.0,
-            y_of(v) + 4.0,
-            v / 1000.0
-        );
-    }
-    for (ix, system) in SYSTEMS.iter().enumerate() {
-        let points: Vec<String> = rows
-            .iter()
-            .filter(|c| c.system == *system)
-            .map(|c| format!("{:.1},{:.1}", x_of(c.streams), y_of(c.median)))
-            .collect();
-        if points.is_empty() {
-            continue;
-        }
-        svg += &format!(
-            "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n",
-            colors[ix % colors.len()],
-            points.join(" ")
-        );
-        svg += &format!(
-            "<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n",
-            w - m - 150.0,
-            m + 14.0 * ix as f64,
-            colors[ix % colors.len()],
-            system.label()
-        );
-    }
-    svg + "</svg>\n"
-}
-
-/// An SVG document of `w` x `h` with a title and the two axes, `m` the margin;
-/// the caller adds its lines and closes it.
-fn svg_frame(w: f64, h: f64, m: f64, title: &str) -> String {
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n"
-    );
-    svg += &format!("<text x=\"{m}\" y=\"20\">{title}</text>\n");
-    svg += &format!(
-        "<line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
-        h - m,
-        w - m,
-        h - m
-    );
-    svg += &format!(
-        "<line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n",
-        h - m
-    );
-    svg
 }

@@ -1,0 +1,26 @@
+//! The benchmark binaries' shared parts, behind `cargo xtask bench`. One
+//! closed loop and one real-time driver serve every model and system:
+//!
+//! - [`load`]: streams as threads (closed loop, real time), the two
+//!   references (a state per stream, the ideal loop), the CPU clocks and
+//!   the capacity search;
+//! - [`tasks`]: the same streams as tokio tasks, as a server holds them;
+//! - [`report`]: what a run found (`report.json`), the machine it ran on,
+//!   the markdown tables, and `--compare` of two reports;
+//! - [`plot`]: the SVG plots (plotters);
+//! - [`progress`]: the progress bar of long runs (indicatif).
+//!
+//! ```no_run
+//! use laned_bench::load;
+//! // The most streams (doubling from 8, then bisecting) a probe accepts.
+//! let capacity = load::search_capacity(8, 1024, 4, |n| Ok(n <= 100)).unwrap();
+//! assert!(capacity.streams <= 100);
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod load;
+pub mod plot;
+pub mod progress;
+pub mod report;
+pub mod tasks;

@@ -228,3 +228,8 @@ mod tests {
         assert_eq!(memo.builds(), 0);
     }
 }
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

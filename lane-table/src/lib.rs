@@ -285,3 +285,8 @@ mod tests {
         assert_eq!(table.taken_lanes().collect::<Vec<_>>(), vec![LaneId(1)]);
     }
 }
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -426,3 +426,8 @@ mod tests {
         assert_eq!(s.queue_wait.count, 4000);
     }
 }
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

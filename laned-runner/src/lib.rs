@@ -66,3 +66,8 @@ pub use err::{EndReason, NewRunnerError, RunError, RunErrorKind, SpawnError};
 pub use handle::LanedStateHandle;
 pub use policy::TurnPolicy;
 pub use runner::{Drained, LanedRunner};
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

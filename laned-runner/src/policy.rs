@@ -10,6 +10,12 @@ use serde::{Deserialize, Serialize};
 /// `LatencyBudget` plans turns to end within `1 / HEADROOM` of the budget.
 pub const HEADROOM: u32 = 2;
 
+/// `LatencyBudget` waits only while serving the arrivals at the width
+/// queued now would keep the state busier than this fraction of the time:
+/// below it a turn runs at once, as `Immediate`, since the state has time to
+/// spare and a wider turn would only add latency.
+pub const BUSY: f64 = 0.5;
+
 /// When a turn starts once a seat is queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -24,11 +30,15 @@ pub enum TurnPolicy {
         /// The longest wait, in microseconds.
         us: u64,
     },
-    /// Every seat answered within `us` microseconds of its arrival: start at
-    /// the latest instant that still meets the oldest seat's deadline, given
-    /// the learned turn time and keeping half the budget as headroom for
-    /// scheduling; at once when nothing more can come or the turn is full,
-    /// and at once (like `Immediate`) when the budget is below the turn time.
+    /// Every seat answered within `us` microseconds of its arrival. While the
+    /// state has time to spare (serving the recent arrival rate at the width
+    /// queued now would keep it busy less than half the time) a turn runs at
+    /// once, as `Immediate`: waiting would only add latency. Once it would be
+    /// busier, start at the latest instant that still meets the oldest
+    /// seat's deadline, given the learned turn time and keeping half the
+    /// budget as headroom for scheduling; at once when nothing more can come
+    /// or the turn is full, and at once when the budget is below the turn
+    /// time.
     LatencyBudget {
         /// The budget, in microseconds.
         us: u64,
@@ -156,6 +166,15 @@ pub fn decide(policy: &TurnPolicy, q: &QueueState, times: &dyn TurnTimes, now: I
         TurnPolicy::LatencyBudget { us } => {
             if q.full() {
                 return Decision::RunNow;
+            }
+            // Waiting pays only when the state would otherwise be busy:
+            // under light load (or a contended machine's, where every wait
+            // is stretched by the scheduler) a wider turn saves CPU nobody
+            // needs and spends latency everybody sees.
+            let width = q.queued.max(1);
+            match times.estimate(width) {
+                Some(turn) if q.arrivals_per_sec * turn.as_secs_f64() / (width as f64) >= BUSY => (),
+                _ => return Decision::RunNow,
             }
             // Half the budget is left to what the runner cannot see: the
             // timer's slack and the callers' own wake-ups, which grow with
@@ -380,14 +399,10 @@ mod tests {
         let budget = 10 * MS;
         let p = TurnPolicy::latency_budget(budget);
         let quiet = q(t0, 3, 8, 3);
-        assert_eq!(
-            decide(&p, &quiet, &times, t0),
-            Decision::WaitUntil(t0 + budget / HEADROOM - times.estimate(3).unwrap())
-        );
         assert_eq!(recheck_after(&p, &quiet, t0), 1, "a fourth seat is beyond the plan");
-        // 1000 seats/s over the 5 ms left: 5 more expected, 8 planned.
+        // 2000 seats/s over the 5 ms left: 10 more expected, 8 planned.
         let mut steady = quiet;
-        steady.arrivals_per_sec = 1000.0;
+        steady.arrivals_per_sec = 2000.0;
         assert_eq!(
             decide(&p, &steady, &times, t0),
             Decision::WaitUntil(t0 + budget / HEADROOM - times.estimate(8).unwrap())
@@ -397,13 +412,50 @@ mod tests {
         // for the turn it expects, instead of degrading to Immediate.
         let slow = Linear { base: MS, per_seat: MS };
         let mut load = q(t0, 1, 64, 1);
-        load.arrivals_per_sec = 200.0;
+        load.arrivals_per_sec = 300.0;
         assert_eq!(
             decide(&p, &load, &slow, t0),
-            Decision::WaitUntil(t0 + budget / HEADROOM - slow.estimate(2).unwrap())
+            Decision::WaitUntil(t0 + budget / HEADROOM - slow.estimate(3).unwrap())
         );
-        assert_eq!(recheck_after(&p, &load, t0), 2);
+        assert_eq!(recheck_after(&p, &load, t0), 3);
         assert_eq!(recheck_after(&TurnPolicy::linger(MS), &load, t0), 63);
+    }
+
+    /// While the state has time to spare the budget policy runs at once;
+    /// it waits once serving the arrivals at the queued width would keep
+    /// the state busy half the time or more.
+    #[test]
+    fn latency_budget_waits_only_when_the_state_would_be_busy() {
+        let t0 = Instant::now();
+        // 1 ms + 100 µs a seat: one seat alone costs 1.1 ms.
+        let times = Linear {
+            base: MS,
+            per_seat: Duration::from_micros(100),
+        };
+        let p = TurnPolicy::latency_budget(10 * MS);
+        let mut light = q(t0, 1, 64, 1);
+        for (rate, waits) in [
+            (0.0, false),
+            (100.0, false),
+            (400.0, false),
+            (460.0, true),
+            (5000.0, true),
+        ] {
+            light.arrivals_per_sec = rate;
+            let decision = decide(&p, &light, &times, t0);
+            assert_eq!(
+                decision != Decision::RunNow,
+                waits,
+                "{rate} seats/s, 1.1 ms a seat alone: {decision:?}"
+            );
+        }
+        // At 5000 seats/s, 10 queued cost 0.2 ms a seat: busy still (1.0);
+        // at 2000 seats/s the same queue keeps it busy 0.4: run now.
+        let mut wide = q(t0, 10, 64, 10);
+        wide.arrivals_per_sec = 5000.0;
+        assert_ne!(decide(&p, &wide, &times, t0), Decision::RunNow);
+        wide.arrivals_per_sec = 2000.0;
+        assert_eq!(decide(&p, &wide, &times, t0), Decision::RunNow);
     }
 
     #[test]

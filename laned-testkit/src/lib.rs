@@ -74,3 +74,8 @@ pub fn verify_runner(
     let observed = through_runner(fixture, runner, schedule, Duration::from_micros(300))?;
     check(&expected, &observed, tolerance).map_err(|m| format_err!("{m}\nschedule: {schedule:?}"))
 }
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -142,6 +142,9 @@ pub(crate) struct Engine {
     /// weight 1/8) and the start of the last turn: in steady state, the
     /// arrival rate the budget policy plans with.
     arrivals_per_sec: f64,
+    /// The averages it is the ratio of: seats per turn, seconds between
+    /// turn starts (weight 1/8 each).
+    arrivals: Option<(f64, f64)>,
     last_turn: Option<Instant>,
     closed: bool,
 }
@@ -237,6 +240,7 @@ impl Engine {
             times,
             epoch: Instant::now(),
             arrivals_per_sec: 0.0,
+            arrivals: None,
             last_turn: None,
             closed: false,
         })

@@ -48,13 +48,18 @@ impl Engine {
         }
         let started = Instant::now();
         if let Some(last) = self.last_turn.replace(started) {
-            let dt = started.saturating_duration_since(last).as_secs_f64().max(1e-6);
-            let rate = self.fill.seated().len() as f64 / dt;
-            self.arrivals_per_sec = if self.arrivals_per_sec == 0.0 {
-                rate
-            } else {
-                (self.arrivals_per_sec * 7.0 + rate) / 8.0
+            // Seats and intervals averaged apart, the rate their ratio: an
+            // average of each turn's seats / interval would be dominated
+            // by the turns that follow another closely (a tiny interval),
+            // and overstate the rate many times over.
+            let dt = started.saturating_duration_since(last).as_secs_f64();
+            let seats = self.fill.seated().len() as f64;
+            let (avg_seats, avg_dt) = match self.arrivals {
+                None => (seats, dt),
+                Some((s, d)) => ((s * 7.0 + seats) / 8.0, (d * 7.0 + dt) / 8.0),
             };
+            self.arrivals = Some((avg_seats, avg_dt));
+            self.arrivals_per_sec = avg_seats / avg_dt.max(1e-6);
         }
         // Split the queue: seated seats in seat order, the rest stay queued.
         let mut is_seated = std::mem::take(&mut self.spare);

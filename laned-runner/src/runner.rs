@@ -122,6 +122,25 @@ impl LanedRunner {
         })
     }
 
+    /// tract's constructor: serve at most `lanes` streams through `inner`,
+    /// on one shard, every other setting from tract's knobs
+    /// (`TRACT_MAX_SEATS`, `TRACT_TURN_LINGER_US`) as
+    /// `tract_core::lanes::LanedRunnable::wrap` reads them. The one-line
+    /// switch from tract's runner.
+    pub fn wrap(inner: Arc<dyn Runnable>, lanes: usize) -> TractResult<LanedRunner> {
+        Ok(LanedRunner::new(
+            inner,
+            RunnerConfig::builder().max_lanes(lanes).shards(1).build(),
+        )?)
+    }
+
+    /// Turns run and seats filled so far, every shard's (tract's reading of
+    /// its runner): `seats / turns` is the mean occupancy.
+    pub fn turns_and_seats(&self) -> (u64, u64) {
+        let m = self.metrics();
+        (m.turns, m.seats)
+    }
+
     /// A new stream, holding a lane (reset) until its last handle is
     /// dropped. Never waits: fails at once when every lane is taken (tract's
     /// contract), saying how many lanes there are and how many wait.

@@ -3,7 +3,8 @@
 //! flavors are: `worker` (a thread owns the state and runs every turn) and
 //! `combining` (whichever caller finds the state free runs the turn, and a
 //! helper thread serves what callers leave queued). A runner holds several
-//! shards (one per core by default); each is whole on its own.
+//! shards (one unless asked, one per core to use them all); each is whole
+//! on its own.
 //!
 //! # Draining and closing
 //!

@@ -495,7 +495,7 @@ fn main() -> TractResult<()> {
             ),
             (
                 format!(
-                    "ours (defaults: a shard per core; latency budget {} ms)",
+                    "ours (a shard per core; latency budget {} ms)",
                     budget.as_secs_f64() * 1000.0
                 ),
                 RtSystem::BudgetShards(budget),
@@ -510,7 +510,7 @@ fn main() -> TractResult<()> {
             ),
             (
                 format!(
-                    "ours async (defaults: a shard per core; latency budget {} ms; tasks; latency from send)",
+                    "ours async (a shard per core; latency budget {} ms; tasks; latency from send)",
                     budget.as_secs_f64() * 1000.0
                 ),
                 RtSystem::AsyncBudgetShards(budget),
@@ -593,13 +593,13 @@ enum RtSystem {
     Ours(Mode, Duration),
     /// Ours in worker mode under `TurnPolicy::LatencyBudget`, untuned.
     Budget(Duration),
-    /// The same with the default shard count (one per core).
+    /// The same with a shard per core.
     BudgetShards(Duration),
     /// tract's runner with a task per stream, a `spawn_blocking` per call.
     TractTasks,
     /// Ours with a task per stream, worker mode, one shard, no linger.
     Async,
-    /// Ours with a task per stream, the defaults and the latency budget.
+    /// Ours with a task per stream, a shard per core and the latency budget.
     AsyncBudgetShards(Duration),
 }
 
@@ -686,6 +686,7 @@ fn rt_tasks(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractResult
             Some(tasks::TaskSystem::Ours(LanedRunner::new(
                 plan.clone(),
                 RunnerConfig::builder()
+                    .shards(shards)
                     .max_lanes(n.div_ceil(shards))
                     .policy(TurnPolicy::latency_budget(budget))
                     .build(),
@@ -716,6 +717,7 @@ fn rt_runnable(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractRes
             Arc::new(LanedRunner::new(
                 plan.clone(),
                 RunnerConfig::builder()
+                    .shards(shards)
                     .max_lanes(n.div_ceil(shards))
                     .policy(TurnPolicy::latency_budget(budget))
                     .build(),

@@ -1,0 +1,118 @@
+//! The `laned` runtime of tract's registry, so that tract's deploy config
+//! (`TRACT_CONFIG`, the `deploy` runtime) switches a model to laned with no
+//! code change:
+//!
+//! ```toml
+//! [vad]
+//! runtime = "laned"
+//!
+//! [vad.knobs]
+//! LANED_LANES = 64          # streams per shard
+//! LANED_SHARDS = 2          # shards (default 1)
+//! LANED_MODE = "combining"  # or "worker" (default)
+//! LANED_LATENCY_BUDGET_US = 16000
+//! TRACT_TURN_LINGER_US = 500  # tract's knobs reach the runner too
+//! ```
+//!
+//! The model is prepared on tract's CPU runtime and served by a
+//! [`LanedRunner`] built from the knobs in force while the deploy runtime
+//! prepares it (the section's scope). A model the section's transforms
+//! batched (`batchify`) is handed back behind tract's `UnbatchedRunnable`
+//! by the deploy runtime, which works over a laned runner as over any.
+//!
+//! The lanes come from our own knob, `LANED_LANES`, not from tract's
+//! `TRACT_AUTOBATCH_LANES`: tract's deploy runtime wraps whatever a
+//! runtime prepared in its own `LanedRunnable` whenever that knob is set,
+//! which would stack tract's runner on ours. Setting it in a `laned`
+//! section is refused, saying so.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tract_core::internal::*;
+
+use crate::{LanedRunner, Mode, RunnerConfig, TurnPolicy};
+
+tract_data::declare_knob!(
+    scopable LANED_LANES,
+    Option<usize>,
+    None,
+    "Streams each shard of the `laned` runtime's runner serves (its max_lanes); unset, 64."
+);
+
+tract_data::declare_knob!(
+    scopable LANED_SHARDS,
+    usize,
+    1,
+    "Shards (laned states) of the `laned` runtime's runner."
+);
+
+tract_data::declare_knob!(
+    scopable LANED_MODE,
+    String,
+    "worker".to_string(),
+    "Who runs the `laned` runtime's turns: worker (a thread per shard) or combining (the callers)."
+);
+
+tract_data::declare_knob!(
+    scopable LANED_LATENCY_BUDGET_US,
+    Option<usize>,
+    None,
+    "The `laned` runtime's turn policy: a latency budget in microseconds; unset, tract's linger knob decides."
+);
+
+/// Streams per shard when `LANED_LANES` is unset.
+const DEFAULT_LANES: usize = 64;
+
+/// The runtime registered as `laned` (see the module documentation).
+#[derive(Debug)]
+pub struct LanedRuntime;
+
+impl LanedRuntime {
+    /// The runner config the knobs in force say (the calling thread's
+    /// `KnobScope` included), or why they cannot.
+    pub fn config_from_knobs() -> TractResult<RunnerConfig> {
+        if let Some(lanes) = tract_core::lanes::TRACT_AUTOBATCH_LANES.get() {
+            bail!(
+                "TRACT_AUTOBATCH_LANES={lanes} with the laned runtime: tract's deploy runtime would wrap laned's runner in its own LanedRunnable; set LANED_LANES={lanes} instead"
+            );
+        }
+        let mode = match LANED_MODE.get().trim() {
+            "worker" => Mode::Worker,
+            "combining" => Mode::Combining,
+            other => bail!("LANED_MODE={other:?}: the laned runtime's modes are \"worker\" and \"combining\""),
+        };
+        let mut config = RunnerConfig::builder()
+            .max_lanes(LANED_LANES.get().unwrap_or(DEFAULT_LANES))
+            .shards(LANED_SHARDS.get())
+            .mode(mode);
+        if let Some(us) = LANED_LATENCY_BUDGET_US.get() {
+            config = config.policy(TurnPolicy::latency_budget(Duration::from_micros(us as u64)));
+        }
+        Ok(config.build())
+    }
+}
+
+impl Runtime for LanedRuntime {
+    fn name(&self) -> StaticName {
+        Cow::Borrowed("laned")
+    }
+
+    fn check(&self) -> TractResult<()> {
+        Ok(())
+    }
+
+    fn prepare_with_options(&self, model: TypedModel, options: &RunOptions) -> TractResult<Box<dyn Runnable>> {
+        let config = Self::config_from_knobs()?;
+        let inner: Arc<dyn Runnable> = DefaultRuntime.prepare_with_options(model, options)?.into();
+        Ok(Box::new(LanedRunner::new(inner, config)?))
+    }
+}
+
+mod registered {
+    use tract_core::internal::inventory;
+    use tract_core::register_runtime;
+
+    register_runtime!(super::LanedRuntime = super::LanedRuntime);
+}

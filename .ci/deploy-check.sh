@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The deploy/ files, checked without a cluster: HAProxy's own parser, the
+# Envoy file's structure, the Kubernetes grace period's arithmetic.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v haproxy >/dev/null 2>&1; then
+    (apt-get install -y haproxy || (apt-get update && apt-get install -y haproxy)) >/dev/null
+fi
+haproxy -c -f deploy/haproxy/haproxy.cfg
+python3 -c "import yaml" 2>/dev/null || pip install --quiet pyyaml
+python3 - <<'PY'
+import yaml
+envoy = yaml.safe_load(open("deploy/envoy/envoy.yaml"))
+cluster = envoy["static_resources"]["clusters"][0]
+assert cluster["lb_policy"] in ("RING_HASH", "MAGLEV"), cluster["lb_policy"]
+assert cluster["health_checks"][0]["http_health_check"]["path"] == "/ready"
+hcm = envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+assert hcm["upgrade_configs"][0]["upgrade_type"] == "websocket"
+route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]
+assert route["match"]["prefix"] == "/v1/vad"
+assert route["route"]["hash_policy"][0]["header"]["header_name"] == "x-stream-id"
+docs = {d["kind"]: d for d in yaml.safe_load_all(open("deploy/k8s/vad-server.yaml"))}
+pod = docs["Deployment"]["spec"]["template"]["spec"]
+container = pod["containers"][0]
+pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+period = container["readinessProbe"]["periodSeconds"]
+assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+config = docs["ConfigMap"]["data"]["vad-server.toml"]
+drain_ms = int([l for l in config.splitlines() if l.strip().startswith("drain_deadline_ms")][0].split("=")[1].split("#")[0])
+grace = pod["terminationGracePeriodSeconds"]
+assert grace >= pre_stop + drain_ms / 1000 + period, (grace, pre_stop, drain_ms, period)
+print(f"deploy: haproxy.cfg valid; envoy.yaml as described; grace {grace}s >= preStop {pre_stop}s + drain {drain_ms / 1000}s + probe {period}s")
+PY

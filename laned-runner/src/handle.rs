@@ -15,6 +15,7 @@ use crate::iface::Group;
 use crate::protocol::{Call, CallResult, Grant, Request};
 use crate::shard::Shard;
 use crate::slot::{Cancel, Slot, Wake};
+use crate::wire::{StateTensor, StreamState, STREAM_STATE_VERSION};
 
 /// The lane a stream holds, shared by its handle's clones; the last one
 /// dropped sends the lane back.
@@ -111,6 +112,58 @@ impl LanedStateHandle {
             Wake::Value(written) => written,
             _ => Err(RunError::new(RunErrorKind::Closed)),
         }
+    }
+
+    /// This stream's explicit state on the wire ([`StreamState`]): to
+    /// hand the stream over to another runner, in another process (a
+    /// replica draining), where [`LanedStateHandle::import_state`]
+    /// continues it exactly.
+    pub fn export_state(&self) -> Result<StreamState, RunError> {
+        let tensors = self
+            .state_snapshot()?
+            .iter()
+            .map(StateTensor::of)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|why| RunError::new(RunErrorKind::State(why)))?;
+        Ok(StreamState {
+            version: STREAM_STATE_VERSION,
+            model: self.model_identity(),
+            tensors,
+        })
+    }
+
+    /// Continue from `state`, exported by
+    /// [`LanedStateHandle::export_state`] of a runner serving the same
+    /// model. Refused, naming both, for another version or another model's
+    /// state; the stream's own state is then left as it was.
+    pub fn import_state(&mut self, state: &StreamState) -> Result<(), RunError> {
+        let refuse = |why: String| Err(RunError::new(RunErrorKind::State(why)));
+        if state.version != STREAM_STATE_VERSION {
+            return refuse(format!(
+                "the stream state is of version {}, this runner reads version {STREAM_STATE_VERSION}",
+                state.version
+            ));
+        }
+        let ours = self.model_identity();
+        if state.model != ours {
+            return refuse(format!(
+                "the stream state is of model {:?}, this runner serves {ours:?}",
+                state.model
+            ));
+        }
+        let tensors = state
+            .tensors
+            .iter()
+            .map(StateTensor::to_tensor)
+            .collect::<Result<TVec<_>, _>>()
+            .map_err(|why| RunError::new(RunErrorKind::State(why)))?;
+        self.restore_state(tensors)
+    }
+
+    fn model_identity(&self) -> String {
+        let core = &self.stream.core;
+        core.iface
+            .state_identity(core.inner.typed_model().and_then(|m| m.name()))
     }
 
     /// The lane this stream holds on its shard.

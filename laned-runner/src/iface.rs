@@ -80,6 +80,23 @@ impl PulseInfo {
     }
 }
 
+impl Interface {
+    /// What identifies a model's explicit state on the wire: the model's
+    /// name and each state input's name, datum type and shape.
+    pub fn state_identity(&self, model: Option<&str>) -> String {
+        let pairs: Vec<String> = self
+            .state
+            .iter()
+            .map(|io| {
+                let port = &self.inputs[io.input];
+                let dims: Vec<String> = port.fact.shape.iter().map(|d| d.to_string()).collect();
+                format!("{} {:?} {}", port.name, port.fact.datum_type, dims.join(","))
+            })
+            .collect();
+        format!("{}|{}", model.unwrap_or("unnamed"), pairs.join(";"))
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Port {
     pub name: String,

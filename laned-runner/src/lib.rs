@@ -59,6 +59,7 @@ mod shard;
 mod slot;
 mod stack;
 mod sync;
+mod wire;
 
 pub use cancel::CancelToken;
 pub use capacity::{Capacity, ShardCapacity};
@@ -68,6 +69,7 @@ pub use err::{EndReason, NewRunnerError, RunError, RunErrorKind, SpawnError};
 pub use handle::LanedStateHandle;
 pub use policy::TurnPolicy;
 pub use runner::{Drained, LanedRunner};
+pub use wire::{StateTensor, StreamState, STREAM_STATE_VERSION};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

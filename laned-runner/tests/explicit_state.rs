@@ -490,3 +490,49 @@ fn async_streams_get_their_solo_runs() {
         }
     }
 }
+
+/// A stream handed over on the wire (`export_state`, JSON, `import_state`
+/// on another runner) continues exactly; another version, another model's
+/// state and corrupt bytes are refused, naming what differs, and leave the
+/// receiving stream's state as it was.
+#[test]
+fn a_stream_moves_between_processes_on_the_wire() {
+    let plan = plan();
+    for mode in [Mode::Worker, Mode::Combining] {
+        let (from, to) = (
+            runner(StateSpec::Detect, mode, 1, 2),
+            runner(StateSpec::Detect, mode, 2, 2),
+        );
+        let xs: Vec<Tensor> = (0..6).map(|t| x(1, 170 + t)).collect();
+        let want = solo(&plan, &xs);
+        let mut a = from.try_spawn().unwrap();
+        assert_eq!(feed(&mut a, &xs[..3]), want[..3]);
+        let json = serde_json::to_string(&a.export_state().unwrap()).unwrap();
+        drop(a);
+        let wire: laned_runner::StreamState = serde_json::from_str(&json).unwrap();
+        assert_eq!(wire.version, laned_runner::STREAM_STATE_VERSION);
+        assert!(wire.model.contains(&format!("F32 1,B,{H}")), "{}", wire.model);
+        let mut b = to.try_spawn().unwrap();
+        b.import_state(&wire).unwrap();
+        assert_eq!(feed(&mut b, &xs[3..]), want[3..], "{mode:?}");
+
+        // Refusals leave the stream as it was: it continues from zeros.
+        let mut fresh = to.try_spawn().unwrap();
+        let mut newer = wire.clone();
+        newer.version += 1;
+        let e = fresh.import_state(&newer).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cannot set the stream's state: the stream state is of version 2, this runner reads version 1"
+        );
+        let mut other = wire.clone();
+        other.model = other.model.replace(&format!(",{H}"), ",7");
+        let e = fresh.import_state(&other).unwrap_err();
+        assert!(e.to_string().contains("this runner serves"), "{e}");
+        let mut corrupt = wire.clone();
+        corrupt.tensors[0].data.pop();
+        let e = fresh.import_state(&corrupt).unwrap_err();
+        assert!(e.to_string().contains("bytes"), "{e}");
+        assert_eq!(feed(&mut fresh, &xs[..2]), want[..2], "untouched by the refusals");
+    }
+}

@@ -1,0 +1,107 @@
+//! A stream's explicit state as it travels between runners or processes
+//! (a replica draining hands its streams to another): the tensors, the
+//! identity of the model they belong to, and the format's version. Plain
+//! serde data: JSON, TOML, bincode, whatever the transport carries.
+//!
+//! ```
+//! # use laned_runner::{StreamState, STREAM_STATE_VERSION};
+//! let json = r#"{"version":1,"model":"rnn|x F32 B,8 -> state F32 1,B,6","tensors":[]}"#;
+//! let state: StreamState = serde_json::from_str(json).unwrap();
+//! assert_eq!(state.version, STREAM_STATE_VERSION);
+//! ```
+
+use serde::{Deserialize, Serialize};
+use tract_core::internal::*;
+
+/// The version [`StreamState`]s are written in, and the only one read.
+pub const STREAM_STATE_VERSION: u32 = 1;
+
+/// One stream's explicit state, from
+/// [`LanedStateHandle::export_state`](crate::LanedStateHandle::export_state),
+/// for [`LanedStateHandle::import_state`](crate::LanedStateHandle::import_state).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct StreamState {
+    /// [`STREAM_STATE_VERSION`] when written.
+    pub version: u32,
+    /// The model the state belongs to: its name and its state inputs'
+    /// facts. A runner refuses another model's state.
+    pub model: String,
+    /// One tensor per state pair, in the model's order, batch extent 1.
+    pub tensors: Vec<StateTensor>,
+}
+
+/// One state tensor: its datum type, its shape and its bytes (little-endian).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct StateTensor {
+    /// tract's name of the datum type (`F32`, `F16`, `I64`...).
+    pub datum_type: String,
+    /// The shape, the batch axis of extent 1 included.
+    pub shape: Vec<usize>,
+    /// The elements, little-endian, in row-major order.
+    pub data: Vec<u8>,
+}
+
+/// The datum types a state tensor may carry on the wire.
+const TYPES: [DatumType; 9] = [
+    DatumType::F16,
+    DatumType::F32,
+    DatumType::F64,
+    DatumType::I8,
+    DatumType::I16,
+    DatumType::I32,
+    DatumType::I64,
+    DatumType::U8,
+    DatumType::U16,
+];
+
+impl StateTensor {
+    pub(crate) fn of(t: &Tensor) -> Result<StateTensor, String> {
+        let dt = t.datum_type();
+        if !TYPES.contains(&dt) {
+            return Err(format!(
+                "a state tensor of {dt:?} cannot travel (only plain numbers do)"
+            ));
+        }
+        let bytes = t.as_bytes();
+        let size = dt.size_of();
+        let mut data = bytes.to_vec();
+        if cfg!(target_endian = "big") {
+            data.chunks_mut(size).for_each(|c| c.reverse());
+        }
+        Ok(StateTensor {
+            datum_type: format!("{dt:?}"),
+            shape: t.shape().to_vec(),
+            data,
+        })
+    }
+
+    pub(crate) fn to_tensor(&self) -> Result<Tensor, String> {
+        let dt = TYPES
+            .iter()
+            .copied()
+            .find(|dt| format!("{dt:?}") == self.datum_type)
+            .ok_or_else(|| {
+                format!(
+                    "a state tensor of {:?}: not a datum type the wire carries",
+                    self.datum_type
+                )
+            })?;
+        let len: usize = self.shape.iter().product();
+        if self.data.len() != len * dt.size_of() {
+            return Err(format!(
+                "a state tensor of {:?} {:?} holds {} bytes, {} expected",
+                self.datum_type,
+                self.shape,
+                self.data.len(),
+                len * dt.size_of()
+            ));
+        }
+        let mut data = self.data.clone();
+        if cfg!(target_endian = "big") {
+            data.chunks_mut(dt.size_of()).for_each(|c| c.reverse());
+        }
+        unsafe { Tensor::from_raw_dt(dt, &self.shape, &data) }.map_err(|e| format!("{e:#}"))
+    }
+}

@@ -1,0 +1,184 @@
+//! vad-server in-process, real WebSocket clients on 127.0.0.1: exact
+//! answers for many concurrent streams, admission (1013, /ready),
+//! malformed frames (1003, 1009), lanes freed by disconnects.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures_util::SinkExt;
+use laned_examples::close;
+use laned_testkit::silero::CHUNK;
+use tokio_tungstenite::tungstenite::Message;
+
+/// 64 concurrent clients (32 lanes on each of 2 shards), each with its own
+/// generated audio, half as f32 and half as i16, sent in frames of random
+/// sizes: every probability equals the stream's solo run.
+#[test]
+fn concurrent_clients_get_their_solo_probabilities() {
+    let Some(plan) = plan() else { return };
+    const CLIENTS: usize = 64;
+    let inputs: Vec<(Vec<f32>, bool)> = (0..CLIENTS)
+        .map(|c| {
+            let i16_format = c % 2 == 1;
+            (audio(c, 6 + c % 7), i16_format)
+        })
+        .collect();
+    let want: Vec<Vec<f32>> = inputs
+        .iter()
+        .map(|(a, i16_format)| {
+            if *i16_format {
+                solo(&plan, &through_i16(a))
+            } else {
+                solo(&plan, a)
+            }
+        })
+        .collect();
+    bounded(300, async {
+        let server = server(&plan, 32, 2, 60_000).await;
+        let addr = server.addr;
+        let tasks: Vec<_> = inputs
+            .into_iter()
+            .enumerate()
+            .map(|(c, (a, i16_format))| tokio::spawn(async move { stream(addr, &a, i16_format, c as u64).await }))
+            .collect();
+        for (c, t) in tasks.into_iter().enumerate() {
+            let got = t.await.unwrap();
+            assert_eq!(got, want[c], "client {c}");
+        }
+        let m = server.runner().metrics();
+        eprintln!("{} chunks in {} turns", m.seats, m.turns);
+        server.shutdown().await;
+    });
+    assert_ne!(want[0], want[1]);
+}
+
+/// Two lanes, two clients holding them: a third waits (/ready 503 while it
+/// does), then is closed with 1013 past the admission wait; /ready is 200
+/// again after, and a lane freed by a leaving client serves a new one.
+#[test]
+fn clients_past_the_lanes_are_refused_with_1013() {
+    let Some(plan) = plan() else { return };
+    let a = audio(0, 2);
+    bounded(60, async {
+        let server = server(&plan, 2, 1, 1_500).await;
+        let addr = server.addr;
+        wait_status(addr, "/ready", 200, Duration::from_secs(5)).await;
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut ws = connect(addr, "").await;
+            ws.send(Message::Binary(encode(&a[..CHUNK], false).into()))
+                .await
+                .unwrap();
+            assert!(matches!(next_reply(&mut ws).await, Reply::Probability(0, _)));
+            held.push(ws);
+        }
+        assert_eq!(server.runner().capacity().lanes_free, 0);
+        // Free lanes 0, nobody waiting: still ready.
+        assert_eq!(http_status(addr, "/ready").await, 200);
+        let mut third = connect(addr, "").await;
+        wait_status(addr, "/ready", 503, Duration::from_millis(1_200)).await;
+        let (code, reason) = expect_close(&mut third).await;
+        assert_eq!(code, close::TRY_AGAIN_LATER, "{reason}");
+        assert!(!reason.is_empty());
+        wait_status(addr, "/ready", 200, Duration::from_secs(2)).await;
+        assert_eq!(http_status(addr, "/live").await, 200);
+        // One leaves: a new client gets its lane.
+        let mut gone = held.pop().unwrap();
+        gone.close(None).await.unwrap();
+        let got = stream(addr, &a, false, 9).await;
+        assert_eq!(got, solo(&plan, &a));
+        drop(held);
+        server.shutdown().await;
+    });
+}
+
+/// A text frame, an odd i16 byte count, an oversized frame and an unknown
+/// format are each closed with their code and a reason, while two other
+/// clients stream throughout and get their exact answers.
+#[test]
+fn malformed_frames_close_only_their_connection() {
+    let Some(plan) = plan() else { return };
+    let good: Vec<Vec<f32>> = (0..2).map(|c| audio(c + 10, 40)).collect();
+    let want: Vec<Vec<f32>> = good.iter().map(|a| solo(&plan, a)).collect();
+    bounded(120, async {
+        let server = server(&plan, 8, 1, 5_000).await;
+        let addr = server.addr;
+        let streams: Vec<_> = good
+            .into_iter()
+            .enumerate()
+            .map(|(c, a)| tokio::spawn(async move { stream(addr, &a, false, 100 + c as u64).await }))
+            .collect();
+
+        let mut ws = connect(addr, "").await;
+        ws.send(Message::Text("hello".into())).await.unwrap();
+        let (code, reason) = expect_close(&mut ws).await;
+        assert_eq!(code, close::UNSUPPORTED, "text: {reason}");
+        assert!(reason.contains("text"), "{reason}");
+
+        let mut ws = connect(addr, "?format=i16").await;
+        ws.send(Message::Binary(vec![1u8, 2, 3].into())).await.unwrap();
+        let (code, reason) = expect_close(&mut ws).await;
+        assert_eq!(code, close::UNSUPPORTED, "odd i16: {reason}");
+        assert!(reason.contains("3 bytes"), "{reason}");
+
+        let mut ws = connect(addr, "").await;
+        ws.send(Message::Binary(vec![0u8; 100 * 1024].into())).await.unwrap();
+        let (code, reason) = expect_close(&mut ws).await;
+        assert_eq!(code, close::TOO_BIG, "oversized: {reason}");
+        assert!(reason.contains("limit"), "{reason}");
+
+        let mut ws = connect(addr, "?format=mp3").await;
+        let (code, reason) = expect_close(&mut ws).await;
+        assert_eq!(code, close::UNSUPPORTED, "unknown format: {reason}");
+        assert!(reason.contains("mp3"), "{reason}");
+
+        for (c, t) in streams.into_iter().enumerate() {
+            assert_eq!(t.await.unwrap(), want[c], "good client {c}");
+        }
+        server.shutdown().await;
+    });
+}
+
+/// Clients leaving mid-stream (closing, or dropping the connection with
+/// calls queued) free their lanes: 200 cycles on 2 lanes leak none.
+#[test]
+fn disconnects_free_their_lanes() {
+    let Some(plan) = plan() else { return };
+    let a = audio(3, 30);
+    bounded(240, async {
+        let server = server(&plan, 2, 1, 10_000).await;
+        let addr = server.addr;
+        for cycle in 0..200 {
+            let mut ws = connect(addr, "").await;
+            ws.send(Message::Binary(encode(&a[..CHUNK], false).into()))
+                .await
+                .unwrap();
+            assert!(
+                matches!(next_reply(&mut ws).await, Reply::Probability(0, _)),
+                "cycle {cycle}"
+            );
+            match cycle % 3 {
+                0 => ws.close(None).await.unwrap(),
+                1 => {
+                    // Many chunks queued, then gone without a close.
+                    ws.send(Message::Binary(encode(&a, false).into())).await.unwrap();
+                    drop(ws);
+                }
+                _ => drop(ws),
+            }
+        }
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let c = server.runner().capacity();
+            if c.lanes_free == c.lanes && server.connections() == 0 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < until, "lanes leaked: {c:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        wait_status(addr, "/ready", 200, Duration::from_secs(1)).await;
+        server.shutdown().await;
+    });
+}

@@ -9,6 +9,7 @@
 //! `{"chunk": n, "probability": p}`, plus `{"event": "speech_start" |
 //! "speech_end", "chunk": n}` with hysteresis.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,6 +42,9 @@ pub mod close {
     /// The runner failed the stream.
     pub const INTERNAL: u16 = 1011;
 }
+
+/// Frames read ahead while a call is in flight (then the reading waits).
+const MAX_BACKLOG: usize = 8;
 
 /// Speech starts at a probability at or above this.
 pub const START_THRESHOLD: f32 = 0.5;
@@ -444,12 +448,17 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
         hysteresis: Hysteresis::default(),
     };
     let max = shared.settings.max_frame_bytes;
+    // Frames read while a call was in flight, handled in order after it.
+    let mut backlog: VecDeque<Message> = VecDeque::new();
     loop {
-        let msg = tokio::select! {
-            m = socket.recv() => m,
-            _ = closed(shared.closing.clone()) => {
-                return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;
-            }
+        let msg = match backlog.pop_front() {
+            Some(m) => Some(Ok(m)),
+            None => tokio::select! {
+                m = socket.recv() => m,
+                _ = closed(shared.closing.clone()) => {
+                    return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;
+                }
+            },
         };
         let bytes = match msg {
             // Gone: dropping the handle frees the lane.
@@ -483,10 +492,24 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
         while stream.pending.len() >= CHUNK {
             let chunk: Vec<f32> = stream.pending.drain(..CHUNK).collect();
             let inputs = stream.context.inputs(&chunk);
-            let out = tokio::select! {
-                r = stream.handle.call_async(inputs) => r,
-                _ = closed(shared.closing.clone()) => {
-                    return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;
+            // The socket is read while the call is in flight: a client gone
+            // meanwhile drops the call (cancelled) and frees its lane at once.
+            let call = stream.handle.call_async(inputs);
+            tokio::pin!(call);
+            let out = loop {
+                tokio::select! {
+                    r = &mut call => break r,
+                    m = socket.recv(), if backlog.len() < MAX_BACKLOG => match m {
+                        None | Some(Err(_)) => return,
+                        Some(Ok(Message::Close(_))) => {
+                            let _ = futures_util::SinkExt::close(&mut socket).await;
+                            return;
+                        }
+                        Some(Ok(m)) => backlog.push_back(m),
+                    },
+                    _ = closed(shared.closing.clone()) => {
+                        return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;
+                    }
                 }
             };
             let out = match out {

@@ -9,10 +9,11 @@ use std::time::Duration;
 use common::*;
 use futures_util::SinkExt;
 use laned_examples::close;
+use laned_runner::Mode;
 use laned_testkit::silero::CHUNK;
 use tokio_tungstenite::tungstenite::Message;
 
-/// 64 concurrent clients (32 lanes on each of 2 shards), each with its own
+/// 64 concurrent clients (32 lanes on each of 2 shards), in both modes, each with its own
 /// generated audio, half as f32 and half as i16, sent in frames of random
 /// sizes: every probability equals the stream's solo run.
 #[test]
@@ -36,20 +37,23 @@ fn concurrent_clients_get_their_solo_probabilities() {
         })
         .collect();
     bounded(300, async {
-        let server = server(&plan, 32, 2, 60_000).await;
-        let addr = server.addr;
-        let tasks: Vec<_> = inputs
-            .into_iter()
-            .enumerate()
-            .map(|(c, (a, i16_format))| tokio::spawn(async move { stream(addr, &a, i16_format, c as u64).await }))
-            .collect();
-        for (c, t) in tasks.into_iter().enumerate() {
-            let got = t.await.unwrap();
-            assert_eq!(got, want[c], "client {c}");
+        for mode in [Mode::Worker, Mode::Combining] {
+            let server = server_in(&plan, 32, 2, 60_000, mode).await;
+            let addr = server.addr;
+            let tasks: Vec<_> = inputs
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(c, (a, i16_format))| tokio::spawn(async move { stream(addr, &a, i16_format, c as u64).await }))
+                .collect();
+            for (c, t) in tasks.into_iter().enumerate() {
+                let got = t.await.unwrap();
+                assert_eq!(got, want[c], "{mode:?}: client {c}");
+            }
+            let m = server.runner().metrics();
+            eprintln!("{mode:?}: {} chunks in {} turns", m.seats, m.turns);
+            server.shutdown().await;
         }
-        let m = server.runner().metrics();
-        eprintln!("{} chunks in {} turns", m.seats, m.turns);
-        server.shutdown().await;
     });
     assert_ne!(want[0], want[1]);
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use laned_examples::{start, Server, Settings};
+use laned_runner::Mode;
 use laned_testkit::silero::{self, Context, CHUNK};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;
@@ -60,9 +61,21 @@ pub fn solo(plan: &Arc<dyn Runnable>, samples: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-/// A server in-process on 127.0.0.1:0.
+/// A server in-process on 127.0.0.1:0 (worker mode).
 pub async fn server(plan: &Arc<dyn Runnable>, lanes: usize, shards: usize, admission_wait_ms: u64) -> Server {
+    server_in(plan, lanes, shards, admission_wait_ms, Mode::Worker).await
+}
+
+/// A server in-process on 127.0.0.1:0, in `mode`.
+pub async fn server_in(
+    plan: &Arc<dyn Runnable>,
+    lanes: usize,
+    shards: usize,
+    admission_wait_ms: u64,
+    mode: Mode,
+) -> Server {
     let settings = Settings {
+        mode,
         listen: "127.0.0.1:0".parse().unwrap(),
         lanes,
         shards,

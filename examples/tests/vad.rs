@@ -186,3 +186,63 @@ fn disconnects_free_their_lanes() {
         server.shutdown().await;
     });
 }
+
+/// A client gone while its call waits for a turn (a 60 s linger, the other
+/// stream holding a lane idle) has its call cancelled and its lane freed at
+/// once, long before the turn would have run; the other stream goes on.
+#[test]
+fn a_client_gone_mid_call_frees_its_lane_at_once() {
+    let Some(plan) = plan() else { return };
+    let a = audio(4, 3);
+    bounded(60, async {
+        let settings = laned_examples::Settings {
+            lanes: 2,
+            policy: "linger:60000000".into(),
+            admission_wait_ms: 5_000,
+            drain_deadline_ms: 500,
+            ..laned_examples::Settings::default()
+        };
+        let server = server_with(&plan, settings).await;
+        let addr = server.addr;
+        let mut idle = connect(addr, "").await;
+        let mut leaving = connect(addr, "").await;
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        while server.runner().capacity().lanes_free > 0 {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "the two clients never got their lanes"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        leaving
+            .send(Message::Binary(encode(&a[..CHUNK], false).into()))
+            .await
+            .unwrap();
+        // The call is queued, its turn lingering for the idle stream.
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        while server.runner().capacity().seats_queued == 0 {
+            assert!(tokio::time::Instant::now() < until, "the call was never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(leaving);
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let c = server.runner().capacity();
+            if c.lanes_free == 1 && c.seats_queued == 0 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < until, "the lane was not freed: {c:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Alone now, the idle stream is served at once (every held lane queued).
+        idle.send(Message::Binary(encode(&a[..CHUNK], false).into()))
+            .await
+            .unwrap();
+        match next_reply(&mut idle).await {
+            Reply::Probability(0, p) => assert_eq!(p, solo(&plan, &a[..CHUNK])[0]),
+            other => panic!("{other:?}"),
+        }
+        idle.close(None).await.unwrap();
+        server.shutdown().await;
+    });
+}

@@ -87,6 +87,15 @@ pub async fn server_in(
     start(plan.clone(), settings, None).await.unwrap()
 }
 
+/// A server in-process with these settings (on 127.0.0.1:0).
+pub async fn server_with(plan: &Arc<dyn Runnable>, settings: Settings) -> Server {
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..settings
+    };
+    start(plan.clone(), settings, None).await.unwrap()
+}
+
 pub async fn connect(addr: SocketAddr, query: &str) -> Ws {
     let url = format!("ws://{addr}/v1/vad{query}");
     tokio_tungstenite::connect_async(url.as_str()).await.unwrap().0

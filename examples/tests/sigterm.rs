@@ -15,7 +15,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_tungstenite::tungstenite::Message;
 
 #[test]
-fn sigterm_drains_then_closes_with_1001_and_exits_0() {
+fn silero_sigterm_drains_then_closes_with_1001_and_exits_0() {
     let Some(model) = model_path() else { return };
     bounded(120, async {
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vad-server"))

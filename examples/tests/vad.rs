@@ -17,7 +17,7 @@ use tokio_tungstenite::tungstenite::Message;
 /// generated audio, half as f32 and half as i16, sent in frames of random
 /// sizes: every probability equals the stream's solo run.
 #[test]
-fn concurrent_clients_get_their_solo_probabilities() {
+fn silero_concurrent_clients_get_their_solo_probabilities() {
     let Some(plan) = plan() else { return };
     const CLIENTS: usize = 64;
     let inputs: Vec<(Vec<f32>, bool)> = (0..CLIENTS)
@@ -62,7 +62,7 @@ fn concurrent_clients_get_their_solo_probabilities() {
 /// does), then is closed with 1013 past the admission wait; /ready is 200
 /// again after, and a lane freed by a leaving client serves a new one.
 #[test]
-fn clients_past_the_lanes_are_refused_with_1013() {
+fn silero_clients_past_the_lanes_are_refused_with_1013() {
     let Some(plan) = plan() else { return };
     let a = audio(0, 2);
     bounded(60, async {
@@ -102,7 +102,7 @@ fn clients_past_the_lanes_are_refused_with_1013() {
 /// format are each closed with their code and a reason, while two other
 /// clients stream throughout and get their exact answers.
 #[test]
-fn malformed_frames_close_only_their_connection() {
+fn silero_malformed_frames_close_only_their_connection() {
     let Some(plan) = plan() else { return };
     let good: Vec<Vec<f32>> = (0..2).map(|c| audio(c + 10, 40)).collect();
     let want: Vec<Vec<f32>> = good.iter().map(|a| solo(&plan, a)).collect();
@@ -148,7 +148,7 @@ fn malformed_frames_close_only_their_connection() {
 /// Clients leaving mid-stream (closing, or dropping the connection with
 /// calls queued) free their lanes: 200 cycles on 2 lanes leak none.
 #[test]
-fn disconnects_free_their_lanes() {
+fn silero_disconnects_free_their_lanes() {
     let Some(plan) = plan() else { return };
     let a = audio(3, 30);
     bounded(240, async {
@@ -191,7 +191,7 @@ fn disconnects_free_their_lanes() {
 /// stream holding a lane idle) has its call cancelled and its lane freed at
 /// once, long before the turn would have run; the other stream goes on.
 #[test]
-fn a_client_gone_mid_call_frees_its_lane_at_once() {
+fn silero_a_client_gone_mid_call_frees_its_lane_at_once() {
     let Some(plan) = plan() else { return };
     let a = audio(4, 3);
     bounded(60, async {

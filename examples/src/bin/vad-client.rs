@@ -25,6 +25,9 @@ struct Args {
     /// Samples per frame sent.
     #[arg(long, default_value_t = 1600)]
     frame: usize,
+    /// Send 16-bit PCM (`?format=i16`) instead of 32-bit float.
+    #[arg(long)]
+    i16: bool,
     /// Print every chunk's probability too.
     #[arg(long)]
     verbose: bool,
@@ -91,22 +94,34 @@ async fn main() {
         }),
         None => generated(),
     };
-    let (ws, _) = tokio_tungstenite::connect_async(args.url.as_str())
+    let url = match (args.i16, args.url.contains('?')) {
+        (false, _) => args.url.clone(),
+        (true, false) => format!("{}?format=i16", args.url),
+        (true, true) => format!("{}&format=i16", args.url),
+    };
+    let (ws, _) = tokio_tungstenite::connect_async(url.as_str())
         .await
         .unwrap_or_else(|e| {
-            eprintln!("vad-client: connecting to {}: {e}", args.url);
+            eprintln!("vad-client: connecting to {url}: {e}");
             std::process::exit(1)
         });
     let (mut tx, mut rx) = ws.split();
     let frame = args.frame.max(1);
     let fast = args.fast;
+    let i16_format = args.i16;
     let sender = tokio::spawn(async move {
         let start = tokio::time::Instant::now();
         for (i, f) in audio.chunks(frame).enumerate() {
             if !fast {
                 tokio::time::sleep_until(start + Duration::from_secs_f64((i * frame) as f64 / 16_000.0)).await;
             }
-            let bytes: Vec<u8> = f.iter().flat_map(|s| s.to_le_bytes()).collect();
+            let bytes: Vec<u8> = if i16_format {
+                f.iter()
+                    .flat_map(|s| ((s * 32768.0).round().clamp(-32768.0, 32767.0) as i16).to_le_bytes())
+                    .collect()
+            } else {
+                f.iter().flat_map(|s| s.to_le_bytes()).collect()
+            };
             if tx.send(Message::Binary(bytes.into())).await.is_err() {
                 return;
             }

@@ -257,6 +257,13 @@ fn silero_replicas_behind_haproxy_stay_sticky_and_drain_without_losing_a_call() 
             let (ws, at) = connect_and_locate(front, replicas, id).await;
             assert_eq!(at, 1, "{id}: routed to the draining replica");
             drop(ws);
+            // Its lane back before the next look, or the next stream's
+            // lane would only replace this one in B's count.
+            let until = tokio::time::Instant::now() + Duration::from_secs(5);
+            while lanes_taken(b.addr).await != 0.0 {
+                assert!(tokio::time::Instant::now() < until, "{id}: its lane stayed taken");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
         // 30 chunks at 20 ms: 0.6 s, well within the 2.5 s drain deadline.
         for t in live {

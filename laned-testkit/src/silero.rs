@@ -8,7 +8,6 @@
 //! (the speech probability) and `stateN [2, B, 128]`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use tract_core::internal::*;
 use tract_onnx::prelude::{Framework, InferenceFact, InferenceModelExt};
@@ -27,10 +26,7 @@ pub const SAMPLE_RATE: i64 = 16_000;
 /// Where the model is cached: `$CARGO_TARGET_DIR` or the workspace's
 /// `target/`, under `silero/`.
 pub fn cache_dir() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target"));
-    target.join("silero")
+    crate::fetch::cache_dir("silero")
 }
 
 /// The model file: `LANED_SILERO_ONNX` if set, else the cached copy, else
@@ -45,59 +41,11 @@ pub fn fetch() -> Result<PathBuf, String> {
             Err(format!("LANED_SILERO_ONNX={} is not a file", path.display()))
         };
     }
-    let dir = cache_dir();
-    let model = dir.join("silero_vad_op18_ifless.onnx");
-    if model.is_file() {
-        return Ok(model);
-    }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    // Each process downloads into its own folder and renames the model into
-    // place: concurrent test processes never see a half-written file.
-    let scratch = dir.join(format!("download-{}", std::process::id()));
-    let result = download(&scratch, &model);
-    let _ = std::fs::remove_dir_all(&scratch);
-    result.map(|_| model)
-}
-
-fn download(scratch: &Path, model: &Path) -> Result<(), String> {
-    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
-        let out = cmd.output().map_err(|e| format!("{what}: cannot run python3: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let last = stderr.lines().last().unwrap_or("").to_string();
-            Err(format!("{what} failed ({}): {last}", out.status))
-        }
-    };
-    run(
-        Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "-q",
-                PACKAGE,
-                "-d",
-            ])
-            .arg(scratch),
-        &format!("pip download {PACKAGE}"),
-    )?;
-    let part = scratch.join("model.onnx.part");
-    let script = "import sys, glob, zipfile\n\
-                  wheel = glob.glob(sys.argv[1] + '/silero_vad-*.whl')[0]\n\
-                  open(sys.argv[3], 'wb').write(zipfile.ZipFile(wheel).read(sys.argv[2]))\n";
-    run(
-        Command::new("python3")
-            .args(["-c", script])
-            .arg(scratch)
-            .arg(FILE_IN_PACKAGE)
-            .arg(&part),
-        &format!("extracting {FILE_IN_PACKAGE}"),
-    )?;
-    std::fs::rename(&part, model).map_err(|e| format!("moving the model into {}: {e}", model.display()))
+    let name = FILE_IN_PACKAGE.rsplit('/').next().unwrap_or(FILE_IN_PACKAGE);
+    let mut paths = crate::fetch::cached(&cache_dir(), &[name], |scratch| {
+        crate::fetch::pip_wheel_files(scratch, PACKAGE, "silero_vad-*.whl", &[FILE_IN_PACKAGE])
+    })?;
+    Ok(paths.remove(0))
 }
 
 /// The model, typed with the batch symbol `batch` on axis 0 of `input` and

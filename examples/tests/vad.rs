@@ -98,6 +98,68 @@ fn silero_clients_past_the_lanes_are_refused_with_1013() {
     });
 }
 
+/// One lane, held: three clients connect one after another and wait (each
+/// counted waiting before the next connects); as the lane frees, they are
+/// served in the order they arrived, each answered exactly.
+#[test]
+fn silero_waiting_clients_are_served_in_arrival_order() {
+    let Some(plan) = plan() else { return };
+    let a = audio(5, 2);
+    let want = solo(&plan, &a[..2 * CHUNK]);
+    bounded(60, async {
+        let server = server(&plan, 1, 1, 30_000).await;
+        let addr = server.addr;
+        let mut holder = connect(addr, "").await;
+        holder
+            .send(Message::Binary(encode(&a[..CHUNK], false).into()))
+            .await
+            .unwrap();
+        assert!(matches!(next_reply(&mut holder).await, Reply::Probability(0, _)));
+        let (order_tx, mut order_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut waiting = Vec::new();
+        for c in 0..3usize {
+            let mut ws = connect(addr, "").await;
+            // Its audio is read only once it has a lane.
+            ws.send(Message::Binary(encode(&a[..2 * CHUNK], false).into()))
+                .await
+                .unwrap();
+            let until = tokio::time::Instant::now() + Duration::from_secs(10);
+            while server.runner().capacity().spawners_waiting < c + 1 {
+                assert!(tokio::time::Instant::now() < until, "client {c} never waited");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let order_tx = order_tx.clone();
+            waiting.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                for k in 0..2 {
+                    match next_reply(&mut ws).await {
+                        Reply::Probability(n, p) => {
+                            assert_eq!(n, k);
+                            got.push(p);
+                        }
+                        other => panic!("client {c}: {other:?}"),
+                    }
+                }
+                order_tx.send(c).unwrap();
+                // Leaving frees the lane for the next in line.
+                ws.close(None).await.unwrap();
+                got
+            }));
+        }
+        assert_eq!(server.runner().capacity().spawners_waiting, 3);
+        holder.close(None).await.unwrap();
+        let mut order = Vec::new();
+        for _ in 0..3 {
+            order.push(order_rx.recv().await.unwrap());
+        }
+        assert_eq!(order, [0, 1, 2], "served out of arrival order");
+        for (c, t) in waiting.into_iter().enumerate() {
+            assert_eq!(t.await.unwrap(), want, "client {c}");
+        }
+        server.shutdown().await;
+    });
+}
+
 /// A text frame, an odd i16 byte count, an oversized frame and an unknown
 /// format are each closed with their code and a reason, while two other
 /// clients stream throughout and get their exact answers.
@@ -146,15 +208,15 @@ fn silero_malformed_frames_close_only_their_connection() {
 }
 
 /// Clients leaving mid-stream (closing, or dropping the connection with
-/// calls queued) free their lanes: 200 cycles on 2 lanes leak none.
+/// calls queued) free their lanes: 1,000 cycles on 2 lanes leak none.
 #[test]
 fn silero_disconnects_free_their_lanes() {
     let Some(plan) = plan() else { return };
     let a = audio(3, 30);
-    bounded(240, async {
+    bounded(300, async {
         let server = server(&plan, 2, 1, 10_000).await;
         let addr = server.addr;
-        for cycle in 0..200 {
+        for cycle in 0..1_000 {
             let mut ws = connect(addr, "").await;
             ws.send(Message::Binary(encode(&a[..CHUNK], false).into()))
                 .await

@@ -112,7 +112,8 @@ fn a_soft_drain_lets_32_live_streams_finish_exactly() {
 }
 
 /// A spawner waiting for a lane when the drain starts is answered
-/// `Draining` at once, not at the end of its wait.
+/// `Draining` at once, not at the end of its wait (an hour: the test's
+/// bound fails first).
 #[test]
 fn a_waiting_spawner_is_answered_when_admission_stops() {
     bounded("waiting spawner", || {
@@ -121,16 +122,11 @@ fn a_waiting_spawner_is_answered_when_admission_stops() {
             let r = runner(&f, mode, shards, 1);
             let held: Vec<_> = (0..shards).map(|_| r.try_spawn().unwrap()).collect();
             let r2 = r.clone();
-            let waiter = thread::spawn(move || {
-                let t = Instant::now();
-                (r2.spawn_timeout(Duration::from_secs(30)).map(|_| ()), t.elapsed())
-            });
+            let waiter = thread::spawn(move || r2.spawn_timeout(Duration::from_secs(3600)).map(|_| ()));
             eventually("the spawner waits", || r.capacity().spawners_waiting == 1);
             assert!(!r.capacity().is_ready(), "no lane free and a spawner waits: unready");
             r.stop_admitting();
-            let (result, waited) = waiter.join().unwrap();
-            assert_eq!(result.unwrap_err(), SpawnError::Draining);
-            assert!(waited < Duration::from_secs(10), "answered only after {waited:?}");
+            assert_eq!(waiter.join().unwrap().unwrap_err(), SpawnError::Draining);
             drop(held);
         }
     });
@@ -148,16 +144,13 @@ fn a_drain_past_its_deadline_tells_the_stragglers() {
             let mut stragglers: Vec<LanedStateHandle> = (0..3).map(|_| r.try_spawn().unwrap()).collect();
             let ended = r.try_spawn().unwrap();
             let r2 = r.clone();
-            let t = Instant::now();
-            let drain = thread::spawn(move || r2.drain(Instant::now() + Duration::from_millis(300)));
+            let deadline = Instant::now() + Duration::from_millis(300);
+            let drain = thread::spawn(move || r2.drain(deadline));
             // One stream ends during the drain; the others do not.
             thread::sleep(Duration::from_millis(50));
             drop(ended);
             let drained = drain.join().unwrap();
-            assert!(
-                t.elapsed() >= Duration::from_millis(300),
-                "returned before the deadline"
-            );
+            assert!(Instant::now() >= deadline, "returned before the deadline");
             assert_eq!(drained.stragglers, 3, "{mode:?}, {shards} shards");
             for h in &mut stragglers {
                 let e = h.call(f.inputs(1, 0)).unwrap_err();
@@ -171,16 +164,15 @@ fn a_drain_past_its_deadline_tells_the_stragglers() {
     });
 }
 
-/// A drain with no stream returns at once.
+/// A drain with no stream returns at once, not at its deadline (an hour:
+/// the test's bound fails first).
 #[test]
 fn a_drain_with_no_stream_returns_at_once() {
     bounded("empty drain", || {
         let f = fixtures::small_tdnn();
         let r = runner(&f, Mode::Worker, 2, 2);
-        let t = Instant::now();
-        let drained = r.drain(Instant::now() + Duration::from_secs(30));
+        let drained = r.drain(Instant::now() + Duration::from_secs(3600));
         assert_eq!(drained.stragglers, 0);
-        assert!(t.elapsed() < Duration::from_secs(5));
     });
 }
 
@@ -441,9 +433,10 @@ fn ticking(f: &Fixture, mode: Mode, tick: Duration) -> LanedRunner {
 }
 
 /// A blocking call whose deadline passes while it is queued gets
-/// `DeadlineExceeded` and leaves no seat behind; another stream's call in
-/// the same queue gets its exact answer at the turn, and the stream past
-/// its deadline calls again, exactly.
+/// `DeadlineExceeded` before any turn has run (so from its deadline, not
+/// the turn) and leaves no seat behind; another stream's call in the same
+/// queue gets its exact answer at the turn, and the stream past its
+/// deadline calls again, exactly.
 #[test]
 fn a_call_past_its_deadline_leaves_the_queue() {
     bounded("deadline", || {
@@ -457,17 +450,12 @@ fn a_call_past_its_deadline_leaves_the_queue() {
                 let got = other.call(f2.inputs(1, 700)).unwrap();
                 assert_eq!(got, want[0], "the other stream's answer");
             });
-            let t = Instant::now();
             let e = late
                 .call_until(f.inputs(1, 100), Instant::now() + Duration::from_millis(80))
                 .unwrap_err();
             assert_eq!(*e.kind(), RunErrorKind::DeadlineExceeded, "{e}");
             assert_eq!(e.end_reason(), Some(EndReason::Cancelled));
-            assert!(
-                t.elapsed() < Duration::from_millis(500),
-                "answered after {:?}",
-                t.elapsed()
-            );
+            assert_eq!(r.turns_and_seats().0, 0, "answered at a turn, not at its deadline");
             // Only the other stream's seat is left.
             eventually("the late seat left", || r.capacity().seats_queued <= 1);
             waiting.join().unwrap();
@@ -483,8 +471,8 @@ fn a_call_past_its_deadline_leaves_the_queue() {
 }
 
 /// The async form: the runner's deadline thread wakes the task when its
-/// deadline passes, with no executor timer; the seat leaves the queue and
-/// a call with a far deadline gets its exact answer.
+/// deadline passes (before any turn), with no executor timer; the seat
+/// leaves the queue and a call with a far deadline gets its exact answer.
 #[test]
 fn an_async_call_past_its_deadline_leaves_the_queue() {
     bounded("async deadline", || {
@@ -498,18 +486,12 @@ fn an_async_call_past_its_deadline_leaves_the_queue() {
             let mut patient = r.try_spawn().unwrap();
             let (f2, r2) = (f.clone(), r.clone());
             rt.block_on(async move {
-                let t = Instant::now();
                 let e = late
                     .call_until_async(f2.inputs(1, 100), Instant::now() + Duration::from_millis(80))
                     .await
                     .unwrap_err();
                 assert_eq!(*e.kind(), RunErrorKind::DeadlineExceeded, "{e}");
-                assert!(
-                    t.elapsed() < Duration::from_millis(500),
-                    "answered after {:?}",
-                    t.elapsed()
-                );
-                let _ = r2.capacity();
+                assert_eq!(r2.turns_and_seats().0, 0, "answered at a turn, not at its deadline");
                 let got = patient
                     .call_until_async(f2.inputs(1, 100), Instant::now() + Duration::from_secs(30))
                     .await

@@ -26,6 +26,11 @@ tasks:
                            pipeline of models per stream, a state per stream per
                            model vs a runner per model, pinned to N cores (default 1)
                            (xtask/bench/src/bin/audio-bench.rs)
+  bench --scenario serve [--server-cores N] [--quick]
+                           the vad-server binary (pinned to N cores, default 1) driven by
+                           real WebSocket clients on the other cores, against the same
+                           model in-process on the server's cores: capacity at p99 <= 50 ms
+                           and CPU per chunk (xtask/bench/src/bin/serve-bench.rs)
   fuzz [--cases N] [--seed S] [--model PATH --pulse P [--symbol S]]
                            the property tests with many cases (default 2000); with
                            --model, the seating property on your NNEF model
@@ -89,6 +94,13 @@ fn run(mut command: Command) -> bool {
 }
 
 fn bench(args: &[String]) -> bool {
+    if args.windows(2).any(|w| w[0] == "--scenario" && w[1] == "serve") {
+        return bench_serve(args);
+    }
+    if let Some(w) = args.windows(2).find(|w| w[0] == "--scenario") {
+        eprintln!("bench: unknown scenario {:?} (expected serve)", w[1]);
+        return false;
+    }
     if args.windows(2).any(|w| w[0] == "--model" && w[1] == "silero") {
         return bench_silero(args);
     }
@@ -141,6 +153,64 @@ fn bench_audio(args: &[String]) -> bool {
         "audio-bench",
     ]);
     run(build) && run_pinned("audio-bench", args, true)
+}
+
+/// The serve scenario: `vad-server` and `serve-bench` built in release;
+/// the server pinned to the first `--server-cores N` CPUs (default 1), the
+/// clients to the rest (all of them on a one-CPU machine).
+fn bench_serve(args: &[String]) -> bool {
+    let mut server_cores = 1usize;
+    let mut rest = vec![];
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--scenario" => {
+                it.next();
+            }
+            "--server-cores" => match it.next().map(|n| n.parse()) {
+                Some(Ok(n)) if n > 0 => server_cores = n,
+                other => {
+                    eprintln!("bench: --server-cores needs a positive number, got {other:?}");
+                    return false;
+                }
+            },
+            _ => rest.push(arg.clone()),
+        }
+    }
+    let mut server = cargo();
+    server.args(["build", "--release", "-p", "laned-examples", "--bin", "vad-server"]);
+    let mut bench = cargo();
+    bench.args([
+        "build",
+        "--release",
+        "-p",
+        "laned-bench",
+        "--features",
+        "silero",
+        "--bin",
+        "serve-bench",
+    ]);
+    if !(run(server) && run(bench)) {
+        return false;
+    }
+    let cpus = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+    let server_cpus = format!("0-{}", server_cores.min(cpus) - 1);
+    let client_cpus = if server_cores < cpus {
+        format!("{server_cores}-{}", cpus - 1)
+    } else {
+        eprintln!("bench: no CPU left for the clients: they share the server's");
+        format!("0-{}", cpus - 1)
+    };
+    let release = target_dir().join("release");
+    let mut command = Command::new("taskset");
+    command
+        .args(["-c", &client_cpus])
+        .arg(release.join("serve-bench"))
+        .arg("--server")
+        .arg(release.join("vad-server"))
+        .args(["--server-cpus", &server_cpus])
+        .args(rest);
+    run(command)
 }
 
 /// Runs the release binary `name` with `args`, pinned to `--cores N` CPUs

@@ -199,7 +199,16 @@ pub fn median(v: &[f64]) -> f64 {
 /// Over a probe of seconds, what a runner costs besides the latency it
 /// gives.
 pub fn process_cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    cpu_time_from("/proc/self/stat")
+}
+
+/// [`process_cpu_time`] of another process (a server the bench started).
+pub fn cpu_time_of(pid: u32) -> Option<Duration> {
+    cpu_time_from(&format!("/proc/{pid}/stat"))
+}
+
+fn cpu_time_from(path: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // Fields after the command name (which may hold spaces), from `state`.
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();

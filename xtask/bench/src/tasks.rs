@@ -6,6 +6,8 @@
 //! part), but for real-time latency, counted from the send. Stream `s`
 //! sends `inputs(s)` every time, so one driver serves every model.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,12 +25,30 @@ pub enum TaskSystem {
     Ours(LanedRunner),
     /// Any runnable (tract's runner): a `spawn_blocking` per call.
     TractBlocking(Arc<dyn Runnable>),
+    /// Streams with their own async call: a pipeline of several runners.
+    Streams(Arc<dyn AsyncStreams>),
+}
+
+/// A boxed future, as [`AsyncStreams`] and [`AsyncStream`] give them.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Where [`TaskSystem::Streams`] gets its streams.
+pub trait AsyncStreams: Send + Sync {
+    /// A new stream.
+    fn spawn(&self) -> BoxFuture<'_, TractResult<Box<dyn AsyncStream>>>;
+}
+
+/// One stream of [`TaskSystem::Streams`].
+pub trait AsyncStream: Send {
+    /// One call with the stream's inputs, answered.
+    fn call(&mut self, inputs: TVec<TValue>) -> BoxFuture<'_, TractResult<()>>;
 }
 
 enum Stream {
     Ours(laned_runner::LanedStateHandle),
     /// `None` only while a call holds it on a blocking thread.
     Tract(Option<Box<dyn State>>),
+    Custom(Box<dyn AsyncStream>),
 }
 
 impl TaskSystem {
@@ -40,6 +60,7 @@ impl TaskSystem {
                 let state = tokio::task::spawn_blocking(move || runnable.spawn()).await??;
                 Stream::Tract(Some(state))
             }
+            TaskSystem::Streams(streams) => Stream::Custom(streams.spawn().await?),
         })
     }
 }
@@ -60,6 +81,7 @@ impl Stream {
                 *slot = Some(state);
                 out?;
             }
+            Stream::Custom(stream) => stream.call(inputs).await?,
         }
         Ok(())
     }

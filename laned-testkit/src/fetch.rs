@@ -15,7 +15,9 @@ pub(crate) fn cache_dir(name: &str) -> PathBuf {
 }
 
 /// The files `names` in the folder the environment variable `var` names,
-/// every one of them present; `None` where `var` is unset.
+/// every one of them present; `None` where `var` is unset. (Silero's
+/// override names a file, not a folder.)
+#[cfg(any(feature = "dtln", feature = "oww"))]
 pub(crate) fn from_env(var: &str, names: &[&str]) -> Option<Result<Vec<PathBuf>, String>> {
     let dir = PathBuf::from(std::env::var_os(var)?);
     Some(

@@ -8,7 +8,8 @@
 //! - [`report`]: what a run found (`report.json`), the machine it ran on,
 //!   the markdown tables, and `--compare` of two reports;
 //! - [`plot`]: the SVG plots (plotters);
-//! - [`progress`]: the progress bar of long runs (indicatif).
+//! - [`progress`]: the progress bar of long runs (indicatif);
+//! - [`cli`]: the flags the model benches share.
 //!
 //! ```no_run
 //! use laned_bench::load;
@@ -19,6 +20,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cli;
 pub mod load;
 pub mod plot;
 pub mod progress;

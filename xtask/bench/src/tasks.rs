@@ -126,14 +126,16 @@ pub fn closed_loop(
         ready.wait().await;
         let (started, cpu_before) = (Instant::now(), load::process_cpu_time());
         tokio::time::sleep(duration).await;
-        stop.store(true, Ordering::Relaxed);
-        let elapsed = started.elapsed();
         let cpu = cpu_before
             .zip(load::process_cpu_time())
             .map(|(a, b)| b.saturating_sub(a));
+        stop.store(true, Ordering::Relaxed);
         for t in tasks {
             t.await??;
         }
+        // After the last call in flight at the stop has landed, since those
+        // count: as the threads' closed loop counts.
+        let elapsed = started.elapsed();
         let pulses = total.load(Ordering::Relaxed);
         Ok(Throughput {
             per_sec: pulses as f64 / elapsed.as_secs_f64(),

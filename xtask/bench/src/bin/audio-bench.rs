@@ -24,6 +24,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use laned_bench::cli::{self, Common};
 use laned_bench::load;
 use laned_bench::tasks::{self, AsyncStream, AsyncStreams, BoxFuture, TaskSystem};
 use laned_runner::{LanedRunner, LanedStateHandle, Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
@@ -67,49 +68,24 @@ impl Model {
 
 struct Args {
     model: Model,
-    streams: usize,
-    seconds: f64,
-    repeats: usize,
-    real_time: bool,
+    common: Common,
 }
 
 fn args() -> Result<Args, String> {
-    let mut a = Args {
-        model: Model::Dtln,
-        streams: 64,
-        seconds: 2.0,
-        repeats: 3,
-        real_time: true,
-    };
     let mut model = None;
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
-        match arg.as_str() {
-            "--model" => {
-                model = Some(match value("--model")?.as_str() {
-                    "dtln" => Model::Dtln,
-                    "oww" => Model::Oww,
-                    other => return Err(format!("--model {other:?}: dtln or oww")),
-                })
-            }
-            "--streams" => a.streams = value("--streams")?.parse().map_err(|e| format!("--streams: {e}"))?,
-            "--seconds" => a.seconds = value("--seconds")?.parse().map_err(|e| format!("--seconds: {e}"))?,
-            "--repeats" => a.repeats = value("--repeats")?.parse().map_err(|e| format!("--repeats: {e}"))?,
-            "--skip-real-time" => a.real_time = false,
-            "--quick" => {
-                a.seconds = 0.5;
-                a.repeats = 1;
-            }
-            "--help" | "-h" => {
-                print!("{HELP}");
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown argument {other:?}\n\n{HELP}")),
+    let common = cli::parse(std::env::args().skip(1), HELP, |flag, value| {
+        if flag != "--model" {
+            return Ok(false);
         }
-    }
-    a.model = model.ok_or(format!("--model is required\n\n{HELP}"))?;
-    Ok(a)
+        model = Some(match value("--model")?.as_str() {
+            "dtln" => Model::Dtln,
+            "oww" => Model::Oww,
+            other => return Err(format!("--model {other:?}: dtln or oww")),
+        });
+        Ok(true)
+    })?;
+    let model = model.ok_or(format!("--model is required\n\n{HELP}"))?;
+    Ok(Args { model, common })
 }
 
 /// Stream `s`'s next chunk: noisy speech-like audio (the models' cost does
@@ -546,21 +522,8 @@ fn measure(
 }
 
 fn main() -> TractResult<()> {
-    let args = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
-    let (models, what) = match load_models(args.model) {
-        Ok(m) => m,
-        Err(why) => {
-            eprintln!("the models are unavailable here: {why}");
-            std::process::exit(3);
-        }
-    };
-    let model = args.model;
+    let Args { model, common: args } = cli::or_exit(args());
+    let (models, what) = cli::model_or_exit(load_models(model), "the models");
     let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cores)
@@ -622,7 +585,7 @@ fn main() -> TractResult<()> {
     }
     if args.real_time {
         let budget = period / 2;
-        let probe = Duration::from_secs_f64((args.seconds * 1.5).max(1.0));
+        let probe = args.probe();
         println!(
             "\n## Real time: a chunk every {} ms per stream, capacity = most streams with p99 <= {} ms\n",
             period.as_millis(),

@@ -14,7 +14,9 @@
 //! Both report capacity, the most streams whose p99 stays within 50 ms
 //! (`laned_bench::load::search_capacity`), and CPU per chunk: the server
 //! process's own CPU (from `/proc/<pid>/stat`), and for the in-process run
-//! the whole process's, its load generator included.
+//! the whole process's, its load generator included. Every probe's streams
+//! run half a second before it counts (the runner's first turns at each
+//! occupancy prepare kernels).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -24,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
+use laned_bench::cli;
 use laned_bench::load;
 use laned_bench::tasks::{self, TaskSystem};
 use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec};
@@ -46,6 +49,10 @@ figure. Each probe lasts 1.5 x --seconds (at least 1 s).
 
 const PERIOD: Duration = Duration::from_millis(32);
 const BUDGET: Duration = Duration::from_millis(50);
+/// Streams run this long before a probe counts: a fresh runner's first
+/// turns at each new occupancy prepare their kernels (the memo's misses),
+/// which is no steady cost.
+const WARM_UP: Duration = Duration::from_millis(500);
 
 struct Args {
     server: Option<PathBuf>,
@@ -70,8 +77,8 @@ fn args() -> Result<Args, String> {
             "--server" => a.server = Some(value("--server")?.into()),
             "--server-cpus" => a.server_cpus = value("--server-cpus")?,
             "--in-process" => a.in_process = true,
-            "--seconds" => a.seconds = value("--seconds")?.parse().map_err(|e| format!("--seconds: {e}"))?,
-            "--max" => a.max = value("--max")?.parse().map_err(|e| format!("--max: {e}"))?,
+            "--seconds" => a.seconds = cli::number(&value("--seconds")?, "--seconds")?,
+            "--max" => a.max = cli::number(&value("--max")?, "--max")?,
             "--quick" => a.seconds = 0.7,
             "--help" | "-h" => {
                 print!("{HELP}");
@@ -154,10 +161,10 @@ fn in_process(plan: &Arc<dyn Runnable>, args: &Args) -> TractResult<Search> {
             .linger(Duration::ZERO)
             .build();
         let system = TaskSystem::Ours(LanedRunner::new(plan.clone(), config)?);
+        let inputs = |s| Context::default().inputs(&chunk(s));
+        tasks::real_time(&rt, &system, n, PERIOD, WARM_UP, n as u64, inputs)?;
         let before = load::process_cpu_time();
-        let lat = tasks::real_time(&rt, &system, n, PERIOD, probe_for, n as u64, |s| {
-            Context::default().inputs(&chunk(s))
-        })?;
+        let lat = tasks::real_time(&rt, &system, n, PERIOD, probe_for, n as u64, inputs)?;
         let cpu = before.zip(load::process_cpu_time()).map(|(a, b)| b.saturating_sub(a));
         Ok(Probe {
             streams: n,
@@ -250,7 +257,8 @@ fn over_network(rt: &tokio::runtime::Runtime, server: &Server, n: usize, duratio
                 .with_context(|| format!("connecting to {url}"))?;
             sockets.push(ws);
         }
-        let t0 = Instant::now() + Duration::from_millis(100);
+        let warm = Instant::now() + Duration::from_millis(100);
+        let t0 = warm + WARM_UP;
         let tasks: Vec<_> = sockets
             .into_iter()
             .enumerate()
@@ -258,7 +266,7 @@ fn over_network(rt: &tokio::runtime::Runtime, server: &Server, n: usize, duratio
                 let frame: Vec<u8> = chunk(s).iter().flat_map(|x| x.to_le_bytes()).collect();
                 let offset =
                     Duration::from_nanos(Lcg((n as u64).wrapping_add(s as u64) | 1).next() % PERIOD.as_nanos() as u64);
-                tokio::spawn(client(ws, frame, t0 + offset, t0 + duration))
+                tokio::spawn(client(ws, frame, warm + offset, t0, t0 + duration))
             })
             .collect();
         tokio::time::sleep_until(t0.into()).await;
@@ -289,8 +297,9 @@ fn over_network(rt: &tokio::runtime::Runtime, server: &Server, n: usize, duratio
 }
 
 /// A client from `first` to `end`: a chunk due every period; a late answer
-/// delays the next chunk. Latencies in microseconds, from the send.
-async fn client(mut ws: Ws, frame: Vec<u8>, first: Instant, end: Instant) -> TractResult<Vec<u64>> {
+/// delays the next chunk. Latencies in microseconds, from the send, of the
+/// chunks sent from `counted` on.
+async fn client(mut ws: Ws, frame: Vec<u8>, first: Instant, counted: Instant, end: Instant) -> TractResult<Vec<u64>> {
     let mut latencies = vec![];
     let mut due = first;
     while due < end {
@@ -309,7 +318,9 @@ async fn client(mut ws: Ws, frame: Vec<u8>, first: Instant, end: Instant) -> Tra
                 None => bail!("the server closed the connection"),
             }
         }
-        latencies.push(sent.elapsed().as_micros() as u64);
+        if sent >= counted {
+            latencies.push(sent.elapsed().as_micros() as u64);
+        }
         due += PERIOD;
     }
     let _ = ws.close(None).await;
@@ -348,20 +359,8 @@ fn table_row(label: &str, search: &Search) -> String {
 }
 
 fn main() -> TractResult<()> {
-    let args = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
-    let model = match silero::fetch() {
-        Ok(path) => path,
-        Err(why) => {
-            eprintln!("Silero VAD is unavailable here: {why}");
-            std::process::exit(3);
-        }
-    };
+    let args = cli::or_exit(args());
+    let model = cli::model_or_exit(silero::fetch(), "Silero VAD");
     if args.in_process {
         let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(silero::load(&model)?)?.into();
         let search = in_process(&plan, &args)?;

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use laned_bench::cli;
 use laned_bench::load;
 use laned_bench::tasks::{self, TaskSystem};
 use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
@@ -23,42 +24,6 @@ in both modes; then a state per core: the shards ideal loop (a thread per
 core) and ours with a shard per core. Real time: a chunk every 32 ms per
 stream; capacity is the most streams with p99 latency within 16 ms.
 ";
-
-struct Args {
-    streams: usize,
-    seconds: f64,
-    repeats: usize,
-    real_time: bool,
-}
-
-fn args() -> Result<Args, String> {
-    let mut a = Args {
-        streams: 64,
-        seconds: 2.0,
-        repeats: 3,
-        real_time: true,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
-        match arg.as_str() {
-            "--streams" => a.streams = value("--streams")?.parse().map_err(|e| format!("--streams: {e}"))?,
-            "--seconds" => a.seconds = value("--seconds")?.parse().map_err(|e| format!("--seconds: {e}"))?,
-            "--repeats" => a.repeats = value("--repeats")?.parse().map_err(|e| format!("--repeats: {e}"))?,
-            "--skip-real-time" => a.real_time = false,
-            "--quick" => {
-                a.seconds = 0.5;
-                a.repeats = 1;
-            }
-            "--help" | "-h" => {
-                print!("{HELP}");
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown argument {other:?}\n\n{HELP}")),
-        }
-    }
-    Ok(a)
-}
 
 /// Stream `s`'s chunk: noise (the model's cost does not depend on the
 /// sound), the last `CONTEXT` samples of the one before in front.
@@ -265,20 +230,8 @@ impl Runnable for PerStream {
 }
 
 fn main() -> TractResult<()> {
-    let args = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
-    let path = match silero::fetch() {
-        Ok(path) => path,
-        Err(why) => {
-            eprintln!("Silero VAD is unavailable here: {why}");
-            std::process::exit(3);
-        }
-    };
+    let args = cli::or_exit(cli::parse(std::env::args().skip(1), HELP, |_, _| Ok(false)));
+    let path = cli::model_or_exit(silero::fetch(), "Silero VAD");
     let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(silero::load(&path)?)?.into();
     let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
     let n = args.streams;
@@ -327,7 +280,7 @@ fn main() -> TractResult<()> {
     if args.real_time {
         let period = Duration::from_millis(32);
         let budget = period / 2;
-        let probe = Duration::from_secs_f64((args.seconds * 1.5).max(1.0));
+        let probe = args.probe();
         println!(
             "\n## Real time: a chunk every 32 ms per stream, capacity = most streams with p99 <= {} ms\n",
             budget.as_millis()

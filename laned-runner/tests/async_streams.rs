@@ -2,6 +2,9 @@
 //! exactly what the blocking calls give, wait in the same admission queue,
 //! and clean up after futures dropped at any point. Every wait is bounded.
 
+mod common;
+
+use common::{runner, SETUPS};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,22 +19,6 @@ use laned_testkit::schedule::{proptest_config, schedule, Schedule, ScheduleConfi
 use laned_testkit::Tolerance;
 use proptest::prelude::*;
 use tract_core::internal::*;
-
-const SETUPS: [(Mode, usize); 4] = [
-    (Mode::Worker, 1),
-    (Mode::Combining, 1),
-    (Mode::Worker, 3),
-    (Mode::Combining, 3),
-];
-
-fn runner(f: &Fixture, mode: Mode, shards: usize, lanes: usize) -> LanedRunner {
-    let config = RunnerConfig::builder()
-        .mode(mode)
-        .shards(shards)
-        .max_lanes(lanes)
-        .build();
-    LanedRunner::new(f.runnable().unwrap(), config).unwrap()
-}
 
 /// A multi-thread tokio runtime with two workers (the machine's cores).
 fn tokio_rt() -> tokio::runtime::Runtime {

@@ -5,11 +5,14 @@
 //! saying why, where pip cannot fetch the models.
 #![cfg(feature = "dtln")]
 
+mod common;
+
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use laned_runner::{LanedRunner, LanedStateHandle, Mode, RunnerConfig, StatePair, StateSpec};
+use common::{call, model_runner};
+use laned_runner::Mode;
 use laned_testkit::dtln::{self, Denoiser, SHIFT};
 use laned_testkit::sound::{self, Sound};
 use tract_core::internal::*;
@@ -60,25 +63,6 @@ fn compare(want: &[f32], got: &[f32]) -> (f32, bool) {
     (max, exact)
 }
 
-fn runner(plan: &Arc<dyn Runnable>, state: &str, mode: Mode, shards: usize, lanes: usize) -> LanedRunner {
-    let config = RunnerConfig::builder()
-        .state(StateSpec::Pairs(vec![StatePair::new(state, 1)]))
-        .mode(mode)
-        .shards(shards)
-        .max_lanes(lanes)
-        // Short: a stream waiting on one model while another waits on the
-        // other must not hold a turn for long (with a long linger the two
-        // runners could wait on each other); a turn still starts at once
-        // when every held lane has a call queued.
-        .linger(Duration::from_millis(2))
-        .build();
-    LanedRunner::new(plan.clone(), config).unwrap()
-}
-
-fn call(handle: &mut LanedStateHandle, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-    handle.call(inputs).map_err(|e| format_err!("{e}"))
-}
-
 /// The patch (`model_2`'s reshapes to -1) and the symbolic batch change
 /// nothing for one stream: the loaded models denoise exactly as the
 /// published files, batch fixed at 1, do.
@@ -122,8 +106,8 @@ fn dtln_streams_get_their_solo_audio() {
         // One shard of four lanes; three of two (six lanes for eight
         // streams): lanes are reused either way.
         for (shards, lanes) in [(1, 4), (3, 2)] {
-            let runner_1 = runner(&one, dtln::STATE_1, mode, shards, lanes);
-            let runner_2 = runner(&two, dtln::STATE_2, mode, shards, lanes);
+            let runner_1 = model_runner(&one, Some(dtln::STATE_1), mode, shards, lanes);
+            let runner_2 = model_runner(&two, Some(dtln::STATE_2), mode, shards, lanes);
             let threads: Vec<_> = (0..8)
                 .map(|s| {
                     let (runner_1, runner_2) = (runner_1.clone(), runner_2.clone());

@@ -2,6 +2,9 @@
 //! readiness probe polls, why a stream ended, and call deadlines. Every
 //! test body is bounded: a hang fails it.
 
+mod common;
+
+use common::{runner, SETUPS};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -12,22 +15,6 @@ use laned_runner::{
 use laned_testkit::fixtures::{self, Fixture};
 use proptest::prelude::*;
 use tract_core::internal::*;
-
-const SETUPS: [(Mode, usize); 4] = [
-    (Mode::Worker, 1),
-    (Mode::Combining, 1),
-    (Mode::Worker, 3),
-    (Mode::Combining, 3),
-];
-
-fn runner(f: &Fixture, mode: Mode, shards: usize, lanes: usize) -> LanedRunner {
-    let config = RunnerConfig::builder()
-        .mode(mode)
-        .shards(shards)
-        .max_lanes(lanes)
-        .build();
-    LanedRunner::new(f.runnable().unwrap(), config).unwrap()
-}
 
 /// The solo outputs of stream `s`'s first `calls` pulses.
 fn solo(f: &Fixture, s: u64, calls: usize) -> Vec<TVec<TValue>> {

@@ -6,12 +6,15 @@
 //! cannot fetch the models (CC BY-NC-SA 4.0: fetched here, never shipped).
 #![cfg(feature = "oww")]
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use laned_runner::{LanedRunner, LanedStateHandle, Mode, RunnerConfig};
+use common::{call, model_runner};
+use laned_runner::{LanedRunner, LanedStateHandle, Mode};
 use laned_testkit::oww::{self, Windows, CHUNK, THRESHOLD};
 use laned_testkit::sound::{self, Sound};
 use tract_core::internal::*;
@@ -58,23 +61,6 @@ fn padded(speech: &[f32]) -> Vec<f32> {
 
 fn max(scores: &[f32]) -> f32 {
     scores.iter().copied().fold(0.0, f32::max)
-}
-
-fn runner(plan: &Arc<dyn Runnable>, mode: Mode, shards: usize, lanes: usize) -> LanedRunner {
-    let config = RunnerConfig::builder()
-        .mode(mode)
-        .shards(shards)
-        .max_lanes(lanes)
-        // Short: a stream waiting on one model while others wait on the next
-        // must not hold a turn for long; a turn still starts at once when
-        // every held lane has a call queued.
-        .linger(Duration::from_millis(2))
-        .build();
-    LanedRunner::new(plan.clone(), config).unwrap()
-}
-
-fn call(handle: &mut LanedStateHandle, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-    handle.call(inputs).map_err(|e| format_err!("{e}"))
 }
 
 /// The batch symbol set to 1 in a loaded model.
@@ -191,7 +177,10 @@ fn oww_streams_get_their_solo_scores() {
         // One shard of four lanes; three of two (six lanes for eight
         // streams): lanes are reused either way.
         for (shards, lanes) in [(1, 4), (3, 2)] {
-            let runners: Vec<LanedRunner> = plans.iter().map(|p| runner(p, mode, shards, lanes)).collect();
+            let runners: Vec<LanedRunner> = plans
+                .iter()
+                .map(|p| model_runner(p, None, mode, shards, lanes))
+                .collect();
             let threads: Vec<_> = (0..8)
                 .map(|s| {
                     let runners = runners.clone();

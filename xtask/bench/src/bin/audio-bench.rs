@@ -467,7 +467,7 @@ impl System {
             System::Ours(Mode::Worker) => "ours (worker, a runner per model)",
             System::Ours(Mode::Combining) => "ours (combining, a runner per model)",
             System::OursTasks => "ours async (worker; tasks)",
-            System::Tract => "tract LanedRunnable (a runner per model; DTLN's state fed back by the caller)",
+            System::Tract => "tract LanedRunnable (a runner per model)",
             System::TractTasks => "tract LanedRunnable (tasks, spawn_blocking per chunk)",
             System::IdealShards(_) => "shards ideal loop (batched states per core, a thread each)",
             System::OursShards(_) => "ours (worker, a shard per core)",

@@ -1,0 +1,59 @@
+//! What several test files build alike: the four runner setups, a runner
+//! over a fixture, a runner over a real model's plan, a call whose error
+//! reads as a tract error.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use laned_runner::{LanedRunner, LanedStateHandle, Mode, RunnerConfig, StatePair, StateSpec};
+use laned_testkit::fixtures::Fixture;
+use tract_core::internal::*;
+
+/// Both modes, one shard and three.
+pub const SETUPS: [(Mode, usize); 4] = [
+    (Mode::Worker, 1),
+    (Mode::Combining, 1),
+    (Mode::Worker, 3),
+    (Mode::Combining, 3),
+];
+
+/// A runner over `f` with `lanes` lanes per shard, the default policy.
+pub fn runner(f: &Fixture, mode: Mode, shards: usize, lanes: usize) -> LanedRunner {
+    let config = RunnerConfig::builder()
+        .mode(mode)
+        .shards(shards)
+        .max_lanes(lanes)
+        .build();
+    LanedRunner::new(f.runnable().unwrap(), config).unwrap()
+}
+
+/// A runner over a real model's `plan`, its explicit state the input
+/// `state` paired with output 1 where given, lingering 2 ms.
+///
+/// Short: a stream waiting on one model of a pipeline while others wait
+/// on the next must not hold a turn for long (with a long linger two
+/// runners could wait on each other); a turn still starts at once when
+/// every held lane has a call queued.
+pub fn model_runner(
+    plan: &Arc<dyn Runnable>,
+    state: Option<&str>,
+    mode: Mode,
+    shards: usize,
+    lanes: usize,
+) -> LanedRunner {
+    let mut config = RunnerConfig::builder()
+        .mode(mode)
+        .shards(shards)
+        .max_lanes(lanes)
+        .linger(Duration::from_millis(2));
+    if let Some(state) = state {
+        config = config.state(StateSpec::Pairs(vec![StatePair::new(state, 1)]));
+    }
+    LanedRunner::new(plan.clone(), config.build()).unwrap()
+}
+
+/// A blocking call, its error as a tract error.
+pub fn call(handle: &mut LanedStateHandle, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+    handle.call(inputs).map_err(|e| format_err!("{e}"))
+}

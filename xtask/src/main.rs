@@ -23,8 +23,9 @@ tasks:
                            (xtask/bench/src/bin/silero-bench.rs)
   bench --model dtln|oww [--cores N] [--streams 64] [--quick]
                            DTLN noise suppression (pip) or openWakeWord (npm): a
-                           pipeline of models per stream, a state per stream per
-                           model vs a runner per model, pinned to N cores (default 1)
+                           pipeline of models per stream; a state per stream, the
+                           ideal loop, ours (threads, tasks), tract's LanedRunnable,
+                           pinned to N cores (default 1)
                            (xtask/bench/src/bin/audio-bench.rs)
   bench --scenario serve [--server-cores N] [--quick]
                            the vad-server binary (pinned to N cores, default 1) driven by

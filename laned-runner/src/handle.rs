@@ -211,12 +211,7 @@ impl LanedStateHandle {
         token: Option<&CancelToken>,
         deadline: Option<Instant>,
     ) -> Result<TVec<TValue>, RunError> {
-        if self.stream.shard().is_closed() {
-            return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(RunError::with_inputs(RunErrorKind::DeadlineExceeded, inputs));
-        }
+        let inputs = self.may_call(inputs, deadline)?;
         // The call's number on the slot: a cancel meant for an earlier call
         // that raced its answer finds another number, and is ignored.
         let call_no = self.slot.begin();
@@ -299,12 +294,7 @@ impl LanedStateHandle {
         inputs: TVec<TValue>,
         deadline: Option<Instant>,
     ) -> Result<TVec<TValue>, RunError> {
-        if self.stream.shard().is_closed() {
-            return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(RunError::with_inputs(RunErrorKind::DeadlineExceeded, inputs));
-        }
+        let inputs = self.may_call(inputs, deadline)?;
         let call_no = self.slot.begin();
         let rows = self.submit(inputs)?;
         if let Some(deadline) = deadline {
@@ -319,6 +309,18 @@ impl LanedStateHandle {
         let timed_out = pending.timed_out;
         let handle = pending.handle.take().expect("armed until answered");
         handle.deliver(past_deadline(answer, timed_out), rows)
+    }
+
+    /// What both call paths refuse before anything is queued: a closed
+    /// runner, a deadline already past. The inputs come back either way.
+    fn may_call(&self, inputs: TVec<TValue>, deadline: Option<Instant>) -> Result<TVec<TValue>, RunError> {
+        if self.stream.shard().is_closed() {
+            return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(RunError::with_inputs(RunErrorKind::DeadlineExceeded, inputs));
+        }
+        Ok(inputs)
     }
 
     /// Check `inputs` and queue them as a call answering into this handle's

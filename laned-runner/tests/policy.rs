@@ -71,14 +71,20 @@ fn a_latency_budget_learns_turn_times_and_widens_turns() {
             RunnerConfig::builder().shards(1).max_lanes(4).policy(policy).build(),
         )
         .unwrap();
-        // Streams calling at staggered instants: they rarely arrive together.
+        // Streams calling at staggered instants: they rarely arrive
+        // together, yet often enough that the state would be busy at least
+        // half the time (the budget waits only then): a pause of 40 to 160
+        // µs (the scheduler's grain stretches it to some 100 µs) against a
+        // turn of tens of µs at the least keeps 4 streams' arrival rate
+        // times the turn time well over one half, on a quiet machine or a
+        // loaded one.
         let callers: Vec<_> = (0..4u64)
             .map(|s| {
                 let (mut h, f) = (r.try_spawn().unwrap(), f.clone());
                 thread::spawn(move || {
-                    for c in 0..30 {
+                    for c in 0..60 {
                         h.call(f.inputs(1, c)).unwrap();
-                        thread::sleep(Duration::from_micros(300 * (s + 1)));
+                        thread::sleep(Duration::from_micros(40 * (s + 1)));
                     }
                 })
             })

@@ -250,9 +250,41 @@ fn silero_replicas_behind_haproxy_stay_sticky_and_drain_without_losing_a_call() 
             .unwrap()
             .success());
         wait_status(a.addr, "/ready", 503, Duration::from_secs(1)).await;
-        // Within HAProxy's check period (1 s, one failure marks it down),
-        // new streams of A's ids land on B.
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        // Until HAProxy's check (every second) has seen A's 503, a new
+        // stream of A's ids still reaches A, which turns it away (1001);
+        // the first one answered was served by B, A admitting no one. (Once
+        // A's last live stream ends it exits, and a stream routed to it
+        // then fails to connect at all.)
+        let until = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let mut request = format!("ws://{front}/v1/vad").into_client_request().unwrap();
+            request
+                .headers_mut()
+                .insert("x-stream-id", ids_on_a[4].parse().unwrap());
+            let served = match tokio_tungstenite::connect_async(request).await {
+                Ok((mut ws, _)) => {
+                    let _ = ws
+                        .send(Message::Binary(encode(&audio(3, 1)[..CHUNK], false).into()))
+                        .await;
+                    matches!(ws.next().await, Some(Ok(Message::Text(_))))
+                }
+                Err(_) => false,
+            };
+            if served {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < until,
+                "HAProxy kept routing to the draining replica"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        while lanes_taken(b.addr).await != 0.0 {
+            assert!(tokio::time::Instant::now() < until, "the probe's lane stayed taken");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // From then on, every new stream of A's ids lands on B.
         for id in ids_on_a.iter().skip(4).take(4) {
             let (ws, at) = connect_and_locate(front, replicas, id).await;
             assert_eq!(at, 1, "{id}: routed to the draining replica");

@@ -4,19 +4,13 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::runner;
 use laned_runner::{LanedRunner, Mode, RunErrorKind, RunnerConfig, SpawnError};
-use laned_testkit::fixtures::{self, Fixture};
+use laned_testkit::fixtures;
 
 const MODES: [Mode; 2] = [Mode::Worker, Mode::Combining];
-
-fn runner(f: &Fixture, shards: usize, lanes: usize, mode: Mode) -> LanedRunner {
-    let config = RunnerConfig::builder()
-        .shards(shards)
-        .max_lanes(lanes)
-        .mode(mode)
-        .build();
-    LanedRunner::new(f.runnable().unwrap(), config).unwrap()
-}
 
 /// A stream goes to the shard with the most free lanes, the lowest index on
 /// ties, so spawns spread evenly.
@@ -24,7 +18,7 @@ fn runner(f: &Fixture, shards: usize, lanes: usize, mode: Mode) -> LanedRunner {
 fn placement_balances_the_shards() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, 3, 2, mode);
+        let r = runner(&f, mode, 3, 2);
         assert_eq!(r.shards(), 3);
         let handles: Vec<_> = (0..6).map(|_| r.try_spawn().unwrap()).collect();
         let placed: Vec<usize> = handles.iter().map(|h| h.shard()).collect();
@@ -44,7 +38,7 @@ fn placement_balances_the_shards() {
 fn a_full_shard_does_not_block_a_spawn_that_fits_another() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, 2, 1, mode);
+        let r = runner(&f, mode, 2, 1);
         let a = r.try_spawn().unwrap();
         let b = r.try_spawn().unwrap();
         assert_ne!(a.shard(), b.shard());
@@ -65,7 +59,7 @@ fn a_full_shard_does_not_block_a_spawn_that_fits_another() {
 fn admission_waits_for_a_lane_on_any_shard() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, 2, 1, mode);
+        let r = runner(&f, mode, 2, 1);
         let a = r.try_spawn().unwrap();
         let b = r.try_spawn().unwrap();
         let r2 = r.clone();
@@ -87,7 +81,7 @@ fn admission_waits_for_a_lane_on_any_shard() {
 fn metrics_per_shard_sum_to_the_total() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, 3, 2, mode);
+        let r = runner(&f, mode, 3, 2);
         let mut handles: Vec<_> = (0..6).map(|_| r.try_spawn().unwrap()).collect();
         for (s, h) in handles.iter_mut().enumerate() {
             for c in 0..3 {

@@ -117,20 +117,20 @@ fn bench(args: &[String]) -> bool {
     run(command)
 }
 
+/// `cargo build --release -p package --bin bin`, with `features` where
+/// not empty.
+fn build_release(package: &str, features: &str, bin: &str) -> bool {
+    let mut build = cargo();
+    build.args(["build", "--release", "-p", package, "--bin", bin]);
+    if !features.is_empty() {
+        build.args(["--features", features]);
+    }
+    run(build)
+}
+
 /// The Silero bench needs the testkit's `silero` feature (tract-onnx).
 fn build_silero_bench() -> bool {
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "laned-bench",
-        "--features",
-        "silero",
-        "--bin",
-        "silero-bench",
-    ]);
-    run(build)
+    build_release("laned-bench", "silero", "silero-bench")
 }
 
 /// Silero VAD: built with the `silero` feature (tract-onnx), then run pinned
@@ -142,18 +142,7 @@ fn bench_silero(args: &[String]) -> bool {
 /// DTLN or openWakeWord (`--model dtln|oww`, passed on): the audio bench,
 /// built with the `dtln` and `oww` features, run pinned as Silero's is.
 fn bench_audio(args: &[String]) -> bool {
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "laned-bench",
-        "--features",
-        "dtln,oww",
-        "--bin",
-        "audio-bench",
-    ]);
-    run(build) && run_pinned("audio-bench", args, true)
+    build_release("laned-bench", "dtln,oww", "audio-bench") && run_pinned("audio-bench", args, true)
 }
 
 /// The serve scenario: `vad-server` and `serve-bench` built in release;
@@ -178,20 +167,7 @@ fn bench_serve(args: &[String]) -> bool {
             _ => rest.push(arg.clone()),
         }
     }
-    let mut server = cargo();
-    server.args(["build", "--release", "-p", "laned-examples", "--bin", "vad-server"]);
-    let mut bench = cargo();
-    bench.args([
-        "build",
-        "--release",
-        "-p",
-        "laned-bench",
-        "--features",
-        "silero",
-        "--bin",
-        "serve-bench",
-    ]);
-    if !(run(server) && run(bench)) {
+    if !(build_release("laned-examples", "", "vad-server") && build_release("laned-bench", "silero", "serve-bench")) {
         return false;
     }
     let cpus = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
@@ -327,9 +303,7 @@ fn device(args: &[String]) -> bool {
             return false;
         }
     };
-    let mut bench = cargo();
-    bench.args(["build", "--release", "-p", "laned-bench", "--bin", "laned-bench"]);
-    if !(run(bench) && build_silero_bench()) {
+    if !(build_release("laned-bench", "", "laned-bench") && build_silero_bench()) {
         return false;
     }
     let target = target_dir();

@@ -64,13 +64,16 @@ fn silero_sigterm_drains_then_closes_with_1001_and_exits_0() {
                 tokio::spawn(async move {
                     let ws = connect(addr, "").await;
                     let (mut tx, mut rx) = ws.split();
+                    // Whether it sent all its audio (false: a send failed,
+                    // the server having closed).
                     let sender = tokio::spawn(async move {
                         for chunk in a.chunks_exact(CHUNK) {
                             if tx.send(Message::Binary(encode(chunk, false).into())).await.is_err() {
-                                return;
+                                return false;
                             }
                             tokio::time::sleep(Duration::from_millis(20)).await;
                         }
+                        true
                     });
                     // Chunk numbers answered, and how many after /ready
                     // went 503.
@@ -89,8 +92,12 @@ fn silero_sigterm_drains_then_closes_with_1001_and_exits_0() {
                             other => break (0, format!("{other:?}")),
                         }
                     };
-                    let audio_left = !sender.is_finished();
-                    sender.abort();
+                    let audio_left = if sender.is_finished() {
+                        !sender.await.unwrap()
+                    } else {
+                        sender.abort();
+                        true
+                    };
                     (answered, after_signal, audio_left, close)
                 })
             })

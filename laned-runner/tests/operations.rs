@@ -471,6 +471,12 @@ fn an_async_call_past_its_deadline_leaves_the_queue() {
             let r = ticking(&f, mode, Duration::from_millis(600));
             let mut late = r.try_spawn().unwrap();
             let mut patient = r.try_spawn().unwrap();
+            // Another stream's seat queued first: the tick's turn runs it,
+            // and counts, even if the late seat has left by then.
+            let mut other = r.try_spawn().unwrap();
+            let (f3, want) = (f.clone(), solo(&f, 7, 1));
+            let queued = thread::spawn(move || assert_eq!(other.call(f3.inputs(1, 700)).unwrap(), want[0]));
+            eventually("the other seat queued", || r.capacity().seats_queued == 1);
             let (f2, r2) = (f.clone(), r.clone());
             rt.block_on(async move {
                 let e = late
@@ -485,6 +491,7 @@ fn an_async_call_past_its_deadline_leaves_the_queue() {
                     .unwrap();
                 assert_eq!(got, solo(&f2, 1, 1)[0]);
             });
+            queued.join().unwrap();
             eventually("no seat left", || r.capacity().seats_queued == 0);
         }
     });

@@ -46,10 +46,12 @@ pub fn closed_loop<S: Send + 'static>(
             std::thread::spawn(move || -> TractResult<()> {
                 let state = setup(s);
                 ready.wait();
-                let mut state = state?;
-                // One untimed call to warm caches and buffers.
-                step(&mut state)?;
+                // One untimed call to warm caches and buffers. A stream that
+                // failed still reaches the second barrier, or the others
+                // and the timer would wait for it forever.
+                let warm = state.and_then(|mut state| step(&mut state).map(|_| state));
                 ready.wait();
+                let mut state = warm?;
                 let mut served = 0;
                 while !stop.load(Ordering::Relaxed) {
                     served += step(&mut state)?;

@@ -108,10 +108,15 @@ pub fn closed_loop(
                 tokio::spawn(async move {
                     let stream = system.spawn().await;
                     ready.wait().await;
-                    let mut stream = stream?;
-                    // One untimed call to warm caches and buffers.
-                    stream.call(inputs.clone()).await?;
+                    // One untimed call to warm caches and buffers. A stream
+                    // that failed still reaches the second barrier, or the
+                    // others and the timer would wait for it forever.
+                    let warm = match stream {
+                        Ok(mut stream) => stream.call(inputs.clone()).await.map(|_| stream),
+                        Err(e) => Err(e),
+                    };
                     ready.wait().await;
+                    let mut stream = warm?;
                     let mut served = 0;
                     while !stop.load(Ordering::Relaxed) {
                         stream.call(inputs.clone()).await?;

@@ -494,13 +494,17 @@ fn measure(
             },
         )
     };
+    // `n` streams split as evenly as the threads allow (never more).
     let ideal = |threads: usize| {
-        let per = n.div_ceil(threads);
+        let threads = threads.clamp(1, n.max(1));
         let (plans, model) = (models.plans.clone(), models.model);
         load::closed_loop(
             threads,
             d,
-            move |t| Ideal::new(model, &plans, t * per, per),
+            move |t| {
+                let (first, end) = (t * n / threads, (t + 1) * n / threads);
+                Ideal::new(model, &plans, first, end - first)
+            },
             Ideal::round,
         )
     };
@@ -557,7 +561,10 @@ fn main() -> TractResult<()> {
         }
     }
     let rates: Vec<f64> = runs.iter().map(|r| load::median(r)).collect();
-    let (solo, ideal, shards_ideal) = (rates[0], rates[1], rates[systems.len() - 2]);
+    let rate_of = |wanted: fn(&System) -> bool| rates[systems.iter().position(wanted).expect("in the table")];
+    let solo = rate_of(|s| matches!(s, System::Solo));
+    let ideal = rate_of(|s| matches!(s, System::Ideal));
+    let shards_ideal = rate_of(|s| matches!(s, System::IdealShards(_)));
     println!(
         "\n## Closed loop, {n} streams (median of {} runs of {} s)\n",
         args.repeats, args.seconds

@@ -14,7 +14,10 @@
 //! Both report capacity, the most streams whose p99 stays within 50 ms
 //! (`laned_bench::load::search_capacity`), and CPU per chunk: the server
 //! process's own CPU (from `/proc/<pid>/stat`), and for the in-process run
-//! the whole process's, its load generator included. Every probe's streams
+//! the whole process's, its load generator included (so the difference
+//! understates what the front costs), and both at the largest stream count
+//! both searches probed, since a chunk's cost depends on how full the
+//! turns are. Every probe's streams
 //! run half a second before it counts (the runner's first turns at each
 //! occupancy prepare kernels).
 
@@ -53,6 +56,9 @@ const BUDGET: Duration = Duration::from_millis(50);
 /// turns at each new occupancy prepare their kernels (the memo's misses),
 /// which is no steady cost.
 const WARM_UP: Duration = Duration::from_millis(500);
+/// An answer later than this fails the run: no probe waits forever on a
+/// wedged server (a probe over budget is answered within a second).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 struct Args {
     server: Option<PathBuf>,
@@ -214,23 +220,31 @@ impl Server {
         let mut child = command
             .spawn()
             .with_context(|| format!("starting {} under taskset", binary.display()))?;
-        let mut lines = BufReader::new(child.stdout.take().context("the server's stdout")?).lines();
-        let addr = loop {
-            match lines.next() {
-                Some(Ok(line)) => {
-                    if let Some(addr) = line.strip_prefix("vad-server listening on ") {
-                        break addr.trim().parse::<SocketAddr>()?;
+        let stdout = child.stdout.take();
+        // Read on a thread, which keeps reading so the server never blocks
+        // on a full pipe; the address comes back through a channel, so a
+        // server that never listens fails the probe instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let Some(stdout) = stdout else { return };
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("vad-server listening on ") {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addr.trim().to_string());
                     }
                 }
-                _ => {
-                    let _ = child.kill();
-                    bail!("the server exited before listening (its stderr is above)")
-                }
             }
+        });
+        let mut server = Server {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         };
-        // Keep reading, so the server never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        Ok(Server { child, addr })
+        server.addr = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(addr) => addr.parse().with_context(|| format!("the server's address {addr:?}"))?,
+            Err(_) => bail!("the server did not listen within 120 s (its stderr is above)"),
+        };
+        Ok(server)
     }
 }
 
@@ -252,9 +266,12 @@ fn over_network(rt: &tokio::runtime::Runtime, server: &Server, n: usize, duratio
         let mut sockets = Vec::with_capacity(n);
         for _ in 0..n {
             let url = format!("ws://{addr}/v1/vad");
-            let (ws, _) = tokio_tungstenite::connect_async(url.as_str())
-                .await
-                .with_context(|| format!("connecting to {url}"))?;
+            let (ws, _) = tokio_tungstenite::connect_async(url.as_str()).await.with_context(|| {
+                format!(
+                    "connecting stream {} of {n} to {url} (many streams need a high open-files limit: `ulimit -n`)",
+                    sockets.len() + 1
+                )
+            })?;
             sockets.push(ws);
         }
         let warm = Instant::now() + Duration::from_millis(100);
@@ -309,7 +326,10 @@ async fn client(mut ws: Ws, frame: Vec<u8>, first: Instant, counted: Instant, en
         let sent = Instant::now().max(due);
         ws.send(Message::Binary(frame.clone().into())).await?;
         loop {
-            match ws.next().await {
+            let next = tokio::time::timeout(ANSWER_TIMEOUT, ws.next())
+                .await
+                .map_err(|_| format_err!("no answer within {ANSWER_TIMEOUT:?}: the server is wedged"))?;
+            match next {
                 Some(Ok(Message::Text(t))) if t.contains("probability") => break,
                 // Speech events and pings.
                 Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_))) => continue,
@@ -409,6 +429,33 @@ fn main() -> TractResult<()> {
         "{}",
         table_row("vad-server over WebSocket (server process CPU)", &remote)
     );
+    // Cost per chunk depends on how full the turns are: compared at one
+    // count, the largest both searches probed.
+    let cpu_at = |search: &Search, n: usize| {
+        search
+            .probes
+            .iter()
+            .filter(|p| p.streams == n)
+            .filter_map(|p| p.cpu_ns_per_chunk)
+            .next_back()
+    };
+    let common = local
+        .probes
+        .iter()
+        .map(|p| p.streams)
+        .filter(|n| remote.probes.iter().any(|p| p.streams == *n))
+        .max();
+    if let Some(n) = common {
+        if let (Some(here), Some(there)) = (cpu_at(&local, n), cpu_at(&remote, n)) {
+            println!(
+                "\nat {n} streams (probed by both): {:.1} µs per chunk in-process, {:.1} µs in the server process \
+                 ({:+.1} µs; the in-process figure includes its load generator, the server's excludes its clients)",
+                here as f64 / 1e3,
+                there as f64 / 1e3,
+                (there as f64 - here as f64) / 1e3
+            );
+        }
+    }
     let client: Vec<String> = remote
         .probes
         .iter()

@@ -71,12 +71,7 @@ fn silero_clients_past_the_lanes_are_refused_with_1013() {
         wait_status(addr, "/ready", 200, Duration::from_secs(5)).await;
         let mut held = Vec::new();
         for _ in 0..2 {
-            let mut ws = connect(addr, "").await;
-            ws.send(Message::Binary(encode(&a[..CHUNK], false).into()))
-                .await
-                .unwrap();
-            assert!(matches!(next_reply(&mut ws).await, Reply::Probability(0, _)));
-            held.push(ws);
+            held.push(connect_holding(addr, &a[..CHUNK]).await);
         }
         assert_eq!(server.runner().capacity().lanes_free, 0);
         // Free lanes 0, nobody waiting: still ready.
@@ -109,12 +104,7 @@ fn silero_waiting_clients_are_served_in_arrival_order() {
     bounded(60, async {
         let server = server(&plan, 1, 1, 30_000).await;
         let addr = server.addr;
-        let mut holder = connect(addr, "").await;
-        holder
-            .send(Message::Binary(encode(&a[..CHUNK], false).into()))
-            .await
-            .unwrap();
-        assert!(matches!(next_reply(&mut holder).await, Reply::Probability(0, _)));
+        let mut holder = connect_holding(addr, &a[..CHUNK]).await;
         let (order_tx, mut order_rx) = tokio::sync::mpsc::unbounded_channel();
         let mut waiting = Vec::new();
         for c in 0..3usize {
@@ -220,14 +210,7 @@ fn silero_disconnects_free_their_lanes() {
         let server = server(&plan, 2, 1, 10_000).await;
         let addr = server.addr;
         for cycle in 0..1_000 {
-            let mut ws = connect(addr, "").await;
-            ws.send(Message::Binary(encode(&a[..CHUNK], false).into()))
-                .await
-                .unwrap();
-            assert!(
-                matches!(next_reply(&mut ws).await, Reply::Probability(0, _)),
-                "cycle {cycle}"
-            );
+            let mut ws = connect_holding(addr, &a[..CHUNK]).await;
             match cycle % 3 {
                 0 => ws.close(None).await.unwrap(),
                 1 => {

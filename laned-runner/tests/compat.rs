@@ -57,6 +57,15 @@ fn wrap(sys: Sys, inner: Box<dyn Runnable>, lanes: usize) -> TractResult<Wrapped
     })
 }
 
+/// Why `sys` refuses to wrap `model` (panics, saying `accepted`, if it
+/// does not).
+fn refusal(sys: Sys, model: TypedModel, accepted: &str) -> TractResult<String> {
+    match wrap(sys, DefaultRuntime.prepare(model)?, 2) {
+        Err(e) => Ok(format!("{e:#}")),
+        Ok(_) => panic!("{sys:?}: {accepted}"),
+    }
+}
+
 /// `[B, 3] * 2`, named `doubler`.
 fn doubler(sys: Sys, max_lanes: usize) -> TractResult<Wrapped> {
     let mut model = TypedModel::default();
@@ -412,10 +421,7 @@ fn a_batch_off_axis_zero_says_which_axis_it_sits_on() -> TractResult<()> {
         let two = model.add_const("two", tensor2(&[[2f32]]))?;
         let doubled = model.wire_node("doubled", mul(), &[input, two])?;
         model.select_output_outlets(&doubled)?;
-        let error = match wrap(sys, DefaultRuntime.prepare(model)?, 2) {
-            Err(e) => format!("{e:#}"),
-            Ok(_) => panic!("{sys:?}: a batch on axis 1 was accepted"),
-        };
+        let error = refusal(sys, model, "a batch on axis 1 was accepted")?;
         if sys == Sys::Tract {
             assert!(error.contains("input 0 carries B on axis 1"), "{error}");
             assert!(error.contains("Batchify"), "{error}");
@@ -437,10 +443,7 @@ fn two_batch_symbols_are_named() -> TractResult<()> {
         let right = model.add_source("right", f32::fact(dims!(right_batch, 3)))?;
         let sum = model.wire_node("sum", add(), &[left, right])?;
         model.select_output_outlets(&sum)?;
-        let error = match wrap(sys, DefaultRuntime.prepare(model)?, 2) {
-            Err(e) => format!("{e:#}"),
-            Ok(_) => panic!("{sys:?}: two batch symbols were accepted"),
-        };
+        let error = refusal(sys, model, "two batch symbols were accepted")?;
         if sys == Sys::Tract {
             assert!(error.contains("L and R"), "{error}");
         } else {

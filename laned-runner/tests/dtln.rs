@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use common::{call, model_runner};
+use common::{assert_turns_shared, call, compare, model_runner};
 use laned_runner::Mode;
 use laned_testkit::dtln::{self, Denoiser, SHIFT};
 use laned_testkit::sound::{self, Sound};
@@ -52,15 +52,6 @@ fn stream_audio(s: usize) -> Vec<f32> {
 
 fn rms(x: &[f32]) -> f32 {
     (x.iter().map(|v| v * v).sum::<f32>() / x.len().max(1) as f32).sqrt()
-}
-
-/// The largest absolute difference, and whether every sample is the same
-/// bits.
-fn compare(want: &[f32], got: &[f32]) -> (f32, bool) {
-    assert_eq!(want.len(), got.len());
-    let max = want.iter().zip(got).map(|(w, g)| (w - g).abs()).fold(0.0, f32::max);
-    let exact = want.iter().zip(got).all(|(w, g)| w.to_bits() == g.to_bits());
-    (max, exact)
 }
 
 /// The patch (`model_2`'s reshapes to -1) and the symbolic batch change
@@ -140,17 +131,7 @@ fn dtln_streams_get_their_solo_audio() {
                 );
             }
             for (name, r) in [("model_1", &runner_1), ("model_2", &runner_2)] {
-                let m = r.metrics();
-                let shared: u64 = m.occupancy.iter().skip(2).sum();
-                assert!(
-                    shared > 0,
-                    "{mode:?}, {shards} shards, {name}: some turns seat several streams: {:?}",
-                    m.occupancy
-                );
-                eprintln!(
-                    "{mode:?}, {shards} shards, {name}: {} calls in {} turns, occupancy {:?}",
-                    m.seats, m.turns, m.occupancy
-                );
+                assert_turns_shared(&format!("{mode:?}, {shards} shards, {name}"), r);
             }
         }
     }

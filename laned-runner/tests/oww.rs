@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use common::{call, model_runner};
+use common::{assert_turns_shared, call, compare, model_runner};
 use laned_runner::{LanedRunner, LanedStateHandle, Mode};
 use laned_testkit::oww::{self, Windows, CHUNK, THRESHOLD};
 use laned_testkit::sound::{self, Sound};
@@ -208,10 +208,9 @@ fn oww_streams_get_their_solo_scores() {
                 .collect();
             for (s, t) in threads.into_iter().enumerate() {
                 let got = t.join().unwrap();
-                let diff = want[s].iter().zip(&got).map(|(w, g)| (w - g).abs()).fold(0.0, f32::max);
-                assert_eq!(
-                    want[s].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                let (diff, exact) = compare(&want[s], &got);
+                assert!(
+                    exact,
                     "{mode:?}, {shards} shards: stream {s} differs from its solo run by up to {diff:e}"
                 );
                 if s == 1 || s == 5 {
@@ -219,17 +218,7 @@ fn oww_streams_get_their_solo_scores() {
                 }
             }
             for (name, r) in ["melspectrogram", "embedding", "classifier"].iter().zip(&runners) {
-                let m = r.metrics();
-                let shared: u64 = m.occupancy.iter().skip(2).sum();
-                assert!(
-                    shared > 0,
-                    "{mode:?}, {shards} shards, {name}: some turns seat several streams: {:?}",
-                    m.occupancy
-                );
-                eprintln!(
-                    "{mode:?}, {shards} shards, {name}: {} calls in {} turns, occupancy {:?}",
-                    m.seats, m.turns, m.occupancy
-                );
+                assert_turns_shared(&format!("{mode:?}, {shards} shards, {name}"), r);
             }
         }
     }

@@ -76,10 +76,7 @@ pub fn cache_dir() -> PathBuf {
 /// for a visible skip.
 pub fn fetch() -> Result<Files, String> {
     const NAMES: [&str; 2] = ["model_1.onnx", "model_2.onnx"];
-    let paths = match fetch::from_env("LANED_DTLN_DIR", &NAMES) {
-        Some(paths) => paths?,
-        None => fetch::cached(&cache_dir(), &NAMES, download)?,
-    };
+    let paths = fetch::folder_or_cached("LANED_DTLN_DIR", &cache_dir(), &NAMES, download)?;
     Ok(Files {
         model_1: paths[0].clone(),
         model_2: paths[1].clone(),

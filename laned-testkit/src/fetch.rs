@@ -14,25 +14,31 @@ pub(crate) fn cache_dir(name: &str) -> PathBuf {
     target.join(name)
 }
 
-/// The files `names` in the folder the environment variable `var` names,
-/// every one of them present; `None` where `var` is unset. (Silero's
-/// override names a file, not a folder.)
+/// The files `names`: from the folder the environment variable `var`
+/// names where it is set (every one of them there), else from `dir`, where
+/// [`cached`] fetches them with `download` unless they are there already.
+/// (Silero's override names a file, not a folder.)
 #[cfg(any(feature = "dtln", feature = "oww"))]
-pub(crate) fn from_env(var: &str, names: &[&str]) -> Option<Result<Vec<PathBuf>, String>> {
-    let dir = PathBuf::from(std::env::var_os(var)?);
-    Some(
-        names
-            .iter()
-            .map(|name| {
-                let path = dir.join(name);
-                if path.is_file() {
-                    Ok(path)
-                } else {
-                    Err(format!("{var}={}: {name} is not there", dir.display()))
-                }
-            })
-            .collect(),
-    )
+pub(crate) fn folder_or_cached(
+    var: &str,
+    dir: &Path,
+    names: &[&str],
+    download: impl FnOnce(&Path) -> Result<Vec<PathBuf>, String>,
+) -> Result<Vec<PathBuf>, String> {
+    let Some(folder) = std::env::var_os(var).map(PathBuf::from) else {
+        return cached(dir, names, download);
+    };
+    names
+        .iter()
+        .map(|name| {
+            let path = folder.join(name);
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(format!("{var}={}: {name} is not there", folder.display()))
+            }
+        })
+        .collect()
 }
 
 /// The files `names` in `dir`, each fetched by `download` (into the scratch

@@ -103,10 +103,7 @@ const NAMES: [&str; 3] = ["melspectrogram.onnx", "embedding_model.onnx", CLASSIF
 /// `Err` says why they are unavailable (no npm, no registry), for a
 /// visible skip.
 pub fn fetch() -> Result<Files, String> {
-    let paths = match fetch::from_env("LANED_OWW_DIR", &NAMES) {
-        Some(paths) => paths?,
-        None => fetch::cached(&cache_dir(), &NAMES, download)?,
-    };
+    let paths = fetch::folder_or_cached("LANED_OWW_DIR", &cache_dir(), &NAMES, download)?;
     Ok(Files {
         melspectrogram: paths[0].clone(),
         embedding: paths[1].clone(),

@@ -101,6 +101,17 @@ pub async fn connect(addr: SocketAddr, query: &str) -> Ws {
     tokio_tungstenite::connect_async(url.as_str()).await.unwrap().0
 }
 
+/// A connection holding a lane: connected, its first chunk (`chunk`,
+/// f32) sent and answered.
+pub async fn connect_holding(addr: SocketAddr, chunk: &[f32]) -> Ws {
+    let mut ws = connect(addr, "").await;
+    ws.send(Message::Binary(encode(chunk, false).into())).await.unwrap();
+    match next_reply(&mut ws).await {
+        Reply::Probability(0, _) => ws,
+        other => panic!("the first chunk was answered {other:?}"),
+    }
+}
+
 /// The status code of `GET path`.
 pub async fn http_status(addr: SocketAddr, path: &str) -> u16 {
     http_get(addr, path).await.0

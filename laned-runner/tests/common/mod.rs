@@ -57,3 +57,24 @@ pub fn model_runner(
 pub fn call(handle: &mut LanedStateHandle, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
     handle.call(inputs).map_err(|e| format_err!("{e}"))
 }
+
+/// The largest difference between `want` and `got`, and whether they are
+/// equal bit for bit.
+pub fn compare(want: &[f32], got: &[f32]) -> (f32, bool) {
+    assert_eq!(want.len(), got.len());
+    let max = want.iter().zip(got).map(|(w, g)| (w - g).abs()).fold(0.0, f32::max);
+    let exact = want.iter().zip(got).all(|(w, g)| w.to_bits() == g.to_bits());
+    (max, exact)
+}
+
+/// Asserts that some of `runner`'s turns seated several streams (the
+/// streams did share the state), and prints its occupancy.
+pub fn assert_turns_shared(what: &str, runner: &LanedRunner) {
+    let m = runner.metrics();
+    let shared: u64 = m.occupancy.iter().skip(2).sum();
+    assert!(shared > 0, "{what}: no turn seated several streams: {:?}", m.occupancy);
+    eprintln!(
+        "{what}: {} calls in {} turns, occupancy {:?}",
+        m.seats, m.turns, m.occupancy
+    );
+}

@@ -9,7 +9,9 @@
 //!   the markdown tables, and `--compare` of two reports;
 //! - [`plot`]: the SVG plots (plotters);
 //! - [`progress`]: the progress bar of long runs (indicatif);
-//! - [`cli`]: the flags the model benches share.
+//! - [`cli`]: the flags the model benches share;
+//! - [`feedback`]: a state per stream for an explicit-state model, its
+//!   state fed back by hand.
 //!
 //! ```no_run
 //! use laned_bench::load;
@@ -21,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod feedback;
 pub mod load;
 pub mod plot;
 pub mod progress;

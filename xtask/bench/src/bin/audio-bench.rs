@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use laned_bench::cli::{self, Common};
+use laned_bench::feedback::FeedBack;
 use laned_bench::load;
 use laned_bench::tasks::{self, AsyncStream, AsyncStreams, BoxFuture, TaskSystem};
 use laned_runner::{LanedRunner, LanedStateHandle, Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
@@ -93,45 +94,6 @@ fn args() -> Result<Args, String> {
 fn chunk_inputs(model: Model, s: usize) -> TVec<TValue> {
     let audio = sound::samples(Sound::NoisyBuzz, s as u64 * 2 + 1, model.chunk());
     tvec!(tensor1(&audio).into_tvalue())
-}
-
-/// A model run on a plain state, its explicit state (output 1) fed back by
-/// hand as its last input: what a user without lanes writes for DTLN.
-#[derive(Debug)]
-struct FeedBack(Arc<dyn Runnable>);
-
-#[derive(Debug, Clone)]
-struct FeedBackState {
-    state: Box<dyn State>,
-    lstm: TValue,
-}
-
-impl State for FeedBackState {
-    fn run(&mut self, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        let mut all = inputs;
-        all.push(self.lstm.clone());
-        let mut out = self.state.run(all)?;
-        self.lstm = out.remove(1);
-        Ok(out)
-    }
-    fn runnable(&self) -> &dyn Runnable {
-        self.state.runnable()
-    }
-}
-
-impl Runnable for FeedBack {
-    fn spawn(&self) -> TractResult<Box<dyn State>> {
-        Ok(Box::new(FeedBackState {
-            state: self.0.spawn()?,
-            lstm: Tensor::zero::<f32>(&dtln::STATE_SHAPE)?.into_tvalue(),
-        }))
-    }
-    fn typed_plan(&self) -> Option<&Arc<TypedSimplePlan>> {
-        self.0.typed_plan()
-    }
-    fn typed_model(&self) -> Option<&Arc<TypedModel>> {
-        self.0.typed_model()
-    }
 }
 
 /// A stream's frame loop (DTLN) or feature windows (openWakeWord): the
@@ -345,11 +307,12 @@ impl Models {
     /// Each stage run by `wrap(plan)`, DTLN's LSTM state fed back by hand
     /// around it.
     fn pipeline(&self, mut wrap: impl FnMut(&Arc<dyn Runnable>) -> Arc<dyn Runnable>) -> Arc<dyn Runnable> {
+        let lstm_zeros = Tensor::zero::<f32>(&dtln::STATE_SHAPE).expect("a fixed shape");
         let stages = self
             .plans
             .iter()
             .map(|p| match self.model {
-                Model::Dtln => Arc::new(FeedBack(wrap(p))) as Arc<dyn Runnable>,
+                Model::Dtln => Arc::new(FeedBack::new(wrap(p), lstm_zeros.clone())) as Arc<dyn Runnable>,
                 Model::Oww => wrap(p),
             })
             .collect();

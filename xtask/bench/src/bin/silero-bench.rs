@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use laned_bench::cli;
+use laned_bench::feedback::FeedBack;
 use laned_bench::load;
 use laned_bench::tasks::{self, TaskSystem};
 use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
@@ -33,17 +34,13 @@ fn chunk_inputs(s: usize) -> TVec<TValue> {
     Context::default().inputs(&chunk)
 }
 
-fn zeros_state(streams: usize) -> TValue {
-    Tensor::zero::<f32>(&[2, streams, 128]).unwrap().into_tvalue()
+/// A state per stream, its explicit state fed back by hand.
+fn per_stream(plan: Arc<dyn Runnable>) -> FeedBack {
+    FeedBack::new(plan, zeros_state(1).into_tensor())
 }
 
-/// A plain state and its explicit state, fed back by hand.
-fn solo_step(state: &mut Box<dyn State>, inputs: &TVec<TValue>, h: &mut TValue) -> TractResult<u64> {
-    let mut all = inputs.clone();
-    all.push(h.clone());
-    let out = state.run(all)?;
-    *h = out[1].clone();
-    Ok(1)
+fn zeros_state(streams: usize) -> TValue {
+    Tensor::zero::<f32>(&[2, streams, 128]).unwrap().into_tvalue()
 }
 
 /// Ours on `shards` states of `n / shards` lanes each (rounded up).
@@ -96,27 +93,33 @@ impl System {
 fn measure(system: System, plan: &Arc<dyn Runnable>, n: usize, d: Duration) -> TractResult<f64> {
     let plan = plan.clone();
     let run = match system {
-        System::SoloThreads => load::closed_loop(
-            n,
-            d,
-            move |s| Ok((plan.spawn()?, chunk_inputs(s), zeros_state(1))),
-            |(state, inputs, h)| solo_step(state, inputs, h),
-        ),
-        System::SoloOneThread => load::closed_loop(
-            1,
-            d,
-            move |_| {
-                (0..n)
-                    .map(|s| Ok((plan.spawn()?, chunk_inputs(s), zeros_state(1))))
-                    .collect::<TractResult<Vec<_>>>()
-            },
-            |streams| {
-                for (state, inputs, h) in streams.iter_mut() {
-                    solo_step(state, inputs, h)?;
-                }
-                Ok(streams.len() as u64)
-            },
-        ),
+        System::SoloThreads => {
+            let solo = per_stream(plan);
+            load::closed_loop(
+                n,
+                d,
+                move |s| Ok((solo.spawn()?, chunk_inputs(s))),
+                |(state, inputs)| state.run(inputs.clone()).map(|_| 1),
+            )
+        }
+        System::SoloOneThread => {
+            let solo = per_stream(plan);
+            load::closed_loop(
+                1,
+                d,
+                move |_| {
+                    (0..n)
+                        .map(|s| Ok((solo.spawn()?, chunk_inputs(s))))
+                        .collect::<TractResult<Vec<_>>>()
+                },
+                |streams| {
+                    for (state, inputs) in streams.iter_mut() {
+                        state.run(inputs.clone())?;
+                    }
+                    Ok(streams.len() as u64)
+                },
+            )
+        }
         System::Ideal => ideal(plan, 1, n, d),
         System::IdealShards(cores) => ideal(plan, cores, n.div_ceil(cores), d),
         System::Ours(mode) => ours_loop(ours(&plan, n, 1, mode, None)?, n, d),
@@ -184,51 +187,6 @@ fn capacity(
     Ok((good, probes))
 }
 
-/// A state per stream behind the `Runnable` interface: each handle feeds its
-/// own explicit state back, what a user without lanes writes.
-#[derive(Debug)]
-struct PerStream(Arc<dyn Runnable>);
-
-#[derive(Debug, Clone)]
-struct PerStreamState {
-    state: Box<dyn State>,
-    h: TValue,
-}
-
-impl State for PerStreamState {
-    fn run(&mut self, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        let mut all = inputs;
-        all.push(self.h.clone());
-        let out = self.state.run(all)?;
-        self.h = out[1].clone();
-        Ok(tvec!(out[0].clone()))
-    }
-    fn runnable(&self) -> &dyn Runnable {
-        self.state.runnable()
-    }
-    fn input_count(&self) -> usize {
-        2
-    }
-    fn output_count(&self) -> usize {
-        1
-    }
-}
-
-impl Runnable for PerStream {
-    fn spawn(&self) -> TractResult<Box<dyn State>> {
-        Ok(Box::new(PerStreamState {
-            state: self.0.spawn()?,
-            h: zeros_state(1),
-        }))
-    }
-    fn typed_plan(&self) -> Option<&Arc<TypedSimplePlan>> {
-        self.0.typed_plan()
-    }
-    fn typed_model(&self) -> Option<&Arc<TypedModel>> {
-        self.0.typed_model()
-    }
-}
-
 fn main() -> TractResult<()> {
     let args = cli::or_exit(cli::parse(std::env::args().skip(1), HELP, |_, _| Ok(false)));
     let path = cli::model_or_exit(silero::fetch(), "Silero VAD");
@@ -287,7 +245,7 @@ fn main() -> TractResult<()> {
         );
         println!("| system | capacity | probes (streams: p99 ms) |");
         println!("|---|---|---|");
-        let per_stream = |_: usize| -> TractResult<Arc<dyn Runnable>> { Ok(Arc::new(PerStream(plan.clone()))) };
+        let per_stream = |_: usize| -> TractResult<Arc<dyn Runnable>> { Ok(Arc::new(per_stream(plan.clone()))) };
         let no_linger =
             |n: usize| -> TractResult<Arc<dyn Runnable>> { Ok(Arc::new(ours(&plan, n, 1, Mode::Worker, None)?)) };
         let budgeted = |n: usize| -> TractResult<Arc<dyn Runnable>> {

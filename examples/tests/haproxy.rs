@@ -249,7 +249,7 @@ fn silero_replicas_behind_haproxy_stay_sticky_and_drain_without_losing_a_call() 
             .status()
             .unwrap()
             .success());
-        wait_status(a.addr, "/ready", 503, Duration::from_secs(1)).await;
+        wait_status(a.addr, "/ready", 503, Duration::from_secs(10)).await;
         // Until HAProxy's check (every second) has seen A's 503, a new
         // stream of A's ids still reaches A, which turns it away (1001);
         // the first one answered was served by B, A admitting no one. (Once

@@ -77,11 +77,21 @@ fn silero_clients_past_the_lanes_are_refused_with_1013() {
         // Free lanes 0, nobody waiting: still ready.
         assert_eq!(http_status(addr, "/ready").await, 200);
         let mut third = connect(addr, "").await;
-        wait_status(addr, "/ready", 503, Duration::from_millis(1_200)).await;
+        // While it waits (for up to the 1.5 s admission wait), unready.
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        while server.runner().capacity().spawners_waiting == 0 {
+            assert!(tokio::time::Instant::now() < until, "the third client never waited");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(
+            http_status(addr, "/ready").await,
+            503,
+            "a spawner waits, no lane is free"
+        );
         let (code, reason) = expect_close(&mut third).await;
         assert_eq!(code, close::TRY_AGAIN_LATER, "{reason}");
         assert!(!reason.is_empty());
-        wait_status(addr, "/ready", 200, Duration::from_secs(2)).await;
+        wait_status(addr, "/ready", 200, Duration::from_secs(10)).await;
         assert_eq!(http_status(addr, "/live").await, 200);
         // One leaves: a new client gets its lane.
         let mut gone = held.pop().unwrap();
@@ -230,7 +240,7 @@ fn silero_disconnects_free_their_lanes() {
             assert!(tokio::time::Instant::now() < until, "lanes leaked: {c:?}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        wait_status(addr, "/ready", 200, Duration::from_secs(1)).await;
+        wait_status(addr, "/ready", 200, Duration::from_secs(10)).await;
         server.shutdown().await;
     });
 }

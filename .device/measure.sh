@@ -73,10 +73,20 @@ step() {
 }
 FAILED=()
 
-# pin N: the command prefix running on the first N cores (none without taskset).
+# allowed_cpus: the CPUs this script may run on, one per line (a cpuset's
+# list need not start at 0 nor be contiguous).
+allowed_cpus() {
+    local part
+    for part in $(awk '/^Cpus_allowed_list:/ {gsub(",", " ", $2); print $2}' /proc/self/status); do
+        if [[ $part == *-* ]]; then seq "${part%-*}" "${part#*-}"; else echo "$part"; fi
+    done
+}
+
+# pin N: the command prefix running on the first N allowed cores (none
+# without taskset).
 pin() {
     if command -v taskset >/dev/null; then
-        echo taskset -c "0-$(($1 - 1))"
+        echo taskset -c "$(allowed_cpus | head -n "$1" | paste -sd, -)"
     fi
 }
 

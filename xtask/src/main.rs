@@ -3,6 +3,8 @@
 //! `laned-bench`; the fuzz example with the testkit), so this crate builds
 //! in seconds and has no dependency.
 
+mod cpus;
+
 use std::env;
 use std::path::PathBuf;
 use std::process::{exit, Command};
@@ -146,8 +148,9 @@ fn bench_audio(args: &[String]) -> bool {
 }
 
 /// The serve scenario: `vad-server` and `serve-bench` built in release;
-/// the server pinned to the first `--server-cores N` CPUs (default 1), the
-/// clients to the rest (all of them on a one-CPU machine).
+/// the server pinned to the first `--server-cores N` CPUs this process may
+/// run on (default 1), the clients to the rest (all of them on a one-CPU
+/// machine).
 fn bench_serve(args: &[String]) -> bool {
     let mut server_cores = 1usize;
     let mut rest = vec![];
@@ -170,13 +173,14 @@ fn bench_serve(args: &[String]) -> bool {
     if !(build_release("laned-examples", "", "vad-server") && build_release("laned-bench", "silero", "serve-bench")) {
         return false;
     }
-    let cpus = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
-    let server_cpus = format!("0-{}", server_cores.min(cpus) - 1);
-    let client_cpus = if server_cores < cpus {
-        format!("{server_cores}-{}", cpus - 1)
-    } else {
+    let allowed = cpus::allowed();
+    let (server, clients) = allowed.split_at(server_cores.min(allowed.len()));
+    let server_cpus = cpus::to_list(server);
+    let client_cpus = if clients.is_empty() {
         eprintln!("bench: no CPU left for the clients: they share the server's");
-        format!("0-{}", cpus - 1)
+        cpus::to_list(&allowed)
+    } else {
+        cpus::to_list(clients)
     };
     let release = target_dir().join("release");
     let mut command = Command::new("taskset");
@@ -218,7 +222,12 @@ fn run_pinned(name: &str, args: &[String], keep_model: bool) -> bool {
     let pinned = Command::new("taskset").arg("--version").output().is_ok();
     let mut command = if pinned {
         let mut c = Command::new("taskset");
-        c.args(["-c", &format!("0-{}", n.max(1) - 1)]).arg(&binary);
+        let allowed = cpus::allowed();
+        let chosen = &allowed[..n.clamp(1, allowed.len())];
+        if chosen.len() < n {
+            eprintln!("bench: only {} CPU(s) allowed here, not {n}", chosen.len());
+        }
+        c.args(["-c", &cpus::to_list(chosen)]).arg(&binary);
         c
     } else {
         eprintln!("bench: taskset is missing: running on every core, not {n}");

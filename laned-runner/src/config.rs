@@ -75,7 +75,9 @@ pub struct RunnerConfig {
     /// is refused at once as busy.
     pub max_waiting: usize,
     /// A stream that has not called for this long (milliseconds) loses its
-    /// lane; `None` (the default): never.
+    /// lane; `None` (the default): never. Idleness runs from the stream's
+    /// grant or its last answer to the moment it calls, however late the
+    /// runner takes the call in: a call made in time is served.
     pub idle_timeout_ms: Option<u64>,
 }
 

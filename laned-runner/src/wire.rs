@@ -88,14 +88,24 @@ impl StateTensor {
                     self.datum_type
                 )
             })?;
-        let len: usize = self.shape.iter().product();
-        if self.data.len() != len * dt.size_of() {
+        // Checked: the shape comes from outside, and a product that wraps
+        // could match a short buffer.
+        let bytes = self
+            .shape
+            .iter()
+            .try_fold(dt.size_of(), |n, &d| n.checked_mul(d))
+            .ok_or_else(|| {
+                format!(
+                    "a state tensor of {:?} {:?}: more bytes than this machine can address",
+                    self.datum_type, self.shape
+                )
+            })?;
+        if self.data.len() != bytes {
             return Err(format!(
-                "a state tensor of {:?} {:?} holds {} bytes, {} expected",
+                "a state tensor of {:?} {:?} holds {} bytes, {bytes} expected",
                 self.datum_type,
                 self.shape,
                 self.data.len(),
-                len * dt.size_of()
             ));
         }
         let mut data = self.data.clone();

@@ -493,8 +493,8 @@ fn async_streams_get_their_solo_runs() {
 
 /// A stream handed over on the wire (`export_state`, JSON, `import_state`
 /// on another runner) continues exactly; another version, another model's
-/// state and corrupt bytes are refused, naming what differs, and leave the
-/// receiving stream's state as it was.
+/// state, corrupt bytes and a shape too big to address are refused, naming
+/// what differs, and leave the receiving stream's state as it was.
 #[test]
 fn a_stream_moves_between_processes_on_the_wire() {
     let plan = plan();
@@ -533,6 +533,15 @@ fn a_stream_moves_between_processes_on_the_wire() {
         corrupt.tensors[0].data.pop();
         let e = fresh.import_state(&corrupt).unwrap_err();
         assert!(e.to_string().contains("bytes"), "{e}");
+        // A shape whose element count overflows: refused, not a panic, and
+        // not a wrapped product matching an empty buffer.
+        for huge in [vec![1usize << 62, 4], vec![usize::MAX, 2]] {
+            let mut overflowing = wire.clone();
+            overflowing.tensors[0].shape = huge.clone();
+            overflowing.tensors[0].data.clear();
+            let e = fresh.import_state(&overflowing).unwrap_err();
+            assert!(e.to_string().contains("more bytes than"), "{huge:?}: {e}");
+        }
         assert_eq!(feed(&mut fresh, &xs[..2]), want[..2], "untouched by the refusals");
     }
 }

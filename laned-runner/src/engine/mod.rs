@@ -327,6 +327,11 @@ impl Engine {
         self.draining = true;
     }
 
+    /// Whether the draining flag was taken in (new calls are refused).
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
     /// Nothing queued, nothing waiting for an answer.
     pub fn is_quiet(&self) -> bool {
         self.queue.is_empty() && self.pending.is_empty()

@@ -109,6 +109,19 @@ impl Engine {
             call.slot.fill(Err(RunError::new(kind)));
             return;
         }
+        // Idleness is measured to the moment the caller called, not to the
+        // moment the engine takes the call in (after a long turn, say): a
+        // call made in time is served, one made after the timeout finds
+        // its stream evicted, as it would had anyone looked meanwhile.
+        if let Some(idle) = self
+            .idle_timeout
+            .filter(|_| self.called_too_late(call.stream.lane, call.queued))
+        {
+            self.evict(call.stream.lane, call.stream.stream, idle);
+            let why = self.evicted.get(&call.stream.stream).cloned().unwrap_or_default();
+            call.slot.fill(Err(RunError::new(RunErrorKind::Evicted(why))));
+            return;
+        }
         if self.draining {
             call.slot.fill(Err(RunError::new(RunErrorKind::Draining)));
             return;

@@ -3,7 +3,7 @@
 //! releasing them, evicting idle streams, rebuilding the state.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lane_table::LaneId;
 
@@ -138,9 +138,37 @@ impl Engine {
         }
     }
 
+    /// Whether a call the stream on `lane` made at `at` comes after it was
+    /// idle for the timeout: it was, whenever the engine gets to look.
+    pub(super) fn called_too_late(&self, lane: LaneId, at: Instant) -> bool {
+        let Some(idle) = self.idle_timeout else {
+            return false;
+        };
+        self.queued_per_lane[lane.0] == 0 && self.last_active[lane.0].checked_add(idle).is_some_and(|due| due <= at)
+    }
+
+    /// Evict `stream` from `lane`, idle for `idle`.
+    pub(super) fn evict(&mut self, lane: LaneId, stream: u64, idle: Duration) {
+        self.evicted.insert(stream, format!("it did not call for {idle:?}"));
+        // A reset that fails here is not the evicted stream's concern: the
+        // lane's next holder resets it again first.
+        let _ = self.reset_lane(lane);
+        self.free_lane(lane);
+    }
+
     /// Evict the streams idle for longer than the timeout (none with a seat
     /// queued); returns when the next one would be due.
     pub fn evict_idle(&mut self) -> Option<Instant> {
+        self.scan_idle(true)
+    }
+
+    /// When the next idle stream is due (now, for one overdue), evicting
+    /// nobody: for a thread that must take its requests in first.
+    pub fn next_idle_due(&mut self) -> Option<Instant> {
+        self.scan_idle(false)
+    }
+
+    fn scan_idle(&mut self, evict: bool) -> Option<Instant> {
         let idle = self.idle_timeout?;
         if self.closed {
             return None;
@@ -155,14 +183,10 @@ impl Engine {
             let Some(due) = self.last_active[lane].checked_add(idle) else {
                 continue;
             };
-            if due <= now {
-                self.evicted.insert(stream, format!("it did not call for {idle:?}"));
-                // A reset that fails here is not the evicted stream's
-                // concern: the lane's next holder resets it again first.
-                let lane = LaneId(lane);
-                let _ = self.reset_lane(lane);
-                self.free_lane(lane);
+            if due <= now && evict {
+                self.evict(LaneId(lane), stream, idle);
             } else {
+                let due = due.max(now);
                 next = Some(next.map_or(due, |n: Instant| n.min(due)));
             }
         }

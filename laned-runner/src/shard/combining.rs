@@ -51,6 +51,9 @@ impl Shard {
         if engine.is_closed() {
             return None;
         }
+        // Requests first: a stream whose call waits in the inbox is not
+        // idle, however long the last turn took.
+        self.take_inbox(&mut engine);
         engine.evict_idle();
         Some(engine)
     }
@@ -71,7 +74,9 @@ impl Shard {
                     // the helper waiting for them keeps their seats in one
                     // turn, where a caller finding the state free would run
                     // a narrow one of its own.
-                    if hold_when_empty.is_some_and(|hold| self.arrival_within(hold)) {
+                    // Not while draining: no new call can join, and the
+                    // drain waits for the state.
+                    if !engine.is_draining() && hold_when_empty.is_some_and(|hold| self.arrival_within(hold)) {
                         continue;
                     }
                     break;

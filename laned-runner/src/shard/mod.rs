@@ -24,9 +24,12 @@
 //! 3. Per shard, the inbox is marked draining and its sleeper woken: a turn
 //!    policy waiting for more seats starts the turn at once (nothing new can
 //!    join).
-//! 4. The engine takes the flag in and refuses new calls (`Draining`); what
-//!    is queued is served turn after turn (by the worker, or by the closing
-//!    thread holding the state in combining mode). Once nothing is queued or
+//! 4. The engine takes the flag in with the next requests it takes in,
+//!    whoever holds the state (the worker; in combining mode a caller, the
+//!    helper, or the closing thread, which waits for the state), and
+//!    refuses new calls (`Draining`); what is queued is served turn after
+//!    turn. A draining helper does not wait for more calls: it lets the
+//!    state go once nothing is queued. Once nothing is queued or
 //!    waiting for an answer, the runner closes every shard.
 //! 5. The deadline thread stops. Per shard, the inbox is marked closed and
 //!    everyone sleeping on it woken: from now on a push is refused and
@@ -146,9 +149,20 @@ impl Shard {
         woke
     }
 
-    /// Move every request of the inbox into the engine.
+    /// Move every request of the inbox into the engine, and the draining
+    /// flag with them: whoever holds the state takes it in (step 4 of
+    /// draining), or a combining helper under steady load would serve new
+    /// calls for as long as they came, the drain waiting on its lock.
     fn take_inbox(&self, engine: &mut Engine) -> bool {
-        let requests = std::mem::take(&mut self.inbox.lock().requests);
+        let requests = {
+            let mut inbox = self.inbox.lock();
+            // Under the same lock as the take: a request pushed after the
+            // flag is refused, one pushed before is served.
+            if inbox.draining {
+                engine.start_draining();
+            }
+            std::mem::take(&mut inbox.requests)
+        };
         let any = !requests.is_empty();
         for request in requests {
             engine.accept(request);

@@ -98,7 +98,9 @@ impl Shard {
         // Pushes already taken into the engine (read under the inbox lock).
         let mut taken = 0;
         loop {
-            let next_eviction = engine.evict_idle();
+            // When the next idle stream is due; nobody is evicted before
+            // the requests are in (below).
+            let next_eviction = engine.next_idle_due();
             // Nothing queued: the callers just answered may be back within
             // a few microseconds (a closed loop), sooner than parking and
             // being woken would take. Spin for them a moment first, as long
@@ -138,6 +140,9 @@ impl Shard {
             if closed {
                 return;
             }
+            // After the requests are in: a stream whose call waited in the
+            // inbox through a long turn is not idle.
+            engine.evict_idle();
             if engine.has_queue() && self.wait_for_turn(&mut engine) {
                 engine.turn();
             }

@@ -615,3 +615,85 @@ fn closing_while_combining_callers_evict() {
         });
     }
 }
+
+/// Defect 7: a close under steady load (a seat per turn, every stream
+/// calling again at once) is not held off by the combining helper, which
+/// always had a seat queued: the flag is taken in, new calls are refused,
+/// and every answer given was the stream's own.
+#[test]
+fn a_close_under_steady_load_is_not_held_off() {
+    for mode in [Mode::Worker, Mode::Combining] {
+        bounded("close under steady load", move || {
+            let switch = Switch::new();
+            let r = runner(
+                counter(&switch, &[Some(3)]).unwrap(),
+                RunnerConfig::builder().mode(mode).shards(1).max_lanes(8).max_seats(1),
+            );
+            // A turn of 1 ms: every answered stream is back long before
+            // the other seven are served, so the queue never empties.
+            switch.stall(Some(Duration::from_millis(1)));
+            let callers: Vec<_> = (0..8)
+                .map(|s| {
+                    let mut h = r.try_spawn().unwrap();
+                    thread::spawn(move || {
+                        let x = pulse(&[3], s as f32);
+                        for n in 0.. {
+                            match call(&mut h, &x) {
+                                Ok(y) => assert_eq!(y, solo(&x, n), "stream {s}, call {n}"),
+                                Err(e) => {
+                                    assert!(matches!(e.kind(), RunErrorKind::Draining | RunErrorKind::Closed), "{e}");
+                                    return n;
+                                }
+                            }
+                        }
+                        unreachable!()
+                    })
+                })
+                .collect();
+            while r.metrics().turns < 50 {
+                thread::sleep(Duration::from_millis(1));
+            }
+            let snapshot = r.close();
+            let answered: usize = callers.into_iter().map(|c| c.join().unwrap()).sum();
+            assert_eq!(
+                snapshot.seats as usize, answered,
+                "{mode:?}: every seat run was answered"
+            );
+        });
+    }
+}
+
+/// Defect 8: a stream whose call waits in the inbox through another
+/// stream's long turn is not evicted as idle when that turn ends: the
+/// requests are taken in before the idle streams are looked at.
+#[test]
+fn a_call_waiting_through_a_long_turn_is_not_evicted() {
+    for mode in [Mode::Worker, Mode::Combining] {
+        bounded("eviction after a long turn", move || {
+            let switch = Switch::new();
+            let r = runner(
+                counter(&switch, &[Some(3)]).unwrap(),
+                RunnerConfig::builder()
+                    .mode(mode)
+                    .shards(1)
+                    .max_lanes(2)
+                    .idle_timeout(Duration::from_millis(50)),
+            );
+            let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
+            let x = pulse(&[3], 1.0);
+            // a's turn takes 150 ms, three idle timeouts.
+            switch.stall(Some(Duration::from_millis(150)));
+            let xa = x.clone();
+            let ta = thread::spawn(move || call(&mut a, &xa));
+            while switch.calls(Hook::Eval) == 0 {
+                thread::sleep(Duration::from_micros(200));
+            }
+            switch.stall(None);
+            // b calls while a's turn runs, soon after it was admitted.
+            let xb = pulse(&[3], 5.0);
+            let got = call(&mut b, &xb);
+            assert_eq!(ta.join().unwrap().unwrap(), solo(&x, 0), "{mode:?}");
+            assert_eq!(got.unwrap(), solo(&xb, 0), "{mode:?}: b called in time");
+        });
+    }
+}

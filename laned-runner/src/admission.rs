@@ -139,9 +139,12 @@ impl Admission {
     /// A ticket taken at arrival, before trying any shard (a task's spawn):
     /// nobody overtakes anybody, not even while lanes are free. A spawner
     /// finding the queue empty always gets one (it tries at once, and waits
-    /// only if `max_waiting` allows: see [`Admission::may_wait`]).
-    pub fn arrive(&self) -> Result<Ticket, SpawnError> {
-        self.ticket(|queued| queued > 0 && queued >= self.max_waiting)
+    /// only if `max_waiting` allows: see [`Admission::may_wait`]). The
+    /// tickets ahead may be tries still in flight, not waits: with
+    /// `lanes_free` lanes free (the gauges' reading) that many of them get
+    /// a lane, and only the rest count as waiting against `max_waiting`.
+    pub fn arrive(&self, lanes_free: usize) -> Result<Ticket, SpawnError> {
+        self.ticket(|queued| queued > 0 && queued >= self.max_waiting.saturating_add(lanes_free))
     }
 
     /// A ticket at the back of the queue, unless refused or `busy` (given

@@ -206,7 +206,8 @@ impl LanedRunner {
                 core.events.record_admission_refused();
             }
         };
-        let ticket = core.admission.arrive().inspect_err(refused)?;
+        let lanes_free = core.total_lanes().saturating_sub(core.streams());
+        let ticket = core.admission.arrive(lanes_free).inspect_err(refused)?;
         // Leaves the queue however this future ends, dropped included.
         let ticket = crate::admission::Place::new(&core.admission, ticket);
         let mut waited = false;

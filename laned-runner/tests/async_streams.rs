@@ -527,3 +527,55 @@ fn idle_streams_are_evicted_with_nobody_calling() {
         );
     }
 }
+
+/// A burst of tasks spawning at once while lanes are free is admitted
+/// whole, however small `max_waiting` is: a task trying the shards is not
+/// waiting for a lane, and only spawners that would wait count against it.
+#[test]
+fn a_burst_of_spawning_tasks_on_free_lanes_is_not_refused_busy() {
+    let f = fixtures::small_tdnn();
+    let rt = tokio_rt();
+    for mode in [Mode::Worker, Mode::Combining] {
+        for max_waiting in [0, 1] {
+            let r = LanedRunner::new(
+                f.runnable().unwrap(),
+                RunnerConfig::builder()
+                    .mode(mode)
+                    .shards(1)
+                    .max_lanes(8)
+                    .max_waiting(max_waiting)
+                    .build(),
+            )
+            .unwrap();
+            let r2 = r.clone();
+            let spawned = run_bounded(&rt, async move {
+                // One task polls them all in a row: every spawn is in flight
+                // before the first is granted.
+                futures_util::future::join_all((0..8).map(|_| r2.spawn_async())).await
+            });
+            let refused: Vec<_> = spawned.iter().filter_map(|s| s.as_ref().err()).collect();
+            assert!(
+                refused.is_empty(),
+                "{mode:?}, max_waiting {max_waiting}: refused with lanes free: {refused:?}"
+            );
+            // Past the lanes, the refusals still come: every lane is held.
+            let handles: Vec<_> = spawned.into_iter().map(Result::unwrap).collect();
+            let r2 = r.clone();
+            let late = run_bounded(&rt, async move {
+                let both = futures_util::future::join(r2.spawn_async(), r2.spawn_async());
+                match tokio::time::timeout(Duration::from_millis(300), both).await {
+                    Ok((Err(e), _) | (_, Err(e))) => Ok(e.to_string()),
+                    Ok(_) => Err("both admitted with every lane held"),
+                    Err(_) => Err("still waiting"),
+                }
+            });
+            if max_waiting == 0 {
+                assert!(
+                    late.unwrap().contains("busy"),
+                    "{mode:?}: a spawner that would wait, max_waiting 0"
+                );
+            }
+            drop(handles);
+        }
+    }
+}

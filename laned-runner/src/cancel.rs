@@ -10,7 +10,9 @@ use crate::slot::Cancel;
 /// seats had been seated (they are removed: nothing of the call ran, the
 /// stream's state is as before it), or its answer when a seat had already
 /// been seated (the call completed; cancelling came too late). A cancel
-/// affects only the call it guards, never the stream's next one.
+/// affects only the calls it guards, never a stream's next one. One token
+/// may guard calls of several streams at once (clones are the same token):
+/// a cancel reaches every one of them.
 #[derive(Clone, Default)]
 pub struct CancelToken {
     inner: Arc<TokenInner>,
@@ -19,10 +21,12 @@ pub struct CancelToken {
 #[derive(Default)]
 struct TokenInner {
     cancelled: std::sync::atomic::AtomicBool,
-    /// The call the token guards now, if any: its slot, and the call's
-    /// number there (a cancel reaching the slot after that call ended is
-    /// ignored by it).
-    target: std::sync::Mutex<Option<(Arc<dyn Cancel>, u64)>>,
+    /// The calls the token guards now (one token may guard calls on
+    /// several streams at once): each one's slot, and the call's number
+    /// there (a cancel reaching the slot after that call ended is ignored
+    /// by it). Who may touch it: the calling threads (add and remove their
+    /// own entry), any thread cancelling (reads).
+    targets: std::sync::Mutex<Vec<(Arc<dyn Cancel>, u64)>>,
 }
 
 impl fmt::Debug for CancelToken {
@@ -37,12 +41,14 @@ impl CancelToken {
         CancelToken::default()
     }
 
-    /// Cancel the call the token guards now, and every later one made with
-    /// it (refused at once, inputs handed back).
+    /// Cancel every call the token guards now, and every later one made
+    /// with it (refused at once, inputs handed back).
     pub fn cancel(&self) {
+        // The flag first: a call guarding itself after the copy below sees
+        // it when it looks, so no call escapes both ways.
         self.inner.cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
-        let target = self.inner.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some((slot, call)) = target {
+        let targets = self.targets().clone();
+        for (slot, call) in targets {
             slot.cancel(call);
         }
     }
@@ -52,7 +58,37 @@ impl CancelToken {
         self.inner.cancelled.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    pub(crate) fn guard(&self, target: Option<(Arc<dyn Cancel>, u64)>) {
-        *self.inner.target.lock().unwrap_or_else(|e| e.into_inner()) = target;
+    fn targets(&self) -> std::sync::MutexGuard<'_, Vec<(Arc<dyn Cancel>, u64)>> {
+        self.inner.targets.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Guard call number `call` of `slot` until the returned guard drops.
+    pub(crate) fn guard(&self, slot: Arc<dyn Cancel>, call: u64) -> Guarded<'_> {
+        self.targets().push((slot.clone(), call));
+        Guarded {
+            token: self,
+            slot,
+            call,
+        }
+    }
+}
+
+/// A call guarded by a token; dropping it (the call ended, whichever way)
+/// takes the call off the token's list, and no other call.
+pub(crate) struct Guarded<'a> {
+    token: &'a CancelToken,
+    slot: Arc<dyn Cancel>,
+    call: u64,
+}
+
+impl Drop for Guarded<'_> {
+    fn drop(&mut self) {
+        let mut targets = self.token.targets();
+        if let Some(at) = targets
+            .iter()
+            .position(|(slot, call)| Arc::ptr_eq(slot, &self.slot) && *call == self.call)
+        {
+            targets.swap_remove(at);
+        }
     }
 }

@@ -215,25 +215,13 @@ impl LanedStateHandle {
         // The call's number on the slot: a cancel meant for an earlier call
         // that raced its answer finds another number, and is ignored.
         let call_no = self.slot.begin();
-        if let Some(token) = token {
-            // Guard first, then look: a cancel landing in between still
-            // reaches the slot.
-            let slot: Arc<dyn Cancel> = self.slot.clone();
-            token.guard(Some((slot, call_no)));
-            if token.is_cancelled() {
-                token.guard(None);
-                return Err(RunError::with_inputs(RunErrorKind::Cancelled, inputs));
-            }
+        // Guard first, then look: a cancel landing in between still reaches
+        // the slot. Unguarded when this function returns, however.
+        let _guarded = token.map(|token| token.guard(self.slot.clone() as Arc<dyn Cancel>, call_no));
+        if token.is_some_and(CancelToken::is_cancelled) {
+            return Err(RunError::with_inputs(RunErrorKind::Cancelled, inputs));
         }
-        let rows = match self.submit(inputs) {
-            Ok(rows) => rows,
-            Err(e) => {
-                if let Some(token) = token {
-                    token.guard(None);
-                }
-                return Err(e);
-            }
-        };
+        let rows = self.submit(inputs)?;
         let mut timed_out = false;
         let answer = match self.stream.shard().wait(&self.slot, deadline) {
             Wake::Value(answer) => answer,
@@ -252,9 +240,6 @@ impl LanedStateHandle {
                 }
             }
         };
-        if let Some(token) = token {
-            token.guard(None);
-        }
         self.deliver(past_deadline(answer, timed_out), rows)
     }
 

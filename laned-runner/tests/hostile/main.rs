@@ -697,3 +697,52 @@ fn a_call_waiting_through_a_long_turn_is_not_evicted() {
         });
     }
 }
+
+/// Defect 9: one token guarding calls of two streams at once cancels both,
+/// not only the call guarded last; neither call ran.
+#[test]
+fn one_token_cancels_every_call_it_guards() {
+    for mode in [Mode::Worker, Mode::Combining] {
+        bounded("a token shared by two calls", move || {
+            let switch = Switch::new();
+            let r = runner(
+                counter(&switch, &[Some(3)]).unwrap(),
+                RunnerConfig::builder().mode(mode).shards(1).max_lanes(3),
+            );
+            let (mut c, a, b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap(), r.try_spawn().unwrap());
+            let x = pulse(&[3], 1.0);
+            // c's slow turn holds the state; a's and b's calls queue behind.
+            switch.stall(Some(Duration::from_millis(300)));
+            let xc = x.clone();
+            let tc = thread::spawn(move || call(&mut c, &xc));
+            while switch.calls(Hook::Eval) == 0 {
+                thread::sleep(Duration::from_micros(200));
+            }
+            switch.stall(None);
+            let token = CancelToken::new();
+            let callers: Vec<_> = [a, b]
+                .into_iter()
+                .map(|mut h| {
+                    let (token, x) = (token.clone(), x.clone());
+                    thread::spawn(move || {
+                        let out = h.call_with(tvec!(x.into_tvalue()), &token);
+                        (h, out)
+                    })
+                })
+                .collect();
+            thread::sleep(Duration::from_millis(50));
+            token.cancel();
+            assert_eq!(tc.join().unwrap().unwrap(), solo(&x, 0));
+            for caller in callers {
+                let (mut h, out) = caller.join().unwrap();
+                let err = out.unwrap_err();
+                assert!(matches!(err.kind(), RunErrorKind::Cancelled), "{mode:?}: {err}");
+                assert_eq!(
+                    call(&mut h, &x).unwrap(),
+                    solo(&x, 0),
+                    "{mode:?}: the cancelled call never ran"
+                );
+            }
+        });
+    }
+}

@@ -1,60 +1,49 @@
 //! Deadlines of calls made by tasks (`call_until_async`): one thread per
-//! runner, started at the first such call, that cancels each call whose
-//! deadline passes, exactly as a [`CancelToken`](crate::CancelToken) does
-//! (the engine then drops its seats if none was seated, and the call is
-//! answered `DeadlineExceeded`). A blocking `call_until` needs no thread:
+//! runner, started with it and asleep until the first such call, that
+//! cancels each call whose deadline passes, exactly as a
+//! [`CancelToken`](crate::CancelToken) does (the engine then drops its seats
+//! if none was seated, and the call is answered `DeadlineExceeded`). A blocking `call_until` needs no thread:
 //! its caller waits with a timeout and cancels the call itself.
 //!
-//! Entries of calls answered before their deadline stay until it passes
-//! (their slot has moved on to another call number by then, so the cancel
-//! is ignored, as a late token's is); the heap holds at most the deadlines
-//! of the last few seconds.
+//! A call's entry leaves the timer when the call ends, answered or
+//! dropped (its [`Armed`] guard), so the timer holds the deadlines of the
+//! calls in flight only, however far off those deadlines are.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use crate::slot::Cancel;
 use crate::sync::{lock, Condvar, Mutex};
 
-/// Who may touch it: any task registering a deadline; the timer thread
-/// taking the due ones; the closing thread.
+/// Who may touch it: any task registering a deadline or dropping its
+/// entry; the timer thread taking the due ones; the closing thread.
 pub(crate) struct Timer {
     state: Mutex<State>,
     cv: Condvar,
 }
 
+/// An entry's place: its deadline, ties broken by arrival, so that no two
+/// entries share a key.
+type Key = (Instant, u64);
+
 struct State {
-    /// Deadlines, the earliest first.
-    due: BinaryHeap<Reverse<Entry>>,
+    /// Deadlines, the earliest first: each call's slot and its number there.
+    due: BTreeMap<Key, (Weak<dyn Cancel>, u64)>,
     next: u64,
     started: bool,
     closed: bool,
 }
 
-struct Entry {
-    at: Instant,
-    /// Ties broken by arrival, so entries never compare equal.
-    seq: u64,
-    slot: Weak<dyn Cancel>,
-    call: u64,
+/// A deadline registered for one call; dropping it takes the entry out.
+pub(crate) struct Armed {
+    timer: Arc<Timer>,
+    key: Key,
 }
 
-impl PartialEq for Entry {
-    fn eq(&self, other: &Entry) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl Eq for Entry {}
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Entry) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Entry {
-    fn cmp(&self, other: &Entry) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
+impl Drop for Armed {
+    fn drop(&mut self) {
+        lock(&self.timer.state).due.remove(&self.key);
     }
 }
 
@@ -62,7 +51,7 @@ impl Timer {
     pub fn new() -> Timer {
         Timer {
             state: Mutex::new(State {
-                due: BinaryHeap::new(),
+                due: BTreeMap::new(),
                 next: 0,
                 started: false,
                 closed: false,
@@ -71,33 +60,47 @@ impl Timer {
         }
     }
 
-    /// Cancel call number `call` of `slot` at `at`. Returns false once the
-    /// runner closed, or when the thread cannot be started (the caller
-    /// then answers the call as a closed runner would).
-    pub fn add(self: &Arc<Timer>, at: Instant, slot: Weak<dyn Cancel>, call: u64) -> bool {
+    /// Start the thread (once, when the runner is built).
+    pub fn start(self: &Arc<Timer>) -> Result<(), String> {
         let mut state = lock(&self.state);
-        if state.closed {
-            return false;
-        }
-        let seq = state.next;
-        state.next += 1;
-        let earliest = state.due.peek().is_none_or(|Reverse(e)| at < e.at);
-        state.due.push(Reverse(Entry { at, seq, slot, call }));
         if !state.started {
             let timer = self.clone();
-            let started = std::thread::Builder::new()
+            std::thread::Builder::new()
                 .name("laned-deadlines".into())
-                .spawn(move || timer.run());
-            if started.is_err() {
-                state.due.clear();
-                return false;
-            }
+                .spawn(move || timer.run())
+                .map_err(|e| format!("starting the deadline thread: {e}"))?;
             state.started = true;
-        } else if earliest {
+        }
+        Ok(())
+    }
+
+    /// Cancel call number `call` of `slot` at `at`, unless the returned
+    /// entry is dropped first. `None` once the runner closed: the close
+    /// answers the call.
+    pub fn add(self: &Arc<Timer>, at: Instant, slot: Weak<dyn Cancel>, call: u64) -> Option<Armed> {
+        let mut state = lock(&self.state);
+        if state.closed {
+            return None;
+        }
+        debug_assert!(state.started, "the runner starts its deadline thread");
+        let key = (at, state.next);
+        state.next += 1;
+        let earliest = state.due.first_key_value().is_none_or(|(first, _)| key < *first);
+        state.due.insert(key, (slot, call));
+        if earliest {
             drop(state);
             self.cv.notify_one();
         }
-        true
+        Some(Armed {
+            timer: self.clone(),
+            key,
+        })
+    }
+
+    /// The deadlines registered now (calls in flight with one).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        lock(&self.state).due.len()
     }
 
     /// The thread: sleep until the earliest deadline, cancel what is due,
@@ -110,22 +113,21 @@ impl Timer {
             }
             let now = Instant::now();
             let mut due = vec![];
-            while state.due.peek().is_some_and(|Reverse(e)| e.at <= now) {
-                let Reverse(entry) = state.due.pop().expect("peeked");
-                due.push(entry);
+            while let Some(entry) = state.due.first_entry().filter(|e| e.key().0 <= now) {
+                due.push(entry.remove());
             }
             if !due.is_empty() {
                 // Cancelled outside the lock: a cancel takes the slot's.
                 drop(state);
-                for entry in due {
-                    if let Some(slot) = entry.slot.upgrade() {
-                        slot.cancel(entry.call);
+                for (slot, call) in due {
+                    if let Some(slot) = slot.upgrade() {
+                        slot.cancel(call);
                     }
                 }
                 state = lock(&self.state);
                 continue;
             }
-            state = match state.due.peek().map(|Reverse(e)| e.at) {
+            state = match state.due.first_key_value().map(|((at, _), _)| *at) {
                 Some(at) => {
                     self.cv
                         .wait_timeout(state, at.saturating_duration_since(now))
@@ -145,5 +147,55 @@ impl Timer {
         state.due.clear();
         drop(state);
         self.cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    /// Records the call numbers cancelled.
+    #[derive(Default)]
+    struct Seen(AtomicU64);
+
+    impl Cancel for Seen {
+        fn cancel(&self, call: u64) {
+            self.0.fetch_add(call, Ordering::SeqCst);
+        }
+    }
+
+    /// Entries of calls that ended leave at once, however far off their
+    /// deadline (the timer holds the calls in flight only); a deadline
+    /// still armed fires.
+    #[test]
+    fn ended_calls_leave_the_timer_and_armed_ones_fire() {
+        let timer = Arc::new(Timer::new());
+        timer.start().unwrap();
+        let seen: Arc<dyn Cancel> = Arc::new(Seen::default());
+        let far = Instant::now() + Duration::from_secs(3600);
+        for call in 0..10_000 {
+            let armed = timer.add(far, Arc::downgrade(&seen), call).unwrap();
+            assert_eq!(timer.len(), 1);
+            drop(armed);
+        }
+        assert_eq!(timer.len(), 0, "entries of ended calls stayed");
+        let seen_here = Arc::new(Seen::default());
+        let as_cancel: Arc<dyn Cancel> = seen_here.clone();
+        let _armed = timer
+            .add(Instant::now() + Duration::from_millis(5), Arc::downgrade(&as_cancel), 7)
+            .unwrap();
+        let start = Instant::now();
+        while seen_here.0.load(Ordering::SeqCst) != 7 {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the armed deadline never fired"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(timer.len(), 0);
+        timer.close();
+        assert!(timer.add(far, Arc::downgrade(&as_cancel), 8).is_none());
     }
 }

@@ -261,8 +261,8 @@ impl LanedStateHandle {
     /// [`LanedStateHandle::call_until`] for a task: past `deadline`, a call
     /// none of whose seats was seated leaves the queue and is answered
     /// [`RunErrorKind::DeadlineExceeded`]; one already in a turn completes.
-    /// The runner's deadline thread (one per runner, started by the first
-    /// such call) wakes the task then: no executor timer is needed.
+    /// The runner's deadline thread (one per runner) wakes the task then:
+    /// no executor timer is needed.
     pub async fn call_until_async(
         &mut self,
         inputs: TVec<TValue>,
@@ -282,10 +282,12 @@ impl LanedStateHandle {
         let inputs = self.may_call(inputs, deadline)?;
         let call_no = self.slot.begin();
         let rows = self.submit(inputs)?;
-        if let Some(deadline) = deadline {
+        // Armed until this call ends, answered or dropped (`None` once the
+        // runner closed: the close answers the call).
+        let _armed = deadline.and_then(|deadline| {
             let slot: Arc<dyn Cancel> = self.slot.clone();
-            self.stream.core.timer.add(deadline, Arc::downgrade(&slot), call_no);
-        }
+            self.stream.core.timer.add(deadline, Arc::downgrade(&slot), call_no)
+        });
         let mut pending = PendingCall {
             handle: Some(self),
             timed_out: false,

@@ -103,6 +103,15 @@ impl LanedRunner {
                 }
             }
         }
+        // The deadline thread, started here so that a call with a deadline
+        // never finds it missing; it sleeps until the first such call.
+        let timer = Arc::new(crate::deadline::Timer::new());
+        if let Err(e) = timer.start() {
+            for shard in &shards {
+                shard.close();
+            }
+            return Err(NewRunnerError::Spawn(e));
+        }
         let core = Arc::new(Common {
             inner,
             iface,
@@ -114,7 +123,7 @@ impl LanedRunner {
             config,
             live,
             drained: std::sync::atomic::AtomicBool::new(false),
-            timer: Arc::new(crate::deadline::Timer::new()),
+            timer,
         });
         Ok(LanedRunner {
             _owner: Some(Arc::new(Owner { core: core.clone() })),

@@ -278,6 +278,29 @@ impl Engine {
         self.publish_queue();
     }
 
+    /// Take in the requests taken from the inbox at `taken_at`. Idle
+    /// streams are evicted first, as of that instant, so that a spawn in
+    /// the batch may have their lanes; a stream with a call in the batch is
+    /// left to its call, which `enqueue` judges by the moment it was made.
+    /// A call pushed after `taken_at` is judged in the next batch the same
+    /// way: a stream that called before it was due is never evicted.
+    pub fn accept_batch(&mut self, requests: Vec<Request>, taken_at: Instant) {
+        if self.idle_timeout.is_some() {
+            let calling: Vec<LaneId> = requests
+                .iter()
+                .filter_map(|r| match r {
+                    Request::Call(call) => Some(call.stream.lane),
+                    _ => None,
+                })
+                .collect();
+            self.evict_idle_at(taken_at, &calling);
+        }
+        for request in requests {
+            self.take(request);
+        }
+        self.publish_queue();
+    }
+
     fn take(&mut self, request: Request) {
         match request {
             Request::Spawn { slot, waited } => self.spawn(slot, waited),

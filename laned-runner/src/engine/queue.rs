@@ -178,6 +178,9 @@ impl Engine {
         let id = *id;
         let pending = self.pending.remove(&id).expect("present");
         self.unqueue_where(|seat| seat.call == id);
+        // The stream called and was answered (cancelled) now: its idle time
+        // starts here, as after any other answer.
+        self.last_active[pending.lane.0] = Instant::now();
         pending.slot.fill(Err(RunError::new(RunErrorKind::Cancelled)));
     }
 

@@ -156,40 +156,34 @@ impl Engine {
         self.free_lane(lane);
     }
 
-    /// Evict the streams idle for longer than the timeout (none with a seat
-    /// queued); returns when the next one would be due.
-    pub fn evict_idle(&mut self) -> Option<Instant> {
-        self.scan_idle(true)
+    /// Evict the streams idle for longer than the timeout as of `now`
+    /// (none with a seat queued, none on a lane in `calling`).
+    pub(super) fn evict_idle_at(&mut self, now: Instant, calling: &[LaneId]) {
+        let Some(idle) = self.idle_timeout else { return };
+        if self.closed {
+            return;
+        }
+        for lane in 0..self.owner.len() {
+            let Some(stream) = self.owner[lane] else { continue };
+            if self.queued_per_lane[lane] > 0 || calling.contains(&LaneId(lane)) {
+                continue;
+            }
+            if self.last_active[lane].checked_add(idle).is_some_and(|due| due <= now) {
+                self.evict(LaneId(lane), stream, idle);
+            }
+        }
     }
 
-    /// When the next idle stream is due (now, for one overdue), evicting
-    /// nobody: for a thread that must take its requests in first.
-    pub fn next_idle_due(&mut self) -> Option<Instant> {
-        self.scan_idle(false)
-    }
-
-    fn scan_idle(&mut self, evict: bool) -> Option<Instant> {
+    /// When the next idle stream is due (a time past, for one overdue):
+    /// the holder of the state takes the inbox in then, which evicts it.
+    pub fn next_idle_due(&self) -> Option<Instant> {
         let idle = self.idle_timeout?;
         if self.closed {
             return None;
         }
-        let now = Instant::now();
-        let mut next: Option<Instant> = None;
-        for lane in 0..self.owner.len() {
-            let Some(stream) = self.owner[lane] else { continue };
-            if self.queued_per_lane[lane] > 0 {
-                continue;
-            }
-            let Some(due) = self.last_active[lane].checked_add(idle) else {
-                continue;
-            };
-            if due <= now && evict {
-                self.evict(LaneId(lane), stream, idle);
-            } else {
-                let due = due.max(now);
-                next = Some(next.map_or(due, |n: Instant| n.min(due)));
-            }
-        }
-        next
+        (0..self.owner.len())
+            .filter(|&lane| self.owner[lane].is_some() && self.queued_per_lane[lane] == 0)
+            .filter_map(|lane| self.last_active[lane].checked_add(idle))
+            .min()
     }
 }

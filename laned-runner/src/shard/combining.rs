@@ -51,10 +51,9 @@ impl Shard {
         if engine.is_closed() {
             return None;
         }
-        // Requests first: a stream whose call waits in the inbox is not
-        // idle, however long the last turn took.
+        // Taking the inbox in evicts idle streams, as of the take: a stream
+        // whose call waits there is not idle, however long the last turn.
         self.take_inbox(&mut engine);
-        engine.evict_idle();
         Some(engine)
     }
 

@@ -152,21 +152,20 @@ impl Shard {
     /// Move every request of the inbox into the engine, and the draining
     /// flag with them: whoever holds the state takes it in (step 4 of
     /// draining), or a combining helper under steady load would serve new
-    /// calls for as long as they came, the drain waiting on its lock.
+    /// calls for as long as they came, the drain waiting on its lock. Idle
+    /// streams are evicted as of the take (see `Engine::accept_batch`).
     fn take_inbox(&self, engine: &mut Engine) -> bool {
-        let requests = {
+        let (requests, taken_at) = {
             let mut inbox = self.inbox.lock();
-            // Under the same lock as the take: a request pushed after the
-            // flag is refused, one pushed before is served.
+            // Under the same lock as the take: every request taken in from
+            // now on, this batch included, finds the engine draining.
             if inbox.draining {
                 engine.start_draining();
             }
-            std::mem::take(&mut inbox.requests)
+            (std::mem::take(&mut inbox.requests), Instant::now())
         };
         let any = !requests.is_empty();
-        for request in requests {
-            engine.accept(request);
-        }
+        engine.accept_batch(requests, taken_at);
         any
     }
 

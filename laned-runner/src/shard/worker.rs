@@ -98,8 +98,8 @@ impl Shard {
         // Pushes already taken into the engine (read under the inbox lock).
         let mut taken = 0;
         loop {
-            // When the next idle stream is due; nobody is evicted before
-            // the requests are in (below).
+            // When the next idle stream is due: its eviction comes with the
+            // next take of the inbox (below), however empty.
             let next_eviction = engine.next_idle_due();
             // Nothing queued: the callers just answered may be back within
             // a few microseconds (a closed loop), sooner than parking and
@@ -109,7 +109,7 @@ impl Shard {
                 let hit = self.spin_for_push(taken);
                 gauge.record(hit);
             }
-            let (requests, closed) = {
+            let (requests, closed, taken_at) = {
                 let mut inbox = self.inbox.lock();
                 while inbox.requests.is_empty() && !inbox.closed && !engine.has_queue() {
                     if inbox.draining && engine.is_quiet() {
@@ -129,20 +129,18 @@ impl Shard {
                     engine.start_draining();
                 }
                 taken = self.inbox.pushed();
-                (std::mem::take(&mut inbox.requests), inbox.closed)
+                (std::mem::take(&mut inbox.requests), inbox.closed, Instant::now())
             };
             if closed {
                 engine.close();
             }
-            for request in requests {
-                engine.accept(request);
-            }
+            // Evicts idle streams as of the take, before the spawns in the
+            // batch look for a lane: a stream whose call waited in the
+            // inbox through a long turn is not idle.
+            engine.accept_batch(requests, taken_at);
             if closed {
                 return;
             }
-            // After the requests are in: a stream whose call waited in the
-            // inbox through a long turn is not idle.
-            engine.evict_idle();
             if engine.has_queue() && self.wait_for_turn(&mut engine) {
                 engine.turn();
             }

@@ -746,3 +746,78 @@ fn one_token_cancels_every_call_it_guards() {
         });
     }
 }
+
+/// Defect 8, its other side: a spawn that arrives during a long turn, while
+/// an idle stream's time runs out, gets that stream's lane when the turn
+/// ends (the idle stream is evicted before the spawn looks), not `Full`.
+#[test]
+fn a_spawn_after_a_long_turn_gets_an_idle_streams_lane() {
+    for mode in [Mode::Worker, Mode::Combining] {
+        bounded("spawn after a long turn", move || {
+            let switch = Switch::new();
+            let r = runner(
+                counter(&switch, &[Some(3)]).unwrap(),
+                RunnerConfig::builder()
+                    .mode(mode)
+                    .shards(1)
+                    .max_lanes(2)
+                    .idle_timeout(Duration::from_millis(50)),
+            );
+            let (_idle, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
+            let x = pulse(&[3], 1.0);
+            switch.stall(Some(Duration::from_millis(150)));
+            let xb = x.clone();
+            let tb = thread::spawn(move || call(&mut b, &xb));
+            while switch.calls(Hook::Eval) == 0 {
+                thread::sleep(Duration::from_micros(200));
+            }
+            switch.stall(None);
+            // Pushed while b's turn runs; answered after it, when the idle
+            // stream is 150 ms past its grant.
+            let mut fresh = r.try_spawn().expect("the idle stream's lane");
+            assert_eq!(tb.join().unwrap().unwrap(), solo(&x, 0), "{mode:?}");
+            assert_eq!(call(&mut fresh, &x).unwrap(), solo(&x, 0), "{mode:?}");
+        });
+    }
+}
+
+/// Defect 8, a third side: a call that timed out waiting behind a long
+/// turn counts as activity, as an answer does: the stream's retry right
+/// after is served, not evicted, and the timed-out call never ran.
+#[test]
+fn a_retry_after_a_timed_out_call_is_not_evicted() {
+    for mode in [Mode::Worker, Mode::Combining] {
+        bounded("retry after a deadline", move || {
+            let switch = Switch::new();
+            let r = runner(
+                counter(&switch, &[Some(3)]).unwrap(),
+                RunnerConfig::builder()
+                    .mode(mode)
+                    .shards(1)
+                    .max_lanes(2)
+                    .idle_timeout(Duration::from_millis(50)),
+            );
+            let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
+            let x = pulse(&[3], 1.0);
+            switch.stall(Some(Duration::from_millis(150)));
+            let xa = x.clone();
+            let ta = thread::spawn(move || call(&mut a, &xa));
+            while switch.calls(Hook::Eval) == 0 {
+                thread::sleep(Duration::from_micros(200));
+            }
+            switch.stall(None);
+            let late = b.call_until(
+                tvec!(x.clone().into_tvalue()),
+                Instant::now() + Duration::from_millis(60),
+            );
+            let err = late.unwrap_err();
+            assert!(matches!(err.kind(), RunErrorKind::DeadlineExceeded), "{mode:?}: {err}");
+            assert_eq!(
+                call(&mut b, &x).unwrap(),
+                solo(&x, 0),
+                "{mode:?}: retried, and the first never ran"
+            );
+            assert_eq!(ta.join().unwrap().unwrap(), solo(&x, 0), "{mode:?}");
+        });
+    }
+}

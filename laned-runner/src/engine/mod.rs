@@ -285,16 +285,7 @@ impl Engine {
     /// A call pushed after `taken_at` is judged in the next batch the same
     /// way: a stream that called before it was due is never evicted.
     pub fn accept_batch(&mut self, requests: Vec<Request>, taken_at: Instant) {
-        if self.idle_timeout.is_some() {
-            let calling: Vec<LaneId> = requests
-                .iter()
-                .filter_map(|r| match r {
-                    Request::Call(call) => Some(call.stream.lane),
-                    _ => None,
-                })
-                .collect();
-            self.evict_idle_at(taken_at, &calling);
-        }
+        self.evict_idle_at(taken_at, &requests);
         for request in requests {
             self.take(request);
         }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use lane_table::LaneId;
 
 use crate::err::{RunError, RunErrorKind, SpawnError};
-use crate::protocol::{Grant, SpawnResult};
+use crate::protocol::{Grant, Request, SpawnResult};
 use crate::slot::Slot;
 
 use super::{reset_caught, spawn_caught, Engine};
@@ -157,18 +157,22 @@ impl Engine {
     }
 
     /// Evict the streams idle for longer than the timeout as of `now`
-    /// (none with a seat queued, none on a lane in `calling`).
-    pub(super) fn evict_idle_at(&mut self, now: Instant, calling: &[LaneId]) {
+    /// (none with a seat queued, none with a call among `batch`). Allocates
+    /// nothing: the batch is searched only for an overdue stream.
+    pub(super) fn evict_idle_at(&mut self, now: Instant, batch: &[Request]) {
         let Some(idle) = self.idle_timeout else { return };
         if self.closed {
             return;
         }
         for lane in 0..self.owner.len() {
             let Some(stream) = self.owner[lane] else { continue };
-            if self.queued_per_lane[lane] > 0 || calling.contains(&LaneId(lane)) {
+            if self.queued_per_lane[lane] > 0 || self.last_active[lane].checked_add(idle).is_none_or(|due| due > now) {
                 continue;
             }
-            if self.last_active[lane].checked_add(idle).is_some_and(|due| due <= now) {
+            let calling = batch
+                .iter()
+                .any(|r| matches!(r, Request::Call(call) if call.stream.stream == stream));
+            if !calling {
                 self.evict(LaneId(lane), stream, idle);
             }
         }

@@ -108,6 +108,13 @@ impl Admission {
         self.lock().refused.is_some()
     }
 
+    /// Why spawns are refused, if they are (`Draining` after a drain
+    /// started, `Closed` after a close): what a spawn request reaching an
+    /// engine then is told, whichever path it took.
+    pub fn refusal(&self) -> Option<SpawnError> {
+        self.lock().refused.clone()
+    }
+
     /// The `freed` counter: a lane was freed (or a drain started) since a
     /// caller read it if it moved. Blocks until it moves past `seen` or
     /// `until` passes.

@@ -38,9 +38,13 @@ impl Engine {
         if self.closed {
             return slot.fill(Err(SpawnError::Closed));
         }
-        // Not admitting (a soft drain started): refused from the instant
-        // `stop_admitting` returned, whatever this request's path.
-        if self.draining || self.admission.is_refused() {
+        // Not admitting (a soft drain started, or the runner closing):
+        // refused from the instant `stop_admitting` or the close refused
+        // admission, whatever this request's path, with that refusal.
+        if let Some(refusal) = self.admission.refusal() {
+            return slot.fill(Err(refusal));
+        }
+        if self.draining {
             return slot.fill(Err(SpawnError::Draining));
         }
         if self.table.taken() < self.max_streams {

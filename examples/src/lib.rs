@@ -41,7 +41,14 @@ pub mod close {
     pub const TRY_AGAIN_LATER: u16 = 1013;
     /// The runner failed the stream.
     pub const INTERNAL: u16 = 1011;
+    /// The client sent no whole frame, or took no reply, for `idle_ms`
+    /// (silent, stalled or gone without a word): its lane goes to others.
+    pub const IDLE: u16 = 1008;
 }
+
+/// The longest close reason a control frame carries (125 bytes less the
+/// code's two).
+const MAX_REASON: usize = 123;
 
 /// Frames read ahead while a call is in flight (then the reading waits).
 const MAX_BACKLOG: usize = 8;
@@ -76,6 +83,11 @@ pub struct Settings {
     pub admission_wait_ms: u64,
     /// The largest binary frame accepted, in bytes.
     pub max_frame_bytes: usize,
+    /// How long a connection may send no whole frame, or leave a reply
+    /// untaken, before it is closed (1008) and its lane freed, in
+    /// milliseconds: a client silent, stalled mid-frame, not reading, or
+    /// gone without a FIN holds a lane no longer.
+    pub idle_ms: u64,
 }
 
 impl Default for Settings {
@@ -90,6 +102,7 @@ impl Default for Settings {
             drain_deadline_ms: 10_000,
             admission_wait_ms: 1_000,
             max_frame_bytes: 1 << 20,
+            idle_ms: 30_000,
         }
     }
 }
@@ -127,7 +140,7 @@ impl std::fmt::Display for Settings {
         write!(
             f,
             "listen {}\nmodel {model}\nlanes {} per shard\nshards {}\nmode {:?}\npolicy {}\n\
-             drain deadline {} ms\nadmission wait {} ms\nmax frame {} bytes",
+             drain deadline {} ms\nadmission wait {} ms\nmax frame {} bytes\nidle {} ms",
             self.listen,
             self.lanes,
             self.shards,
@@ -135,7 +148,8 @@ impl std::fmt::Display for Settings {
             self.policy,
             self.drain_deadline_ms,
             self.admission_wait_ms,
-            self.max_frame_bytes
+            self.max_frame_bytes,
+            self.idle_ms
         )
     }
 }
@@ -277,6 +291,9 @@ pub async fn start(
     settings: Settings,
     prometheus: Option<PrometheusHandle>,
 ) -> Result<Server, String> {
+    if settings.idle_ms == 0 {
+        return Err("idle_ms is 0: every connection would be closed at once (at least 1)".into());
+    }
     let runner = LanedRunner::new(plan, settings.runner_config()?).map_err(|e| e.to_string())?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -387,12 +404,22 @@ impl Drop for LiveGuard {
 }
 
 async fn close_with(socket: &mut WebSocket, code: u16, reason: &str) {
-    let _ = socket
-        .send(Message::Close(Some(CloseFrame {
+    // A control frame holds 125 bytes: a longer reason (one quoting the
+    // client's own input, say) is cut at a character boundary, or the
+    // close itself would be a protocol error.
+    let mut end = reason.len().min(MAX_REASON);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    // Bounded: a client that reads nothing must not hold the session.
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        socket.send(Message::Close(Some(CloseFrame {
             code,
-            reason: reason.into(),
-        })))
-        .await;
+            reason: reason[..end].into(),
+        }))),
+    )
+    .await;
     // Wait briefly for the client's close reply so the frame is flushed.
     let _ = tokio::time::timeout(Duration::from_millis(500), async {
         while let Some(Ok(m)) = socket.recv().await {
@@ -448,13 +475,20 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
         hysteresis: Hysteresis::default(),
     };
     let max = shared.settings.max_frame_bytes;
+    let idle = Duration::from_millis(shared.settings.idle_ms);
     // Frames read while a call was in flight, handled in order after it.
     let mut backlog: VecDeque<Message> = VecDeque::new();
     loop {
         let msg = match backlog.pop_front() {
             Some(m) => Some(Ok(m)),
             None => tokio::select! {
-                m = socket.recv() => m,
+                m = tokio::time::timeout(idle, socket.recv()) => match m {
+                    Ok(m) => m,
+                    Err(_) => {
+                        let why = format!("no whole frame for {idle:?}: the lane goes to others");
+                        return close_with(&mut socket, close::IDLE, &why).await;
+                    }
+                },
                 _ = closed(shared.closing.clone()) => {
                     return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;
                 }
@@ -537,8 +571,12 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
                 None => {}
             }
             for r in replies {
-                if socket.send(Message::Text(r.into())).await.is_err() {
-                    return;
+                // A client not taking its replies stalls the send once the
+                // buffers fill: past `idle`, it is dropped (no close frame
+                // could reach it either).
+                match tokio::time::timeout(idle, socket.send(Message::Text(r.into()))).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) | Err(_) => return,
                 }
             }
         }

@@ -164,7 +164,8 @@ fn silero_waiting_clients_are_served_in_arrival_order() {
 }
 
 /// A text frame, an odd i16 byte count, an oversized frame and an unknown
-/// format are each closed with their code and a reason, while two other
+/// format (a long one too) are each closed with their code and a reason
+/// that fits a close frame, while two other
 /// clients stream throughout and get their exact answers.
 #[test]
 fn silero_malformed_frames_close_only_their_connection() {
@@ -202,6 +203,13 @@ fn silero_malformed_frames_close_only_their_connection() {
         let (code, reason) = expect_close(&mut ws).await;
         assert_eq!(code, close::UNSUPPORTED, "unknown format: {reason}");
         assert!(reason.contains("mp3"), "{reason}");
+
+        // A reason quoting a long input is cut to what a close frame holds
+        // (123 bytes), not sent whole as a protocol error.
+        let mut ws = connect(addr, &format!("?format={}", "x".repeat(200))).await;
+        let (code, reason) = expect_close(&mut ws).await;
+        assert_eq!(code, close::UNSUPPORTED, "long format: {reason}");
+        assert!(reason.len() <= 123 && reason.contains("xxx"), "{reason}");
 
         for (c, t) in streams.into_iter().enumerate() {
             assert_eq!(t.await.unwrap(), want[c], "good client {c}");
@@ -301,6 +309,35 @@ fn silero_a_client_gone_mid_call_frees_its_lane_at_once() {
             other => panic!("{other:?}"),
         }
         idle.close(None).await.unwrap();
+        server.shutdown().await;
+    });
+}
+
+/// A client that holds its lane and then sends nothing (silent, or gone
+/// without a FIN) is closed with 1008 after `idle_ms`, and a client waiting
+/// for that lane gets it and its exact answers.
+#[test]
+fn silero_a_silent_client_loses_its_lane_after_the_idle_time() {
+    let Some(plan) = plan() else { return };
+    let a = audio(6, 4);
+    let want = solo(&plan, &a);
+    bounded(60, async {
+        let settings = laned_examples::Settings {
+            lanes: 1,
+            admission_wait_ms: 20_000,
+            idle_ms: 300,
+            ..laned_examples::Settings::default()
+        };
+        let server = server_with(&plan, settings).await;
+        let addr = server.addr;
+        let mut silent = connect_holding(addr, &audio(7, 1)).await;
+        assert_eq!(server.runner().capacity().lanes_free, 0);
+        // Waits for the only lane, which the silent client holds.
+        let waiting = tokio::spawn(async move { stream(addr, &a, false, 7).await });
+        let (code, reason) = expect_close(&mut silent).await;
+        assert_eq!(code, close::IDLE, "{reason}");
+        assert!(reason.contains("300ms"), "{reason}");
+        assert_eq!(waiting.await.unwrap(), want);
         server.shutdown().await;
     });
 }

@@ -106,6 +106,11 @@ async fn main() {
             std::process::exit(1)
         });
     let (mut tx, mut rx) = ws.split();
+    // The server answers every whole 512-sample chunk; closing before the
+    // last answer came would lose it (a close ends the server's sending).
+    let expected = audio.len() / laned_testkit::silero::CHUNK;
+    let (all_in, all_in_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut all_in = (expected > 0).then_some(all_in);
     let frame = args.frame.max(1);
     let fast = args.fast;
     let i16_format = args.i16;
@@ -126,15 +131,26 @@ async fn main() {
                 return;
             }
         }
-        // Let the last answers come, then close.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Every answer in (or the connection gone, or 30 s), then close.
+        if expected > 0 {
+            let _ = tokio::time::timeout(Duration::from_secs(30), all_in_rx).await;
+        }
         let _ = tx.send(Message::Close(None)).await;
     });
+    let mut answered = 0;
     while let Some(msg) = rx.next().await {
         match msg {
             Ok(Message::Text(t)) => {
                 if t.contains("\"event\"") || args.verbose {
                     println!("{t}");
+                }
+                if t.contains("\"probability\"") {
+                    answered += 1;
+                    if answered == expected {
+                        if let Some(all_in) = all_in.take() {
+                            let _ = all_in.send(());
+                        }
+                    }
                 }
             }
             Ok(Message::Close(Some(f))) => {

@@ -42,6 +42,10 @@ struct Args {
     /// The largest binary frame, in bytes [default: 1048576].
     #[arg(long, env = "VAD_MAX_FRAME_BYTES")]
     max_frame_bytes: Option<usize>,
+    /// Milliseconds a connection may send no whole frame or leave a reply
+    /// untaken before it is closed (1008) [default: 30000].
+    #[arg(long, env = "VAD_IDLE_MS")]
+    idle_ms: Option<u64>,
 }
 
 fn settings(args: Args) -> Result<Settings, String> {
@@ -80,6 +84,9 @@ fn settings(args: Args) -> Result<Settings, String> {
     if let Some(v) = args.max_frame_bytes {
         s.max_frame_bytes = v;
     }
+    if let Some(v) = args.idle_ms {
+        s.idle_ms = v;
+    }
     s.turn_policy()?;
     Ok(s)
 }
@@ -95,7 +102,20 @@ async fn main() {
     };
     // Before the runner: it binds its metrics handles when built.
     let prometheus = match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
-        Ok(h) => Some(h),
+        Ok(h) => {
+            // The recorder keeps every histogram sample until upkeep drains
+            // it into the buckets; `/metrics` does so when scraped, but a
+            // deployment that never scrapes would grow without bound.
+            let upkeep = h.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+                loop {
+                    every.tick().await;
+                    upkeep.run_upkeep();
+                }
+            });
+            Some(h)
+        }
         Err(e) => {
             eprintln!("vad-server: no /metrics: {e}");
             None

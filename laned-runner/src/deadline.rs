@@ -1,9 +1,10 @@
 //! Deadlines of calls made by tasks (`call_until_async`): one thread per
 //! runner, started with it and asleep until the first such call, that
 //! cancels each call whose deadline passes, exactly as a
-//! [`CancelToken`](crate::CancelToken) does (the engine then drops its seats
-//! if none was seated, and the call is answered `DeadlineExceeded`). A blocking `call_until` needs no thread:
-//! its caller waits with a timeout and cancels the call itself.
+//! [`CancelToken`](crate::CancelToken) does (the engine then drops its
+//! seats if none was seated, and the call is answered `DeadlineExceeded`).
+//! A blocking `call_until` needs no thread: its caller waits with a timeout
+//! and cancels the call itself.
 //!
 //! A call's entry leaves the timer when the call ends, answered or
 //! dropped (its [`Armed`] guard), so the timer holds the deadlines of the
@@ -31,7 +32,6 @@ struct State {
     /// Deadlines, the earliest first: each call's slot and its number there.
     due: BTreeMap<Key, (Weak<dyn Cancel>, u64)>,
     next: u64,
-    started: bool,
     closed: bool,
 }
 
@@ -53,25 +53,20 @@ impl Timer {
             state: Mutex::new(State {
                 due: BTreeMap::new(),
                 next: 0,
-                started: false,
                 closed: false,
             }),
             cv: Condvar::new(),
         }
     }
 
-    /// Start the thread (once, when the runner is built).
+    /// Start the thread: once, when the runner is built.
     pub fn start(self: &Arc<Timer>) -> Result<(), String> {
-        let mut state = lock(&self.state);
-        if !state.started {
-            let timer = self.clone();
-            std::thread::Builder::new()
-                .name("laned-deadlines".into())
-                .spawn(move || timer.run())
-                .map_err(|e| format!("starting the deadline thread: {e}"))?;
-            state.started = true;
-        }
-        Ok(())
+        let timer = self.clone();
+        std::thread::Builder::new()
+            .name("laned-deadlines".into())
+            .spawn(move || timer.run())
+            .map(|_| ())
+            .map_err(|e| format!("starting the deadline thread: {e}"))
     }
 
     /// Cancel call number `call` of `slot` at `at`, unless the returned
@@ -82,7 +77,6 @@ impl Timer {
         if state.closed {
             return None;
         }
-        debug_assert!(state.started, "the runner starts its deadline thread");
         let key = (at, state.next);
         state.next += 1;
         let earliest = state.due.first_key_value().is_none_or(|(first, _)| key < *first);

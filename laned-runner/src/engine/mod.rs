@@ -273,11 +273,6 @@ impl Engine {
         self.metrics.record_policy_wait(wait);
     }
 
-    pub fn accept(&mut self, request: Request) {
-        self.take(request);
-        self.publish_queue();
-    }
-
     /// Take in the requests taken from the inbox at `taken_at`. Idle
     /// streams are evicted first, as of that instant, so that a spawn in
     /// the batch may have their lanes; a stream with a call in the batch is

@@ -113,12 +113,8 @@ impl Engine {
         // moment the engine takes the call in (after a long turn, say): a
         // call made in time is served, one made after the timeout finds
         // its stream evicted, as it would had anyone looked meanwhile.
-        if let Some(idle) = self
-            .idle_timeout
-            .filter(|_| self.called_too_late(call.stream.lane, call.queued))
-        {
-            self.evict(call.stream.lane, call.stream.stream, idle);
-            let why = self.evicted.get(&call.stream.stream).cloned().unwrap_or_default();
+        if self.idle_by(call.stream.lane, call.queued) {
+            let why = self.evict(call.stream.lane, call.stream.stream);
             call.slot.fill(Err(RunError::new(RunErrorKind::Evicted(why))));
             return;
         }

@@ -3,7 +3,7 @@
 //! releasing them, evicting idle streams, rebuilding the state.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lane_table::LaneId;
 
@@ -142,42 +142,46 @@ impl Engine {
         }
     }
 
-    /// Whether a call the stream on `lane` made at `at` comes after it was
-    /// idle for the timeout: it was, whenever the engine gets to look.
-    pub(super) fn called_too_late(&self, lane: LaneId, at: Instant) -> bool {
+    /// Whether the stream on `lane`, no seat of it queued, had been idle
+    /// for the timeout by `at` (false without a timeout). The one rule of
+    /// idleness: for a take of the inbox, `at` is the take; for a call, the
+    /// moment it was made, however late the engine looks.
+    pub(super) fn idle_by(&self, lane: LaneId, at: Instant) -> bool {
         let Some(idle) = self.idle_timeout else {
             return false;
         };
         self.queued_per_lane[lane.0] == 0 && self.last_active[lane.0].checked_add(idle).is_some_and(|due| due <= at)
     }
 
-    /// Evict `stream` from `lane`, idle for `idle`.
-    pub(super) fn evict(&mut self, lane: LaneId, stream: u64, idle: Duration) {
-        self.evicted.insert(stream, format!("it did not call for {idle:?}"));
+    /// Evict `stream` from `lane` for being idle; returns why, as the
+    /// stream is told.
+    pub(super) fn evict(&mut self, lane: LaneId, stream: u64) -> String {
+        let why = format!("it did not call for {:?}", self.idle_timeout.unwrap_or_default());
+        self.evicted.insert(stream, why.clone());
         // A reset that fails here is not the evicted stream's concern: the
         // lane's next holder resets it again first.
         let _ = self.reset_lane(lane);
         self.free_lane(lane);
+        why
     }
 
     /// Evict the streams idle for longer than the timeout as of `now`
     /// (none with a seat queued, none with a call among `batch`). Allocates
     /// nothing: the batch is searched only for an overdue stream.
     pub(super) fn evict_idle_at(&mut self, now: Instant, batch: &[Request]) {
-        let Some(idle) = self.idle_timeout else { return };
         if self.closed {
             return;
         }
         for lane in 0..self.owner.len() {
             let Some(stream) = self.owner[lane] else { continue };
-            if self.queued_per_lane[lane] > 0 || self.last_active[lane].checked_add(idle).is_none_or(|due| due > now) {
+            if !self.idle_by(LaneId(lane), now) {
                 continue;
             }
             let calling = batch
                 .iter()
                 .any(|r| matches!(r, Request::Call(call) if call.stream.stream == stream));
             if !calling {
-                self.evict(LaneId(lane), stream, idle);
+                self.evict(LaneId(lane), stream);
             }
         }
     }

@@ -187,8 +187,6 @@ impl Shard {
         // Requests pushed after the close are answered by the same close:
         // the engine is closed for good.
         let requests = std::mem::take(&mut self.inbox.lock().requests);
-        for request in requests {
-            engine.accept(request);
-        }
+        engine.accept_batch(requests, std::time::Instant::now());
     }
 }

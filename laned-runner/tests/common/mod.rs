@@ -20,12 +20,12 @@ pub const SETUPS: [(Mode, usize); 4] = [
 
 /// A runner over `f` with `lanes` lanes per shard, the default policy.
 pub fn runner(f: &Fixture, mode: Mode, shards: usize, lanes: usize) -> LanedRunner {
-    let config = RunnerConfig::builder()
-        .mode(mode)
-        .shards(shards)
-        .max_lanes(lanes)
-        .build();
-    LanedRunner::new(f.runnable().unwrap(), config).unwrap()
+    runner_with(f, RunnerConfig::builder().mode(mode).shards(shards).max_lanes(lanes))
+}
+
+/// A runner on `f`'s model with any other settings.
+pub fn runner_with(f: &Fixture, config: laned_runner::RunnerConfigBuilder) -> LanedRunner {
+    LanedRunner::new(f.runnable().unwrap(), config.build()).unwrap()
 }
 
 /// A runner over a real model's `plan`, its explicit state the input

@@ -73,6 +73,29 @@ fn call(h: &mut laned_runner::LanedStateHandle, x: &Tensor) -> Result<Tensor, la
         .map(|mut out| out.remove(0).into_tensor())
 }
 
+/// Starts `h`'s call of `x` on a thread of its own, in a turn that takes
+/// `stall`, and returns once that turn runs (the state held: later calls
+/// queue behind it); joining gives the handle back with its answer.
+fn slow_turn(
+    switch: &Arc<Switch>,
+    mut h: laned_runner::LanedStateHandle,
+    x: &Tensor,
+    stall: Duration,
+) -> thread::JoinHandle<(laned_runner::LanedStateHandle, Result<Tensor, laned_runner::RunError>)> {
+    let evals = switch.calls(Hook::Eval);
+    switch.stall(Some(stall));
+    let x = x.clone();
+    let turn = thread::spawn(move || {
+        let out = call(&mut h, &x);
+        (h, out)
+    });
+    while switch.calls(Hook::Eval) == evals {
+        thread::sleep(Duration::from_micros(200));
+    }
+    switch.stall(None);
+    turn
+}
+
 /// Defect 1: a symbol resolved for a call that its input contradicts is
 /// refused on the caller's thread, naming the input, the symbol and the
 /// shapes; the stream and the runner go on serving.
@@ -387,19 +410,10 @@ fn a_cancel_of_a_queued_call_says_it_never_ran() {
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder().mode(mode).shards(1).max_lanes(2),
             );
-            let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
+            let (a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
             let x = pulse(&[3], 1.0);
             // a's slow turn holds the state; b's call queues behind it.
-            switch.stall(Some(Duration::from_millis(300)));
-            let xa = x.clone();
-            let ta = thread::spawn(move || {
-                let out = call(&mut a, &xa).unwrap();
-                (a, out)
-            });
-            while switch.calls(Hook::Eval) == 0 {
-                thread::sleep(Duration::from_micros(200));
-            }
-            switch.stall(None);
+            let ta = slow_turn(&switch, a, &x, Duration::from_millis(300));
             let token = CancelToken::new();
             let t2 = token.clone();
             let canceller = thread::spawn(move || {
@@ -409,7 +423,7 @@ fn a_cancel_of_a_queued_call_says_it_never_ran() {
             let out = b.call_with(tvec!(x.clone().into_tvalue()), &token);
             canceller.join().unwrap();
             let (_a, ya) = ta.join().unwrap();
-            assert_eq!(ya, solo(&x, 0));
+            assert_eq!(ya.unwrap(), solo(&x, 0));
             let err = out.unwrap_err();
             assert!(matches!(err.kind(), RunErrorKind::Cancelled), "{mode:?}: {err}");
             assert_eq!(
@@ -679,20 +693,14 @@ fn a_call_waiting_through_a_long_turn_is_not_evicted() {
                     .max_lanes(2)
                     .idle_timeout(Duration::from_millis(50)),
             );
-            let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
+            let (a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
             let x = pulse(&[3], 1.0);
             // a's turn takes 150 ms, three idle timeouts.
-            switch.stall(Some(Duration::from_millis(150)));
-            let xa = x.clone();
-            let ta = thread::spawn(move || call(&mut a, &xa));
-            while switch.calls(Hook::Eval) == 0 {
-                thread::sleep(Duration::from_micros(200));
-            }
-            switch.stall(None);
+            let ta = slow_turn(&switch, a, &x, Duration::from_millis(150));
             // b calls while a's turn runs, soon after it was admitted.
             let xb = pulse(&[3], 5.0);
             let got = call(&mut b, &xb);
-            assert_eq!(ta.join().unwrap().unwrap(), solo(&x, 0), "{mode:?}");
+            assert_eq!(ta.join().unwrap().1.unwrap(), solo(&x, 0), "{mode:?}");
             assert_eq!(got.unwrap(), solo(&xb, 0), "{mode:?}: b called in time");
         });
     }
@@ -709,16 +717,10 @@ fn one_token_cancels_every_call_it_guards() {
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder().mode(mode).shards(1).max_lanes(3),
             );
-            let (mut c, a, b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap(), r.try_spawn().unwrap());
+            let (c, a, b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap(), r.try_spawn().unwrap());
             let x = pulse(&[3], 1.0);
             // c's slow turn holds the state; a's and b's calls queue behind.
-            switch.stall(Some(Duration::from_millis(300)));
-            let xc = x.clone();
-            let tc = thread::spawn(move || call(&mut c, &xc));
-            while switch.calls(Hook::Eval) == 0 {
-                thread::sleep(Duration::from_micros(200));
-            }
-            switch.stall(None);
+            let tc = slow_turn(&switch, c, &x, Duration::from_millis(300));
             let token = CancelToken::new();
             let callers: Vec<_> = [a, b]
                 .into_iter()
@@ -732,7 +734,7 @@ fn one_token_cancels_every_call_it_guards() {
                 .collect();
             thread::sleep(Duration::from_millis(50));
             token.cancel();
-            assert_eq!(tc.join().unwrap().unwrap(), solo(&x, 0));
+            assert_eq!(tc.join().unwrap().1.unwrap(), solo(&x, 0));
             for caller in callers {
                 let (mut h, out) = caller.join().unwrap();
                 let err = out.unwrap_err();
@@ -763,19 +765,13 @@ fn a_spawn_after_a_long_turn_gets_an_idle_streams_lane() {
                     .max_lanes(2)
                     .idle_timeout(Duration::from_millis(50)),
             );
-            let (_idle, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
+            let (_idle, b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
             let x = pulse(&[3], 1.0);
-            switch.stall(Some(Duration::from_millis(150)));
-            let xb = x.clone();
-            let tb = thread::spawn(move || call(&mut b, &xb));
-            while switch.calls(Hook::Eval) == 0 {
-                thread::sleep(Duration::from_micros(200));
-            }
-            switch.stall(None);
+            let tb = slow_turn(&switch, b, &x, Duration::from_millis(150));
             // Pushed while b's turn runs; answered after it, when the idle
             // stream is 150 ms past its grant.
             let mut fresh = r.try_spawn().expect("the idle stream's lane");
-            assert_eq!(tb.join().unwrap().unwrap(), solo(&x, 0), "{mode:?}");
+            assert_eq!(tb.join().unwrap().1.unwrap(), solo(&x, 0), "{mode:?}");
             assert_eq!(call(&mut fresh, &x).unwrap(), solo(&x, 0), "{mode:?}");
         });
     }
@@ -797,15 +793,9 @@ fn a_retry_after_a_timed_out_call_is_not_evicted() {
                     .max_lanes(2)
                     .idle_timeout(Duration::from_millis(50)),
             );
-            let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
+            let (a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
             let x = pulse(&[3], 1.0);
-            switch.stall(Some(Duration::from_millis(150)));
-            let xa = x.clone();
-            let ta = thread::spawn(move || call(&mut a, &xa));
-            while switch.calls(Hook::Eval) == 0 {
-                thread::sleep(Duration::from_micros(200));
-            }
-            switch.stall(None);
+            let ta = slow_turn(&switch, a, &x, Duration::from_millis(150));
             let late = b.call_until(
                 tvec!(x.clone().into_tvalue()),
                 Instant::now() + Duration::from_millis(60),
@@ -817,7 +807,7 @@ fn a_retry_after_a_timed_out_call_is_not_evicted() {
                 solo(&x, 0),
                 "{mode:?}: retried, and the first never ran"
             );
-            assert_eq!(ta.join().unwrap().unwrap(), solo(&x, 0), "{mode:?}");
+            assert_eq!(ta.join().unwrap().1.unwrap(), solo(&x, 0), "{mode:?}");
         });
     }
 }

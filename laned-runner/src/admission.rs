@@ -1,19 +1,40 @@
 //! The admission queue: spawners waiting for a lane on any shard, served in
-//! arrival order. A waiter takes a ticket; only the front ticket tries the
-//! shards; every freed lane (any shard) wakes the waiters.
+//! arrival order by the engines themselves.
+//!
+//! A waiter is a slot in the queue. It never tries the shards from there:
+//! an engine with a free lane takes the oldest waiter out and grants the
+//! lane into its slot ([`Admission::next_waiter`]), when a lane frees up
+//! and when a waiter arriving *kicks* it (an arrival that saw a free lane
+//! in the gauges). So:
+//!
+//! - a freed lane goes to exactly one waiter: nobody else is woken (no
+//!   thundering herd), and admitting n waiters costs n grants;
+//! - a free lane and a waiting spawner never coexist for longer than a
+//!   kick takes to arrive (see [`Admission::arrive`] for why no kick is
+//!   missed);
+//! - a waiter that stops being polled holds at most the one lane granted
+//!   into its slot, never the queue: the waiters behind it are served by
+//!   the next lanes, as if it were not there;
+//! - a waiter that goes away (its future dropped, its wait timed out)
+//!   leaves the queue, or, if a grant was on its way, abandons its slot,
+//!   which refuses the grant: the engine takes the lane back and hands it
+//!   to the next waiter.
 
-use std::collections::VecDeque;
-use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
-
-use crate::sync::{lock, Condvar, Mutex, MutexGuard};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
 
 use crate::err::SpawnError;
+use crate::protocol::SpawnResult;
+use crate::slot::Slot;
+use crate::sync::{lock, Condvar, Mutex, MutexGuard};
 
-/// Who may touch it: spawners (take and return tickets, wait), engines (tell
-/// a lane freed up), the closing or draining thread (refuse everyone).
+/// Who may touch it: spawners (arrive, withdraw), engines (take the next
+/// waiter, tell a lane freed up), the closing or draining thread (refuse
+/// everyone), the drain (wait for freed lanes).
 pub(crate) struct Admission {
     state: Mutex<State>,
+    /// Signalled by every freed lane and refusal: the drain waits on it.
     cv: Condvar,
     max_waiting: usize,
     /// The spawners-waiting gauge of the `metrics` facade (nothing without
@@ -22,37 +43,31 @@ pub(crate) struct Admission {
 }
 
 struct State {
-    next_ticket: u64,
-    /// Tickets of waiting spawners, oldest first.
-    queue: VecDeque<u64>,
-    /// Bumped by every freed lane: a waiter that saw it move retries at once
-    /// instead of waiting for a wake-up it may have missed.
+    next: u64,
+    /// The waiters, by arrival.
+    waiters: BTreeMap<u64, Waiter>,
+    /// Bumped by every freed lane (any shard): the drain waits for it to
+    /// move.
     freed: u64,
-    /// Set by close or drain: every waiter leaves with this.
+    /// Set by close or drain: every waiter is answered with this, and no
+    /// new one is taken.
     refused: Option<SpawnError>,
-    /// Tasks waiting (`spawn_async`), woken with the threads on the condvar.
-    wakers: Vec<Waker>,
 }
 
-/// A waiter's place in the queue.
-pub(crate) struct Ticket(u64);
-
-pub(crate) enum Next {
-    /// This ticket is at the front: try the shards now.
-    Try,
-    /// Refused (closed, draining) or out of time.
-    Leave(SpawnError),
+/// A spawner waiting: where its grant goes, and since when it waits.
+pub(crate) struct Waiter {
+    pub slot: Arc<Slot<SpawnResult>>,
+    pub since: Instant,
 }
 
 impl Admission {
     pub fn new(max_waiting: usize, meters: crate::facade::AdmissionMeters) -> Admission {
         Admission {
             state: Mutex::new(State {
-                next_ticket: 0,
-                queue: VecDeque::new(),
+                next: 0,
+                waiters: BTreeMap::new(),
                 freed: 0,
                 refused: None,
-                wakers: Vec::new(),
             }),
             cv: Condvar::new(),
             max_waiting,
@@ -64,43 +79,76 @@ impl Admission {
         lock(&self.state)
     }
 
-    /// Wake every waiter, threads and tasks, to look again.
-    fn wake_all(&self, mut state: MutexGuard<'_, State>) {
-        let wakers = std::mem::take(&mut state.wakers);
-        drop(state);
-        self.cv.notify_all();
-        for waker in wakers {
-            waker.wake();
-        }
+    /// Spawners may wait at all (`max_waiting` is not 0). With none
+    /// allowed, a spawn only ever tries the shards directly.
+    pub fn may_wait(&self) -> bool {
+        self.max_waiting > 0
     }
 
-    /// A task's [`Admission::wait_turn`] without deadline: ready to try the
-    /// shards when `ticket` is at the front and either it did not try at
-    /// the front last time (`tried` false: it moved up since) or a lane was
-    /// freed since `seen`; or once woken after it registered (anything may
-    /// have changed); an error once refused.
-    pub fn poll_turn(
-        &self,
-        ticket: &Ticket,
-        seen_freed: u64,
-        tried: bool,
-        registered: &mut bool,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), SpawnError>> {
+    /// Take a place at the back of the queue for `slot`, or refuse: why
+    /// spawns are refused (a drain or close started), or `Busy` past
+    /// `max_waiting`. The waiters ahead may be being granted lanes right
+    /// now: with `lanes_free` lanes free (the gauges' reading) that many of
+    /// them are, and only the rest count as waiting against `max_waiting`
+    /// (a burst of tasks on free lanes is admitted, not refused).
+    ///
+    /// Why no kick is missed: an engine freeing a lane publishes its gauge,
+    /// then takes the next waiter under this lock. Either it comes after
+    /// this arrival (and takes it), or before it, and then the arrival,
+    /// reading the gauges after this returns, sees that lane free and kicks
+    /// its shard.
+    pub fn arrive(&self, slot: Arc<Slot<SpawnResult>>, lanes_free: usize) -> Result<u64, SpawnError> {
         let mut state = self.lock();
         if let Some(e) = &state.refused {
-            return Poll::Ready(Err(e.clone()));
+            return Err(e.clone());
         }
-        let front = state.queue.front() == Some(&ticket.0);
-        // A ticket that reached the front after its last look (the one
-        // before it left between that look and this poll, and woke only
-        // those registered then) must try now: no later wake is due.
-        if *registered || (front && (!tried || state.freed != seen_freed)) {
-            return Poll::Ready(Ok(()));
+        let waiting = state.waiters.len();
+        if waiting >= self.max_waiting.saturating_add(lanes_free) {
+            return Err(SpawnError::Busy {
+                waiting,
+                max_waiting: self.max_waiting,
+            });
         }
-        state.wakers.push(cx.waker().clone());
-        *registered = true;
-        Poll::Pending
+        let id = state.next;
+        state.next += 1;
+        state.waiters.insert(
+            id,
+            Waiter {
+                slot,
+                since: Instant::now(),
+            },
+        );
+        self.meters.waiting(state.waiters.len());
+        Ok(id)
+    }
+
+    /// Leave the queue; true if `id` was still in it (no grant is on its
+    /// way to its slot), false once an engine took it.
+    pub fn withdraw(&self, id: u64) -> bool {
+        let mut state = self.lock();
+        let removed = state.waiters.remove(&id).is_some();
+        if removed {
+            self.meters.waiting(state.waiters.len());
+        }
+        removed
+    }
+
+    /// The oldest waiter, taken out of the queue for an engine with a free
+    /// lane to grant it (none once refused: the refusal answers them).
+    /// Waiters whose slot was abandoned meanwhile are skipped.
+    pub fn next_waiter(&self) -> Option<Waiter> {
+        let mut state = self.lock();
+        if state.refused.is_some() {
+            return None;
+        }
+        while let Some((_, waiter)) = state.waiters.pop_first() {
+            if !waiter.slot.is_abandoned() {
+                self.meters.waiting(state.waiters.len());
+                return Some(waiter);
+            }
+        }
+        self.meters.waiting(0);
+        None
     }
 
     /// Whether new spawners are refused (a drain or a close started).
@@ -115,9 +163,13 @@ impl Admission {
         self.lock().refused.clone()
     }
 
-    /// The `freed` counter: a lane was freed (or a drain started) since a
-    /// caller read it if it moved. Blocks until it moves past `seen` or
-    /// `until` passes.
+    /// The `freed` counter: a lane was freed (or spawns refused) since a
+    /// caller read it if it moved.
+    pub fn freed(&self) -> u64 {
+        self.lock().freed
+    }
+
+    /// Block until `freed` moves past `seen` or `until` passes.
     pub fn wait_freed(&self, seen: u64, until: Instant) {
         let mut state = self.lock();
         while state.freed == seen {
@@ -135,152 +187,36 @@ impl Admission {
 
     /// Spawners waiting now.
     pub fn waiting(&self) -> usize {
-        self.lock().queue.len()
+        self.lock().waiters.len()
     }
 
-    /// A ticket at the back of the queue, or `Busy` past `max_waiting`.
-    pub fn enter(&self) -> Result<Ticket, SpawnError> {
-        self.ticket(|queued| queued >= self.max_waiting)
+    /// Spawners that may wait at once (`RunnerConfig::max_waiting`).
+    pub fn max_waiting(&self) -> usize {
+        self.max_waiting
     }
 
-    /// A ticket taken at arrival, before trying any shard (a task's spawn):
-    /// nobody overtakes anybody, not even while lanes are free. A spawner
-    /// finding the queue empty always gets one (it tries at once, and waits
-    /// only if `max_waiting` allows: see [`Admission::may_wait`]). The
-    /// tickets ahead may be tries still in flight, not waits: with
-    /// `lanes_free` lanes free (the gauges' reading) that many of them get
-    /// a lane, and only the rest count as waiting against `max_waiting`.
-    pub fn arrive(&self, lanes_free: usize) -> Result<Ticket, SpawnError> {
-        self.ticket(|queued| queued > 0 && queued >= self.max_waiting.saturating_add(lanes_free))
-    }
-
-    /// A ticket at the back of the queue, unless refused or `busy` (given
-    /// the spawners queued now).
-    fn ticket(&self, busy: impl Fn(usize) -> bool) -> Result<Ticket, SpawnError> {
-        let mut state = self.lock();
-        if let Some(e) = &state.refused {
-            return Err(e.clone());
-        }
-        if busy(state.queue.len()) {
-            return Err(SpawnError::Busy {
-                waiting: state.queue.len(),
-                max_waiting: self.max_waiting,
-            });
-        }
-        let ticket = state.next_ticket;
-        state.next_ticket += 1;
-        state.queue.push_back(ticket);
-        self.meters.waiting(state.queue.len());
-        Ok(Ticket(ticket))
-    }
-
-    /// Whether a spawner at the front that found no free lane may wait
-    /// (`max_waiting` is not 0); refused as busy otherwise.
-    pub fn may_wait(&self) -> Result<(), SpawnError> {
-        if self.max_waiting == 0 {
-            return Err(SpawnError::Busy {
-                waiting: 0,
-                max_waiting: 0,
-            });
-        }
-        Ok(())
-    }
-
-    /// Whether `ticket` is the oldest waiting.
-    pub fn at_front(&self, ticket: &Ticket) -> bool {
-        self.lock().queue.front() == Some(&ticket.0)
-    }
-
-    /// The `freed` counter, read before trying the shards.
-    pub fn freed(&self) -> u64 {
-        self.lock().freed
-    }
-
-    /// Wait until `ticket` is at the front and a lane may be free (it did
-    /// not try at the front last time, `tried` false, or a lane was freed
-    /// since `seen_freed`), or until `deadline` (`None`: a wait too long for
-    /// the clock, forever).
-    pub fn wait_turn(&self, ticket: &Ticket, seen_freed: u64, tried: bool, deadline: Option<Instant>) -> Next {
-        let mut state = self.lock();
-        let mut first = true;
-        loop {
-            if let Some(e) = &state.refused {
-                return Next::Leave(e.clone());
-            }
-            let front = state.queue.front() == Some(&ticket.0);
-            if front && (!tried || state.freed != seen_freed || !first) {
-                return Next::Try;
-            }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Next::Leave(SpawnError::TimedOut {
-                    waited: Duration::ZERO,
-                    total_lanes: 0,
-                });
-            }
-            // A bounded wait: a lane freed between the try and this wait is
-            // seen at the latest after 20 ms.
-            let mut until = now + Duration::from_millis(20);
-            if let Some(deadline) = deadline {
-                until = until.min(deadline);
-            }
-            state = self
-                .cv
-                .wait_timeout(state, until - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-            first = false;
-        }
-    }
-
-    /// Leave the queue (admitted, refused or out of time); the next waiter
-    /// moves to the front.
-    pub fn leave(&self, ticket: Ticket) {
-        let mut state = self.lock();
-        state.queue.retain(|t| *t != ticket.0);
-        self.meters.waiting(state.queue.len());
-        self.wake_all(state);
-    }
-
-    /// A lane freed up on some shard: waiters try again.
+    /// A lane freed up on some shard (its engine then takes the next waiter
+    /// itself): the drain looks again.
     pub fn lane_freed(&self) {
         let mut state = self.lock();
         state.freed += 1;
-        self.wake_all(state);
+        drop(state);
+        self.cv.notify_all();
     }
 
-    /// Refuse every waiter and every later spawner with `why`.
+    /// Refuse every waiter and every later spawner with `why` (the first
+    /// refusal stands).
     pub fn refuse(&self, why: SpawnError) {
         let mut state = self.lock();
-        state.refused.get_or_insert(why);
-        self.wake_all(state);
-    }
-}
-
-/// A task's place in the queue: leaves it however the task's future ends
-/// (admitted, refused, or dropped while waiting).
-pub(crate) struct Place<'a> {
-    admission: &'a Admission,
-    ticket: Option<Ticket>,
-}
-
-impl<'a> Place<'a> {
-    pub fn new(admission: &'a Admission, ticket: Ticket) -> Place<'a> {
-        Place {
-            admission,
-            ticket: Some(ticket),
-        }
-    }
-
-    pub fn ticket(&self) -> &Ticket {
-        self.ticket.as_ref().expect("held until dropped")
-    }
-}
-
-impl Drop for Place<'_> {
-    fn drop(&mut self) {
-        if let Some(ticket) = self.ticket.take() {
-            self.admission.leave(ticket);
+        let why = state.refused.get_or_insert(why).clone();
+        let waiters = std::mem::take(&mut state.waiters);
+        state.freed += 1;
+        self.meters.waiting(0);
+        drop(state);
+        self.cv.notify_all();
+        // Answered outside the lock: an answer wakes a task.
+        for (_, waiter) in waiters {
+            waiter.slot.fill(Err(why.clone()));
         }
     }
 }

@@ -19,6 +19,9 @@ pub struct Capacity {
     pub lanes_free: usize,
     /// Spawners waiting for a lane now (any shard's).
     pub spawners_waiting: usize,
+    /// Spawners that may wait at once (`RunnerConfig::max_waiting`): with
+    /// none allowed, a runner with no lane free refuses every spawn.
+    pub max_waiting: usize,
     /// Seats queued for a turn now, every shard together.
     pub seats_queued: usize,
     /// Each shard's share, in shard order.
@@ -44,9 +47,11 @@ impl Capacity {
     }
 
     /// What a readiness probe answers: admitting, and either a lane is free
-    /// or nobody waits for one. A pod reports unready (HTTP 503) otherwise,
-    /// so that its gateway sends new streams elsewhere.
+    /// or nobody waits for one and a spawner may wait (`max_waiting` is not
+    /// 0). A pod reports unready (HTTP 503) otherwise, so that its gateway
+    /// sends new streams elsewhere: exactly when a spawn arriving now would
+    /// be refused or queued behind others.
     pub fn is_ready(&self) -> bool {
-        self.accepting && (self.lanes_free > 0 || self.spawners_waiting == 0)
+        self.accepting && (self.lanes_free > 0 || (self.spawners_waiting == 0 && self.max_waiting > 0))
     }
 }

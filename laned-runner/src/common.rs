@@ -9,13 +9,18 @@ use tract_core::internal::*;
 
 use crate::admission::Admission;
 use crate::config::Resolved;
-use crate::err::{RunError, RunErrorKind, SpawnError};
+use crate::err::{EndReason, RunError, RunErrorKind, SpawnError};
 use crate::iface::Interface;
 use crate::policy::LearnedTurnTimes;
 use crate::protocol::{Grant, Live, Request};
 use crate::shard::Shard;
 use crate::slot::{Slot, Wake};
 use arc_swap::ArcSwap;
+
+/// `Common::ending`: a drain closed the runner.
+pub(crate) const ENDING_DRAINED: u8 = 1;
+/// `Common::ending`: a close (or the last runner dropped) closed it.
+pub(crate) const ENDING_CLOSED: u8 = 2;
 
 /// What every clone of the runner and every handle share.
 pub(crate) struct Common {
@@ -33,10 +38,13 @@ pub(crate) struct Common {
     pub(crate) config: Resolved,
     /// The live policy and `max_seats` (shared with every shard).
     pub(crate) live: Arc<ArcSwap<Live>>,
-    /// Set by a drain that closed the runner: what its streams are told
-    /// from then on is `Draining` (they may retry elsewhere), not `Closed`.
-    /// Written once by the draining thread, read by any handle.
-    pub(crate) drained: std::sync::atomic::AtomicBool,
+    /// How the runner's life ends, once that started: `ENDING_DRAINED`
+    /// (a drain closing the runner: its streams may retry elsewhere) or
+    /// `ENDING_CLOSED` (a close, or the last runner dropped); 0 before.
+    /// Set once, by whichever comes first; every refusal a stream gets
+    /// and every `end_reason` it reads say the same from then on. Who may
+    /// touch it: the draining or closing thread writes, any handle reads.
+    pub(crate) ending: std::sync::atomic::AtomicU8,
     /// The deadlines of task calls (`call_until_async`).
     pub(crate) timer: Arc<crate::deadline::Timer>,
 }
@@ -109,6 +117,17 @@ impl Common {
         })
     }
 
+    /// Tell every shard whose gauge shows a free lane that a waiter
+    /// arrived in the admission queue (its engine grants the oldest
+    /// waiters its free lanes); returns the shards told.
+    pub(crate) fn kick(&self) -> Vec<usize> {
+        let lanes = self.config.max_lanes as u64;
+        (0..self.shards.len())
+            .filter(|&ix| self.metrics[ix].lanes_taken() < lanes)
+            .inspect(|&ix| self.shards[ix].push(Request::Admit))
+            .collect()
+    }
+
     pub(crate) fn total_lanes(&self) -> usize {
         self.config.max_lanes * self.shards.len()
     }
@@ -118,19 +137,55 @@ impl Common {
         self.metrics.iter().map(|m| m.lanes_taken() as usize).sum()
     }
 
-    /// What a stream is told once its runner closed: `Draining` after a
-    /// drain (it may retry elsewhere), `Closed` otherwise.
-    pub(crate) fn told(&self, e: RunError) -> RunError {
-        if *e.kind() == RunErrorKind::Closed && self.drained.load(std::sync::atomic::Ordering::Acquire) {
-            return match e.into_inputs() {
-                Some(inputs) => RunError::with_inputs(RunErrorKind::Draining, inputs),
-                None => RunError::new(RunErrorKind::Draining),
-            };
+    /// Mark how the runner's life ends, unless a drain or close marked it
+    /// first.
+    pub(crate) fn end(&self, how: u8) {
+        use std::sync::atomic::Ordering;
+        let _ = self
+            .ending
+            .compare_exchange(0, how, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Why a stream ends once its runner's life ends: `Drained` after a
+    /// drain (it may retry elsewhere), `Closed` after a close; `None`
+    /// before either started.
+    pub(crate) fn ending(&self) -> Option<EndReason> {
+        match self.ending.load(std::sync::atomic::Ordering::Acquire) {
+            ENDING_DRAINED => Some(EndReason::Drained),
+            ENDING_CLOSED => Some(EndReason::Closed),
+            _ => None,
         }
-        e
+    }
+
+    /// What a stream is told once its runner's life is ending: every
+    /// refusal for that (`Draining`, `Closed`) says the one end the runner
+    /// marked, so a stream hears one end reason through every API.
+    pub(crate) fn told(&self, e: RunError) -> RunError {
+        let kind = match (e.kind(), self.ending()) {
+            (RunErrorKind::Closed | RunErrorKind::Draining, Some(EndReason::Drained)) => RunErrorKind::Draining,
+            (RunErrorKind::Closed | RunErrorKind::Draining, Some(_)) => RunErrorKind::Closed,
+            _ => return e,
+        };
+        if *e.kind() == kind {
+            return e;
+        }
+        match e.into_inputs() {
+            Some(inputs) => RunError::with_inputs(kind, inputs),
+            None => RunError::new(kind),
+        }
+    }
+
+    /// A stream's end as its shard reported it, made to agree with the
+    /// runner's: a stream the runner's end reached is told that end.
+    pub(crate) fn told_end(&self, reason: Option<EndReason>) -> Option<EndReason> {
+        match reason {
+            Some(EndReason::Closed | EndReason::Drained) | None => self.ending().or(reason),
+            other => other,
+        }
     }
 
     pub(crate) fn close(&self) {
+        self.end(ENDING_CLOSED);
         self.admission.refuse(SpawnError::Closed);
         self.timer.close();
         for shard in &self.shards {

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tract_data::knobs::{Knob, KnobValue};
 
 use crate::err::NewRunnerError;
 use crate::policy::{TurnPolicy, MAX_WAIT_US};
@@ -122,11 +123,15 @@ impl RunnerConfig {
         // `KnobScope` (a deploy config's model section), then the
         // environment, then a deploy config's global `[knobs]`, then
         // tract's default.
-        env_checked("TRACT_MAX_SEATS")?;
-        env_checked("TRACT_TURN_LINGER_US")?;
+        // A knob read from the environment is checked there: tract would
+        // skip a value it cannot parse for the next source, silently.
         let max_seats = match self.max_seats {
             Some(n) => n,
-            None => tract_core::lanes::TRACT_MAX_SEATS.get(),
+            None => {
+                let knob = &tract_core::lanes::TRACT_MAX_SEATS;
+                env_checked(knob, "a non-negative integer").map_err(NewRunnerError::Config)?;
+                knob.get()
+            }
         };
         if max_seats == 0 {
             return Err(NewRunnerError::Config(
@@ -135,7 +140,11 @@ impl RunnerConfig {
         }
         let linger_us = match self.linger_us {
             Some(us) => us,
-            None => tract_core::lanes::TRACT_TURN_LINGER_US.get() as u64,
+            None => {
+                let knob = &tract_core::lanes::TRACT_TURN_LINGER_US;
+                env_checked(knob, "a non-negative integer of microseconds").map_err(NewRunnerError::Config)?;
+                knob.get() as u64
+            }
         };
         if linger_us > MAX_WAIT_US {
             return Err(NewRunnerError::Config(format!(
@@ -189,15 +198,25 @@ pub(crate) const MAX_LANES: usize = 1 << 20;
 /// Shards a runner may have at most.
 pub(crate) const MAX_SHARDS: usize = 4096;
 
-/// A knob's environment variable that is set but not text is refused,
-/// named (tract would skip it silently, and a deployer would never learn
-/// why their value was ignored).
-fn env_checked(name: &str) -> Result<(), NewRunnerError> {
-    match std::env::var(name) {
-        Err(std::env::VarError::NotUnicode(v)) => Err(NewRunnerError::Config(format!(
-            "{name}={v:?} is not valid UTF-8, so not a non-negative integer"
-        ))),
-        _ => Ok(()),
+/// A knob's environment variable that is set but that tract would skip (not
+/// text, or not a value of the knob's type: `lots`, `-1`, `1.5`, `64k`, an
+/// overflow) is refused, named with its value and `wanted`, what it should
+/// be: tract falls through to the next source silently, and a deployer
+/// would never learn why their value was ignored. Unset or blank, it is
+/// not there. Only the environment is checked: `Knob::set` takes a typed
+/// value, and a `KnobScope` or a deploy config's global knobs are checked
+/// by tract when made.
+pub(crate) fn env_checked<T: KnobValue>(knob: &Knob<T>, wanted: &str) -> Result<(), String> {
+    let name = knob.name;
+    let Some(value) = std::env::var_os(name) else {
+        return Ok(());
+    };
+    match value.to_str() {
+        None => Err(format!("{name}={value:?} is not valid UTF-8, so not {wanted}")),
+        Some(text) if !text.trim().is_empty() && T::parse_knob(text).is_none() => {
+            Err(format!("{name}={text:?}: not {wanted}"))
+        }
+        Some(_) => Ok(()),
     }
 }
 

@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use tract_core::internal::*;
 
+use crate::config::env_checked;
 use crate::{LanedRunner, Mode, RunnerConfig, TurnPolicy};
 
 tract_data::declare_knob!(
@@ -73,6 +74,15 @@ impl LanedRuntime {
     /// The runner config the knobs in force say (the calling thread's
     /// `KnobScope` included), or why they cannot.
     pub fn config_from_knobs() -> TractResult<RunnerConfig> {
+        // The environment's values are checked first: tract skips one it
+        // cannot parse for the next source (a scope's and a deploy config's
+        // values are checked by tract when made).
+        let integer = "a non-negative integer";
+        env_checked(&tract_core::lanes::TRACT_AUTOBATCH_LANES, integer).map_err(TractError::msg)?;
+        env_checked(&LANED_LANES, integer).map_err(TractError::msg)?;
+        env_checked(&LANED_SHARDS, integer).map_err(TractError::msg)?;
+        env_checked(&LANED_MODE, "\"worker\" or \"combining\"").map_err(TractError::msg)?;
+        env_checked(&LANED_LATENCY_BUDGET_US, "a non-negative integer of microseconds").map_err(TractError::msg)?;
         if let Some(lanes) = tract_core::lanes::TRACT_AUTOBATCH_LANES.get() {
             bail!(
                 "TRACT_AUTOBATCH_LANES={lanes} with the laned runtime: tract's deploy runtime would wrap laned's runner in its own LanedRunnable; set LANED_LANES={lanes} instead"

@@ -193,6 +193,15 @@ pub enum RunErrorKind {
     Draining,
     /// Ending the stream is not possible for this model.
     Finish(String),
+    /// The stream was ended with `finish`: it takes no more calls.
+    Finished,
+    /// An earlier call of this handle, dropped before its answer was
+    /// taken, ran after all (its pulse was fed). The handle refuses new
+    /// calls until [`LanedStateHandle::settle`] hands that answer over, so
+    /// that a pulse retried after a timeout is never fed twice unknowingly.
+    ///
+    /// [`LanedStateHandle::settle`]: crate::LanedStateHandle::settle
+    Unsettled,
     /// A stream's explicit state cannot be set so.
     State(String),
     /// The runner was dropped.
@@ -235,7 +244,11 @@ impl RunError {
     pub fn stream_is_gone(&self) -> bool {
         matches!(
             self.kind(),
-            RunErrorKind::Lost(_) | RunErrorKind::Evicted(_) | RunErrorKind::Closed | RunErrorKind::Draining
+            RunErrorKind::Lost(_)
+                | RunErrorKind::Evicted(_)
+                | RunErrorKind::Closed
+                | RunErrorKind::Draining
+                | RunErrorKind::Finished
         )
     }
 
@@ -255,6 +268,7 @@ impl RunError {
             RunErrorKind::Evicted(_) => EndReason::Evicted,
             RunErrorKind::Closed => EndReason::Closed,
             RunErrorKind::Draining => EndReason::Drained,
+            RunErrorKind::Finished => EndReason::Finished,
             RunErrorKind::Cancelled | RunErrorKind::DeadlineExceeded => EndReason::Cancelled,
             _ => return None,
         })
@@ -309,6 +323,10 @@ impl fmt::Display for RunError {
             RunErrorKind::DeadlineExceeded => f.write_str("the call's deadline passed before it was seated"),
             RunErrorKind::Draining => f.write_str("the laned runner is draining and takes no new call"),
             RunErrorKind::Finish(why) => write!(f, "cannot end the stream: {why}"),
+            RunErrorKind::Finished => f.write_str("the stream was finished and takes no more calls; spawn a new stream"),
+            RunErrorKind::Unsettled => f.write_str(
+                "an earlier call of this handle, dropped before its answer was taken, ran after all: take its answer with `settle` before calling again",
+            ),
             RunErrorKind::State(why) => write!(f, "cannot set the stream's state: {why}"),
             RunErrorKind::Closed => f.write_str("the laned runner was dropped"),
         }

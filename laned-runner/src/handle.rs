@@ -52,8 +52,9 @@ pub struct LanedStateHandle {
     pub(crate) resolved: Vec<(Symbol, i64)>,
     /// Frames this clone fed its stream so far (pulsed models), for `finish`.
     pub(crate) frames: usize,
-    /// Set once a dropped call left it unknown whether its pulse ran.
-    pub(crate) frames_unknown: bool,
+    /// A call whose future was dropped before its answer was taken: its
+    /// verdict, to come or come (see [`LanedStateHandle::settle`]).
+    pub(crate) dropped: Option<Dropped>,
     /// A copy of the runner that does not keep it open, for
     /// [`State::runnable`].
     pub(crate) runner: Arc<dyn Runnable>,
@@ -66,7 +67,7 @@ impl Clone for LanedStateHandle {
             slot: Arc::new(Slot::new()),
             resolved: vec![],
             frames: self.frames,
-            frames_unknown: self.frames_unknown,
+            dropped: None,
             runner: self.runner.clone(),
         }
     }
@@ -84,43 +85,77 @@ impl LanedStateHandle {
         self.stream.shard
     }
 
+    /// One round trip to the stream's engine: `request` carries the slot
+    /// the answer comes back in. The one implementation of every state
+    /// operation; the blocking forms drive it on their thread
+    /// ([`crate::block::on`]). In combining mode it serves the state while
+    /// it is free, as a call does.
+    async fn ask<T>(&self, request: impl FnOnce(Arc<Slot<T>>) -> Request) -> T {
+        let slot = Arc::new(Slot::new());
+        let shard = self.stream.shard();
+        // A shard closed by now answers the request itself, at once.
+        shard.push(request(slot.clone()));
+        std::future::poll_fn(|cx| {
+            shard.serve(&|| slot.is_filled());
+            slot.poll_value(cx)
+        })
+        .await
+    }
+
     /// This stream's explicit state (a tensor per state pair, the batch
     /// axis of extent 1), read between turns: to save it, or to move the
     /// stream to another runner with [`LanedStateHandle::restore_state`].
     pub fn state_snapshot(&self) -> Result<TVec<Tensor>, RunError> {
-        let slot = Arc::new(Slot::new());
-        self.stream.shard().push(Request::ReadState {
-            stream: self.stream.grant,
-            slot: slot.clone(),
-        });
-        match self.stream.shard().wait(&slot, None) {
-            Wake::Value(read) => read,
-            _ => Err(RunError::new(RunErrorKind::Closed)),
-        }
+        crate::block::on(self.state_snapshot_async(), None).expect("no deadline")
+    }
+
+    /// [`LanedStateHandle::state_snapshot`] for a task: no thread waits.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads; a dropped read changes nothing.
+    pub async fn state_snapshot_async(&self) -> Result<TVec<Tensor>, RunError> {
+        let stream = self.stream.grant;
+        self.ask(|slot| Request::ReadState { stream, slot })
+            .await
+            .map_err(|e| self.stream.core.told(e))
     }
 
     /// Overwrite this stream's explicit state (as `state_snapshot` gives
     /// it); the next call continues from it.
     pub fn restore_state(&mut self, state: TVec<Tensor>) -> Result<(), RunError> {
-        let slot = Arc::new(Slot::new());
-        self.stream.shard().push(Request::WriteState {
-            stream: self.stream.grant,
-            state,
-            slot: slot.clone(),
-        });
-        match self.stream.shard().wait(&slot, None) {
-            Wake::Value(written) => written,
-            _ => Err(RunError::new(RunErrorKind::Closed)),
-        }
+        crate::block::on(self.restore_state_async(state), None).expect("no deadline")
     }
 
-    /// This stream's explicit state on the wire ([`StreamState`]): to
-    /// hand the stream over to another runner, in another process (a
-    /// replica draining), where [`LanedStateHandle::import_state`]
-    /// continues it exactly.
-    pub fn export_state(&self) -> Result<StreamState, RunError> {
-        let tensors = self
-            .state_snapshot()?
+    /// [`LanedStateHandle::restore_state`] for a task: no thread waits.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe: once the future was first polled the write is on
+    /// its way to the engine and happens whether or not the future is
+    /// polled again; a dropped write may or may not have been applied.
+    /// Read [`LanedStateHandle::state_snapshot_async`] to know.
+    pub async fn restore_state_async(&mut self, state: TVec<Tensor>) -> Result<(), RunError> {
+        let stream = self.stream.grant;
+        self.ask(|slot| Request::WriteState { stream, state, slot })
+            .await
+            .map_err(|e| self.stream.core.told(e))
+    }
+
+    /// [`LanedStateHandle::export_state`] for a task: no thread waits.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn export_state_async(&self) -> Result<StreamState, RunError> {
+        let tensors = self.state_snapshot_async().await?;
+        self.to_wire(&tensors)
+    }
+
+    /// The stream's state tensors as they travel, with the model's
+    /// identity.
+    fn to_wire(&self, tensors: &[Tensor]) -> Result<StreamState, RunError> {
+        let tensors = tensors
             .iter()
             .map(StateTensor::of)
             .collect::<Result<Vec<_>, _>>()
@@ -130,6 +165,14 @@ impl LanedStateHandle {
             model: self.model_identity(),
             tensors,
         })
+    }
+
+    /// This stream's explicit state on the wire ([`StreamState`]): to
+    /// hand the stream over to another runner, in another process (a
+    /// replica draining), where [`LanedStateHandle::import_state`]
+    /// continues it exactly.
+    pub fn export_state(&self) -> Result<StreamState, RunError> {
+        crate::block::on(self.export_state_async(), None).expect("no deadline")
     }
 
     /// Continue from `state`, exported by
@@ -151,11 +194,13 @@ impl LanedStateHandle {
                 state.model
             ));
         }
-        let tensors = state
-            .tensors
-            .iter()
-            .map(StateTensor::to_tensor)
-            .collect::<Result<TVec<_>, _>>()
+        // Each tensor's datum type and shape checked against the model's
+        // per-stream fact before tract sees it.
+        let tensors = self
+            .stream
+            .core
+            .iface
+            .state_tensors(&state.tensors)
             .map_err(|why| RunError::new(RunErrorKind::State(why)))?;
         self.restore_state(tensors)
     }
@@ -164,6 +209,12 @@ impl LanedStateHandle {
         let core = &self.stream.core;
         core.iface
             .state_identity(core.inner.typed_model().and_then(|m| m.name()))
+    }
+
+    /// This stream's number on its shard: a shard numbers its streams in
+    /// the order it admitted them (for logs, and to see admission order).
+    pub fn stream_id(&self) -> u64 {
+        self.stream.grant.stream
     }
 
     /// The lane this stream holds on its shard.
@@ -212,6 +263,7 @@ impl LanedStateHandle {
         deadline: Option<Instant>,
     ) -> Result<TVec<TValue>, RunError> {
         let inputs = self.may_call(inputs, deadline)?;
+        let inputs = crate::block::on(self.settle_first(inputs), None).expect("no deadline")?;
         // The call's number on the slot: a cancel meant for an earlier call
         // that raced its answer finds another number, and is ignored.
         let call_no = self.slot.begin();
@@ -221,7 +273,7 @@ impl LanedStateHandle {
         if token.is_some_and(CancelToken::is_cancelled) {
             return Err(RunError::with_inputs(RunErrorKind::Cancelled, inputs));
         }
-        let rows = self.submit(inputs)?;
+        let rows = self.submit(inputs, deadline)?;
         let mut timed_out = false;
         let answer = match self.stream.shard().wait(&self.slot, deadline) {
             Wake::Value(answer) => answer,
@@ -244,15 +296,27 @@ impl LanedStateHandle {
     }
 
     /// [`LanedStateHandle::call`] for a task: the same checks, turn rules
-    /// and answers, but no thread waits; the answer wakes the task. Dropping
-    /// the future before it is ready cancels the call, as a
-    /// [`CancelToken`] does: seats not yet seated are removed, a call
-    /// already seated completes and its answer is dropped (then
-    /// [`LanedStateHandle::finish`] refuses, not knowing whether that pulse
-    /// ran). Needs no particular executor.
+    /// and answers, but no thread waits; the answer wakes the task. Needs no
+    /// particular executor. The first poll always yields once (the call is
+    /// queued, the task woken again at once), so a task calling back to back
+    /// never keeps its executor thread from its other tasks, whatever the
+    /// mode; in combining mode, a task that finds the state free then runs
+    /// the turn in its own `poll`, on the executor's thread, as a calling
+    /// thread would.
     ///
-    /// In combining mode, a task that finds the state free runs the turn in
-    /// its own `poll`, on the executor's thread, as a calling thread would.
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe in the sense that dropping the future may lose its
+    /// answer, but never silently: dropping it cancels the call, as a
+    /// [`CancelToken`] does (seats not yet seated leave the queue; a call
+    /// already seated completes). Which of the two happened is *settled*
+    /// before this handle's next call: [`LanedStateHandle::settle_async`]
+    /// says whether the dropped call ran and hands over its outputs if it
+    /// did; a call made without settling first is refused
+    /// ([`RunErrorKind::Unsettled`], inputs handed back) when the dropped
+    /// one ran, and goes ahead when it did not. So a pulse retried after a
+    /// timeout is never fed twice unknowingly (see the README's
+    /// timeout-and-retry pattern).
     pub async fn call_async(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
         let core = self.stream.core.clone();
         self.call_async_inner(inputs, None).await.map_err(|e| core.told(e))
@@ -263,6 +327,10 @@ impl LanedStateHandle {
     /// [`RunErrorKind::DeadlineExceeded`]; one already in a turn completes.
     /// The runner's deadline thread (one per runner) wakes the task then:
     /// no executor timer is needed.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LanedStateHandle::call_async`]'s.
     pub async fn call_until_async(
         &mut self,
         inputs: TVec<TValue>,
@@ -280,8 +348,9 @@ impl LanedStateHandle {
         deadline: Option<Instant>,
     ) -> Result<TVec<TValue>, RunError> {
         let inputs = self.may_call(inputs, deadline)?;
+        let inputs = self.settle_first(inputs).await?;
         let call_no = self.slot.begin();
-        let rows = self.submit(inputs)?;
+        let rows = self.submit(inputs, deadline)?;
         // Armed until this call ends, answered or dropped (`None` once the
         // runner closed: the close answers the call).
         let _armed = deadline.and_then(|deadline| {
@@ -290,7 +359,10 @@ impl LanedStateHandle {
         });
         let mut pending = PendingCall {
             handle: Some(self),
+            rows,
             timed_out: false,
+            first: true,
+            early: None,
         };
         let answer = std::future::poll_fn(|cx| pending.poll(cx)).await;
         let timed_out = pending.timed_out;
@@ -299,10 +371,14 @@ impl LanedStateHandle {
     }
 
     /// What both call paths refuse before anything is queued: a closed
-    /// runner, a deadline already past. The inputs come back either way.
+    /// runner, a finished stream, a deadline already past. The inputs come
+    /// back either way.
     fn may_call(&self, inputs: TVec<TValue>, deadline: Option<Instant>) -> Result<TVec<TValue>, RunError> {
         if self.stream.shard().is_closed() {
             return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
+        }
+        if self.stream.finished.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(RunError::with_inputs(RunErrorKind::Finished, inputs));
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(RunError::with_inputs(RunErrorKind::DeadlineExceeded, inputs));
@@ -310,9 +386,89 @@ impl LanedStateHandle {
         Ok(inputs)
     }
 
+    /// Before a call: wait for the verdict of a dropped call, if any. One
+    /// that did not run is forgotten; one that ran refuses this call until
+    /// [`LanedStateHandle::settle`] takes its answer.
+    async fn settle_first(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
+        if self.dropped.is_none() {
+            return Ok(inputs);
+        }
+        self.verdict().await;
+        match &self.dropped {
+            Some(Dropped::Settled(Settled::Ran(_))) => Err(RunError::with_inputs(RunErrorKind::Unsettled, inputs)),
+            _ => {
+                self.dropped = None;
+                Ok(inputs)
+            }
+        }
+    }
+
+    /// Wait for a dropped call's verdict and keep it (cancel-safe: the
+    /// verdict is taken and kept in one poll).
+    async fn verdict(&mut self) {
+        let Some(Dropped::Pending { slot, rows }) = &self.dropped else {
+            return;
+        };
+        let (slot, rows) = (slot.clone(), *rows);
+        let shard = self.stream.shard();
+        let answer = std::future::poll_fn(|cx| {
+            shard.serve(&|| slot.is_filled());
+            slot.poll_value(cx)
+        })
+        .await;
+        let settled = match answer {
+            Ok(answer) => match answer.into_outputs(&self.stream.core.iface.data_batch_out) {
+                Ok(outputs) => {
+                    self.count_frames(rows);
+                    Settled::Ran(outputs)
+                }
+                // It ran; its outputs could not be cut: the pulse was fed.
+                Err(e) => {
+                    self.count_frames(rows);
+                    Settled::Failed(e)
+                }
+            },
+            Err(e) if matches!(e.kind(), RunErrorKind::Cancelled | RunErrorKind::DeadlineExceeded) => Settled::NotRun,
+            Err(e) => Settled::Failed(self.stream.core.told(e)),
+        };
+        self.dropped = Some(Dropped::Settled(settled));
+    }
+
+    /// Settle a call whose future was dropped before its answer was taken:
+    /// wait for its verdict (at the latest after the turn it is in) and say
+    /// whether it ran, handing over its outputs if it did. `None` when no
+    /// dropped call is unsettled. Blocks; for a task,
+    /// [`LanedStateHandle::settle_async`].
+    pub fn settle(&mut self) -> Option<Settled> {
+        crate::block::on(self.settle_async(), None).expect("no deadline")
+    }
+
+    /// [`LanedStateHandle::settle`] for a task.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it is ready, the dropped call stays
+    /// unsettled, its verdict kept for the next `settle`.
+    pub async fn settle_async(&mut self) -> Option<Settled> {
+        self.verdict().await;
+        match self.dropped.take()? {
+            Dropped::Settled(settled) => Some(settled),
+            Dropped::Pending { .. } => unreachable!("settled above"),
+        }
+    }
+
+    /// Frames a call of `rows` rows fed (pulsed models).
+    fn count_frames(&mut self, rows: usize) {
+        if let Some(pulse) = &self.stream.core.iface.pulse {
+            if rows >= 1 {
+                self.frames += pulse.pulse;
+            }
+        }
+    }
+
     /// Check `inputs` and queue them as a call answering into this handle's
     /// slot; returns its rows. A refused call hands its inputs back.
-    fn submit(&mut self, inputs: TVec<TValue>) -> Result<usize, RunError> {
+    fn submit(&mut self, inputs: TVec<TValue>, deadline: Option<Instant>) -> Result<usize, RunError> {
         // Resolved symbols hold for this call only, refused or not.
         let resolved = std::mem::take(&mut self.resolved);
         let checked = self.stream.core.iface.check(inputs, &resolved)?;
@@ -323,6 +479,7 @@ impl LanedStateHandle {
             group: Group::new(checked.shared, resolved, checked.shapes),
             slot: self.slot.clone(),
             queued: Instant::now(),
+            deadline,
         };
         self.stream.shard().push(Request::Call(call));
         Ok(rows)
@@ -333,11 +490,7 @@ impl LanedStateHandle {
     fn deliver(&mut self, answer: CallResult, rows: usize) -> Result<TVec<TValue>, RunError> {
         let iface = &self.stream.core.iface;
         let outputs = answer?.into_outputs(&iface.data_batch_out)?;
-        if let Some(pulse) = &iface.pulse {
-            if rows >= 1 {
-                self.frames += pulse.pulse;
-            }
-        }
+        self.count_frames(rows);
         Ok(outputs)
     }
 
@@ -348,7 +501,11 @@ impl LanedStateHandle {
     /// is out (the model's `pulse.delay`). Returns the outputs of those
     /// calls, in order; the lane then goes back (once the last clone is
     /// dropped).
+    ///
+    /// A dropped call not settled yet is settled first (its pulse counted
+    /// if it ran), so the stream's length is known.
     pub fn finish(mut self, last: Option<TVec<TValue>>, real_frames: usize) -> Result<Vec<TVec<TValue>>, RunError> {
+        let _ = self.settle();
         let (symbol, length, pulses) = self.last_pulses(last, real_frames)?;
         let mut outputs = vec![];
         for pulse in pulses {
@@ -361,11 +518,18 @@ impl LanedStateHandle {
 
     /// [`LanedStateHandle::finish`] for a task, through
     /// [`LanedStateHandle::call_async`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe: it consumes the handle, so a dropped `finish_async`
+    /// ends the stream where it stood (its call in flight cancelled as a
+    /// dropped `call_async`'s).
     pub async fn finish_async(
         mut self,
         last: Option<TVec<TValue>>,
         real_frames: usize,
     ) -> Result<Vec<TVec<TValue>>, RunError> {
+        let _ = self.settle_async().await;
         let (symbol, length, pulses) = self.last_pulses(last, real_frames)?;
         let mut outputs = vec![];
         for pulse in pulses {
@@ -389,10 +553,8 @@ impl LanedStateHandle {
                 "the model carries no pulse properties (pulse.streaming_symbol, pulse.input_axes, pulse.delay): pulsify it with tract-pulse".into(),
             )));
         };
-        if self.frames_unknown {
-            return Err(RunError::new(RunErrorKind::Finish(
-                "a dropped call may or may not have fed its pulse, so the stream's length is unknown".into(),
-            )));
+        if self.stream.finished.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(RunError::new(RunErrorKind::Finished));
         }
         if real_frames > pulse.pulse || (last.is_none() && real_frames > 0) {
             return Err(RunError::new(RunErrorKind::Finish(format!(
@@ -423,36 +585,24 @@ impl LanedStateHandle {
     /// closed. A cancelled call does not end its stream: see
     /// [`RunError::end_reason`].
     pub fn end_reason(&self) -> Option<EndReason> {
+        crate::block::on(self.end_reason_async(), None).expect("no deadline")
+    }
+
+    /// [`LanedStateHandle::end_reason`] for a task: the same round trip,
+    /// no thread waits.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn end_reason_async(&self) -> Option<EndReason> {
         use std::sync::atomic::Ordering;
         let core = &self.stream.core;
         if self.stream.finished.load(Ordering::Acquire) {
             return Some(EndReason::Finished);
         }
-        let closed = || {
-            Some(if core.drained.load(Ordering::Acquire) {
-                EndReason::Drained
-            } else {
-                EndReason::Closed
-            })
-        };
-        let shard = self.stream.shard();
-        if shard.is_closed() {
-            return closed();
-        }
-        let slot = Arc::new(Slot::new());
-        shard.push(Request::Status {
-            stream: self.stream.grant,
-            slot: slot.clone(),
-        });
-        let status = loop {
-            if let Wake::Value(status) = shard.wait(&slot, None) {
-                break status;
-            }
-        };
-        match status {
-            Some(EndReason::Closed) => closed(),
-            other => other,
-        }
+        let stream = self.stream.grant;
+        let status = self.ask(|slot| Request::Status { stream, slot }).await;
+        core.told_end(status)
     }
 
     /// Pin `symbol` to `value` for this handle's next call only (a stream's
@@ -490,34 +640,90 @@ impl State for LanedStateHandle {
     }
 }
 
+/// A call whose future was dropped before its answer was taken, kept by
+/// its handle until settled (see [`LanedStateHandle::settle`]).
+pub(crate) enum Dropped {
+    /// Its verdict is still to land in this slot (its own, the handle
+    /// having moved to a fresh one): a cancel is on its way.
+    Pending { slot: Arc<Slot<CallResult>>, rows: usize },
+    /// Its verdict came.
+    Settled(Settled),
+}
+
+/// What became of a call whose future was dropped before its answer was
+/// taken ([`LanedStateHandle::settle`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Settled {
+    /// It ran: its pulse was fed, here are its outputs.
+    Ran(TVec<TValue>),
+    /// It never ran (it was withdrawn before any of its seats was seated):
+    /// the stream is as before it.
+    NotRun,
+    /// It was answered with this error (a failed turn, a lost stream, a
+    /// closed runner): what the error says holds for the stream.
+    Failed(RunError),
+}
+
+impl Settled {
+    /// Whether the dropped call ran (its pulse was fed to the stream).
+    pub fn ran(&self) -> bool {
+        matches!(self, Settled::Ran(_))
+    }
+}
+
 /// A task's call in flight: polls the answer (serving the state itself in
 /// combining mode when it is free), and cancels the call if dropped first.
 struct PendingCall<'a> {
     /// `None` once answered.
     handle: Option<&'a mut LanedStateHandle>,
+    /// The call's rows, for counting its frames if it is settled later.
+    rows: usize,
     /// Set once the deadline thread cancelled the call: a `Cancelled`
     /// verdict then reads `DeadlineExceeded`.
     timed_out: bool,
+    /// Not polled yet: the first poll yields (see `call_async`).
+    first: bool,
+    /// An answer the first poll found already landed, handed over by the
+    /// second.
+    early: Option<CallResult>,
 }
 
 impl PendingCall<'_> {
     fn poll(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<CallResult> {
+        use std::task::Poll;
         let handle = self.handle.as_ref().expect("polled after its answer");
         let slot = &handle.slot;
+        if std::mem::take(&mut self.first) {
+            // Yield once, serving nothing: the executor runs its other
+            // tasks (whose calls may join this one's turn) before this one
+            // comes back, so a task calling back to back never starves it.
+            if let Poll::Ready(Ok(answer)) = slot.poll_answer(cx) {
+                self.early = Some(answer);
+            }
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        if let Some(answer) = self.early.take() {
+            return Poll::Ready(answer);
+        }
         loop {
-            handle.stream.shard().serve(&|| slot.is_filled());
+            // Combining mode: serve the state while it is free, until this
+            // call is answered or cancelled (a deadline passing stops it
+            // serving others' turns: its own seat goes first).
+            handle.stream.shard().serve(&|| slot.is_settled());
             match slot.poll_answer(cx) {
-                std::task::Poll::Ready(Ok(answer)) => return std::task::Poll::Ready(answer),
+                Poll::Ready(Ok(answer)) => return Poll::Ready(answer),
                 // The deadline passed: as a cancel token's, the engine
                 // drops the seats if none was seated (answering
                 // `Cancelled`), or the call completes; either way one
                 // verdict comes, and this poll waits for it.
-                std::task::Poll::Ready(Err(())) => {
+                Poll::Ready(Err(())) => {
                     self.timed_out = true;
                     handle.stream.shard().push(Request::Cancel(slot.clone()));
                     handle.stream.shard().tend();
                 }
-                std::task::Poll::Pending => return std::task::Poll::Pending,
+                Poll::Pending => return Poll::Pending,
             }
         }
     }
@@ -538,22 +744,19 @@ impl Drop for PendingCall<'_> {
     fn drop(&mut self) {
         let Some(handle) = self.handle.take() else { return };
         // The handle answers into a fresh slot from now on; the old one
-        // refuses whatever still lands in it.
+        // receives this call's verdict, to be settled before the next call.
         let old = std::mem::replace(&mut handle.slot, Arc::new(Slot::new()));
-        if let Some(answer) = old.abandon() {
-            // Answered, but never polled: its answer goes, and whether it
-            // fed its pulse is known.
-            if let (Ok(_), Some(pulse)) = (answer, &handle.stream.core.iface.pulse) {
-                handle.frames += pulse.pulse;
-            }
-            return;
+        let rows = self.rows;
+        if let Some(answer) = self.early.take() {
+            // Answered, never handed over: it is settled already.
+            old.fill(answer);
+        } else if !old.is_filled() {
+            // As a cancel token's: seats not yet seated leave the queue; a
+            // call already seated completes. Either way one verdict lands.
+            handle.stream.shard().push(Request::Cancel(old.clone()));
+            handle.stream.shard().tend();
         }
-        if handle.stream.core.iface.pulse.is_some() {
-            handle.frames_unknown = true;
-        }
-        // As a cancel token's: seats not yet seated leave the queue; a call
-        // already seated completes into the abandoned slot.
-        handle.stream.shard().push(Request::Cancel(old));
-        handle.stream.shard().tend();
+        old.forget_waker();
+        handle.dropped = Some(Dropped::Pending { slot: old, rows });
     }
 }

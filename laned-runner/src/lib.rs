@@ -39,6 +39,7 @@
 #![warn(missing_docs)]
 
 mod admission;
+mod block;
 mod cancel;
 mod capacity;
 mod common;
@@ -59,6 +60,7 @@ mod shard;
 mod slot;
 mod stack;
 mod sync;
+mod wake;
 mod wire;
 
 pub use cancel::CancelToken;
@@ -66,7 +68,7 @@ pub use capacity::{Capacity, ShardCapacity};
 pub use config::{InitialState, Mode, PortRef, RunnerConfig, RunnerConfigBuilder, StatePair, StateSpec};
 pub use deploy::{LanedRuntime, LANED_LANES, LANED_LATENCY_BUDGET_US, LANED_MODE, LANED_SHARDS};
 pub use err::{EndReason, NewRunnerError, RunError, RunErrorKind, SpawnError};
-pub use handle::LanedStateHandle;
+pub use handle::{LanedStateHandle, Settled};
 pub use policy::TurnPolicy;
 pub use runner::{Drained, LanedRunner};
 pub use wire::{StateTensor, StreamState, STREAM_STATE_VERSION};

@@ -58,6 +58,9 @@ pub(crate) type SpawnResult = Result<Grant, SpawnError>;
 /// the stream's requests only while the lane is still that stream's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Grant {
+    /// The shard whose engine granted it (a waiter of the admission queue
+    /// may be granted a lane by any shard).
+    pub shard: usize,
     pub lane: lane_table::LaneId,
     pub stream: u64,
 }
@@ -72,6 +75,9 @@ pub(crate) enum Request {
         slot: Arc<Slot<SpawnResult>>,
         waited: Option<std::time::Duration>,
     },
+    /// A spawner joined the admission queue and the gauges showed this
+    /// shard a free lane: grant free lanes to the oldest waiters.
+    Admit,
     /// A stream wants one or several seats.
     Call(Call),
     /// The last handle of a stream was dropped: its lane goes back.
@@ -103,4 +109,7 @@ pub(crate) struct Call {
     pub group: Group,
     pub slot: Arc<Slot<CallResult>>,
     pub queued: Instant,
+    /// Past this instant, none of the call's seats may be seated: whoever
+    /// runs the turn answers it `DeadlineExceeded` instead.
+    pub deadline: Option<Instant>,
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use laned_metrics::{Metrics, Snapshot};
 use tract_core::internal::*;
 
-use crate::admission::{Admission, Next};
+use crate::admission::Admission;
 use crate::capacity::{Capacity, ShardCapacity};
 use crate::common::Common;
 use crate::config::RunnerConfig;
@@ -32,6 +32,33 @@ struct Owner {
 impl Drop for Owner {
     fn drop(&mut self) {
         self.core.close();
+    }
+}
+
+/// A waiter's place in the admission queue: leaves it however the
+/// spawn's future ends. Dropped before its answer was taken, it withdraws
+/// from the queue, or, if an engine took it already, abandons its slot, so
+/// that no lane is granted to nobody (one that landed goes back).
+struct Place<'a> {
+    core: &'a Common,
+    id: u64,
+    /// `None` once the answer was taken.
+    slot: Option<Arc<Slot<crate::protocol::SpawnResult>>>,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else { return };
+        if self.core.admission.withdraw(self.id) {
+            return;
+        }
+        // A grant landing later is refused by the abandoned slot, and the
+        // engine hands the lane to the next waiter itself.
+        if let Some(Ok(grant)) = slot.abandon() {
+            let shard = &self.core.shards[grant.shard];
+            shard.push(crate::protocol::Request::Release(grant));
+            shard.tend();
+        }
     }
 }
 
@@ -122,7 +149,7 @@ impl LanedRunner {
             admission,
             config,
             live,
-            drained: std::sync::atomic::AtomicBool::new(false),
+            ending: std::sync::atomic::AtomicU8::new(0),
             timer,
         });
         Ok(LanedRunner {
@@ -166,28 +193,29 @@ impl LanedRunner {
 
     fn spawn_with(&self, wait: Option<Duration>) -> Result<LanedStateHandle, SpawnError> {
         let core = &self.core;
-        // First come, first served: nobody overtakes a waiting spawner.
-        let (shard, grant) = match (wait, core.admission.waiting()) {
-            (None, 0) => core.try_shards(None).inspect_err(|e| {
+        let (shard, grant) = match wait {
+            // First come, first served: each engine grants its free lanes
+            // to the admission queue's waiters before a direct try, so
+            // this is refused only when no lane is left (never while one
+            // is free).
+            None => core.try_shards(None).inspect_err(|e| {
                 if matches!(e, SpawnError::Full { .. }) {
                     core.events.record_admission_refused();
                 }
             })?,
-            (None, waiting) => {
-                core.events.record_admission_refused();
-                return Err(SpawnError::Full {
-                    total_lanes: core.total_lanes(),
-                    waiting,
-                });
-            }
-            // Nobody waits: a free lane is taken at once, without a place in
-            // the admission queue (which may hold none: `max_waiting` 0).
-            (Some(wait), 0) => match core.try_shards(None) {
-                Ok(placed) => placed,
-                Err(SpawnError::Full { .. }) => self.wait_for_lane(wait)?,
-                Err(e) => return Err(e),
+            // The same admission as a task's, driven by this thread: it
+            // parks until granted, and gives up at the deadline (`None`: a
+            // wait too long for the clock waits on).
+            Some(wait) => match crate::block::on(self.admit(), Instant::now().checked_add(wait)) {
+                Some(placed) => placed?,
+                None => {
+                    core.events.record_admission_refused();
+                    return Err(SpawnError::TimedOut {
+                        waited: wait,
+                        total_lanes: core.total_lanes(),
+                    });
+                }
             },
-            (Some(wait), _) => self.wait_for_lane(wait)?,
         };
         Ok(self.handle(shard, grant))
     }
@@ -195,49 +223,69 @@ impl LanedRunner {
     /// A new stream, for a task: waits for a lane in the same FIFO
     /// admission queue as blocking spawners (one queue, arrival order across
     /// both kinds), with the same refusals (`Busy`, `Draining`, `Closed`),
-    /// but no thread waits: a freed lane wakes the task. It waits as long as
-    /// it takes; bound it with the executor's timeout, since dropping the
-    /// future leaves the queue clean (a lane granted meanwhile goes back).
+    /// but no thread waits: the engine granting a lane wakes the task (one
+    /// task per lane freed). It waits as long as it takes; bound it with the
+    /// executor's timeout.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future before it is ready leaves the
+    /// queue clean, and a lane granted to it meanwhile goes back to the
+    /// next waiter. A future polled once and then neither polled nor
+    /// dropped holds at most the one lane granted to it; the waiters
+    /// behind it are served as if it were not there.
     pub async fn spawn_async(&self) -> Result<LanedStateHandle, SpawnError> {
-        let (shard, grant) = self.wait_for_lane_async().await?;
+        let (shard, grant) = self.admit().await?;
         Ok(self.handle(shard, grant))
     }
 
-    /// A lane for a task, in the admission queue from its arrival: tasks
-    /// arrive many at once (an executor polls them in a row), so trying the
-    /// shards before taking a ticket would let later ones overtake earlier
-    /// ones whose tries were still in flight.
-    async fn wait_for_lane_async(&self) -> Result<(usize, Grant), SpawnError> {
+    /// A lane, through the admission queue from arrival on: tasks arrive
+    /// many at once (an executor polls them in a row), so the queue, not the
+    /// order in which tries reach the shards, decides who goes first. The
+    /// engines grant the waiters, oldest first (see `admission`).
+    async fn admit(&self) -> Result<(usize, Grant), SpawnError> {
         let core = &self.core;
-        let since = Instant::now();
         let refused = |e: &SpawnError| {
             if matches!(e, SpawnError::Busy { .. }) {
                 core.events.record_admission_refused();
             }
         };
-        let lanes_free = core.total_lanes().saturating_sub(core.streams());
-        let ticket = core.admission.arrive(lanes_free).inspect_err(refused)?;
-        // Leaves the queue however this future ends, dropped included.
-        let ticket = crate::admission::Place::new(&core.admission, ticket);
-        let mut waited = false;
-        loop {
-            let seen = core.admission.freed();
-            let tried = core.admission.at_front(ticket.ticket());
-            if tried {
-                match core.try_shards_async(waited.then(|| since.elapsed())).await {
-                    Ok(placed) => return Ok(placed),
-                    Err(SpawnError::Full { .. }) => core.admission.may_wait().inspect_err(refused)?,
-                    Err(e) => return Err(e),
+        // Nobody may wait: a free lane now, or busy.
+        if !core.admission.may_wait() {
+            return match core.try_shards_async(None).await {
+                Err(SpawnError::Full { .. }) => {
+                    let busy = SpawnError::Busy {
+                        waiting: 0,
+                        max_waiting: 0,
+                    };
+                    refused(&busy);
+                    Err(busy)
                 }
-            }
-            waited = true;
-            let mut registered = false;
-            std::future::poll_fn(|cx| {
-                core.admission
-                    .poll_turn(ticket.ticket(), seen, tried, &mut registered, cx)
-            })
-            .await?;
+                placed => placed,
+            };
         }
+        let slot = Arc::new(Slot::new());
+        let lanes_free = core.total_lanes().saturating_sub(core.streams());
+        let id = core.admission.arrive(slot.clone(), lanes_free).inspect_err(refused)?;
+        // Leaves the queue however this future ends, dropped included.
+        let mut place = Place {
+            core,
+            id,
+            slot: Some(slot.clone()),
+        };
+        // After arriving, not before (see `Admission::arrive`).
+        let kicked = core.kick();
+        let answer = std::future::poll_fn(|cx| {
+            // Combining mode: the kick waits in the inbox of a shard whose
+            // state may be free, for whoever holds it; hold it ourselves.
+            for &ix in &kicked {
+                core.shards[ix].serve(&|| slot.is_filled());
+            }
+            slot.poll_value(cx)
+        })
+        .await;
+        place.slot = None;
+        answer.map(|grant| (grant.shard, grant))
     }
 
     /// The handle of a stream granted `grant` on shard `shard`.
@@ -253,58 +301,11 @@ impl LanedRunner {
             slot: Arc::new(Slot::new()),
             resolved: vec![],
             frames: 0,
-            frames_unknown: false,
+            dropped: None,
             runner: Arc::new(LanedRunner {
                 core: core.clone(),
                 _owner: None,
             }),
-        }
-    }
-
-    /// Wait in the admission queue for a lane on any shard.
-    fn wait_for_lane(&self, wait: Duration) -> Result<(usize, Grant), SpawnError> {
-        let core = &self.core;
-        let since = Instant::now();
-        // `None`: a wait too long for the clock (`Duration::MAX`) waits on.
-        let deadline = since.checked_add(wait);
-        let ticket = core.admission.enter().inspect_err(|e| {
-            if matches!(e, SpawnError::Busy { .. }) {
-                core.events.record_admission_refused();
-            }
-        })?;
-        loop {
-            let seen = core.admission.freed();
-            let tried = core.admission.at_front(&ticket);
-            if tried {
-                match core.try_shards(Some(since.elapsed())) {
-                    Ok(placed) => {
-                        core.admission.leave(ticket);
-                        return Ok(placed);
-                    }
-                    Err(SpawnError::Full { .. }) => (),
-                    Err(e) => {
-                        core.admission.leave(ticket);
-                        return Err(e);
-                    }
-                }
-            }
-            match core.admission.wait_turn(&ticket, seen, tried, deadline) {
-                Next::Try => (),
-                Next::Leave(e) => {
-                    core.admission.leave(ticket);
-                    let e = match e {
-                        SpawnError::TimedOut { .. } => {
-                            core.events.record_admission_refused();
-                            SpawnError::TimedOut {
-                                waited: wait,
-                                total_lanes: core.total_lanes(),
-                            }
-                        }
-                        other => other,
-                    };
-                    return Err(e);
-                }
-            }
         }
     }
 
@@ -351,7 +352,7 @@ impl LanedRunner {
                 .wait_freed(seen, deadline.min(Instant::now() + Duration::from_millis(20)));
         }
         let stragglers = core.streams();
-        core.drained.store(true, std::sync::atomic::Ordering::Release);
+        core.end(crate::common::ENDING_DRAINED);
         Drained {
             stragglers,
             metrics: self.close(),
@@ -363,12 +364,59 @@ impl LanedRunner {
     /// call is refused), and return the final metrics. Streams are cut
     /// wherever they are: [`LanedRunner::drain`] lets them end first.
     pub fn close(&self) -> Snapshot {
+        // First, before any stream is refused: every refusal from here on
+        // says this end (see `Common::told`).
+        self.core.end(crate::common::ENDING_CLOSED);
         self.core.admission.refuse(SpawnError::Draining);
         for shard in &self.core.shards {
             shard.drain();
         }
         self.core.close();
         self.metrics()
+    }
+
+    /// [`LanedRunner::drain`] for a task: the drain runs on a thread of the
+    /// runner's own, and the task is woken when it is done (no executor
+    /// thread waits out the deadline).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in that the drain is not undone: once the future was
+    /// first polled, the drain goes on to its end whether or not the future
+    /// is polled again; only its report is lost.
+    pub async fn drain_async(&self, deadline: Instant) -> Drained {
+        let runner = self.clone();
+        self.off_thread("laned-drain", move || runner.drain(deadline))
+            .await
+            // The thread could not be started: drained here, then.
+            .unwrap_or_else(|| self.drain(deadline))
+    }
+
+    /// [`LanedRunner::close`] for a task: the close (which joins the
+    /// runner's threads) runs on a thread of the runner's own.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LanedRunner::drain_async`]'s: a close once started completes.
+    pub async fn close_async(&self) -> Snapshot {
+        let runner = self.clone();
+        self.off_thread("laned-close", move || runner.close())
+            .await
+            .unwrap_or_else(|| self.close())
+    }
+
+    /// Run `job` on a thread of its own and wait for its result as a task;
+    /// `None` if the thread could not be started.
+    async fn off_thread<T: Send + 'static>(&self, name: &str, job: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        let slot = Arc::new(Slot::new());
+        let answer = slot.clone();
+        let started = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || answer.fill(job()));
+        if started.is_err() {
+            return None;
+        }
+        Some(std::future::poll_fn(|cx| slot.poll_value(cx)).await)
     }
 
     /// Free lanes, waiting spawners and queued seats, per shard and in
@@ -393,6 +441,7 @@ impl LanedRunner {
             lanes: core.total_lanes(),
             lanes_free: shards.iter().map(|s| s.lanes_free).sum(),
             spawners_waiting: core.admission.waiting(),
+            max_waiting: core.admission.max_waiting(),
             seats_queued: shards.iter().map(|s| s.seats_queued).sum(),
             shards,
         }

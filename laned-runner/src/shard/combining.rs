@@ -11,6 +11,7 @@ use crate::config::Resolved;
 use crate::engine::{Engine, Parts};
 use crate::err::NewRunnerError;
 use crate::sync::{lock, MutexGuard};
+use crate::wake::Deferred;
 
 use super::Shard;
 
@@ -63,6 +64,9 @@ impl Shard {
     /// Leaving with seats queued, hand them to the helper.
     pub(super) fn combine(&self, done: &dyn Fn() -> bool, hold_when_empty: Option<Duration>) {
         loop {
+            // Wakes asked for while holding the state run once it is let go
+            // (see `wake`): the scope closes after the guard below drops.
+            let _wakes = Deferred::open();
             let Some(mut engine) = self.hold() else {
                 return;
             };
@@ -75,6 +79,11 @@ impl Shard {
                     // a narrow one of its own.
                     // Not while draining: no new call can join, and the
                     // drain waits for the state.
+                    if !engine.is_draining() && hold_when_empty.is_some() {
+                        // The turn's answers wake their tasks before the
+                        // helper waits for more.
+                        self.wake_kept(&mut engine);
+                    }
                     if !engine.is_draining() && hold_when_empty.is_some_and(|hold| self.arrival_within(hold)) {
                         continue;
                     }
@@ -97,6 +106,9 @@ impl Shard {
                     break;
                 }
                 engine.turn();
+                // Serving turn after turn: each turn's answers wake their
+                // tasks now, not when the state is let go.
+                self.wake_kept(&mut engine);
             }
             let queued = engine.has_queue();
             drop(engine);
@@ -169,6 +181,7 @@ impl Shard {
     /// Draining, steps 2 and 3 in combining mode: this thread holds the
     /// state and serves the queue until it is empty.
     pub(super) fn drain_combining(&self) {
+        let _wakes = Deferred::open();
         let mut engine = lock(&self.engine);
         engine.start_draining();
         loop {
@@ -182,6 +195,7 @@ impl Shard {
 
     /// Closing, steps 3 and 4 in combining mode, on the closing thread.
     pub(super) fn close_combining(&self) {
+        let _wakes = Deferred::open();
         let mut engine = lock(&self.engine);
         engine.close();
         // Requests pushed after the close are answered by the same close:

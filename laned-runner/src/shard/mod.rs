@@ -58,6 +58,7 @@ use crate::policy::Decision;
 use crate::protocol::{Live, Request};
 use crate::slot::{Slot, Wake};
 use crate::sync::{lock, Condvar, Mutex};
+use crate::wake::Deferred;
 use arc_swap::ArcSwap;
 
 pub(crate) struct Shard {
@@ -87,6 +88,23 @@ pub(crate) struct Shard {
     /// Callers blocked in `wait` right now (any thread, relaxed: a hint for
     /// whether to spin).
     waiters: AtomicUsize,
+}
+
+thread_local! {
+    /// The shard whose worker this thread is (its address), 0 on any other
+    /// thread: a task's waker run by the worker that calls back into its
+    /// shard (a spawn from `wake()`) is served on the spot, not left
+    /// waiting for the worker, which is itself.
+    static WORKER_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+thread_local! {
+    /// While the thread holding a shard's engine runs the wakes it kept
+    /// (`Shard::wake_kept`): that shard (its address) and its engine, lent
+    /// for the duration, so that a waker calling back into the shard is
+    /// served with it instead of waiting for a lock its own thread holds.
+    /// Who may touch it: this thread only.
+    static LENT: std::cell::Cell<(usize, *mut Engine)> = const { std::cell::Cell::new((0, std::ptr::null_mut())) };
 }
 
 /// The machine's cores, read once.
@@ -131,8 +149,18 @@ impl Shard {
             Request::Call(call) => Some(call.seats.len()),
             _ => None,
         };
-        if let Err(request) = self.inbox.push(request, seats) {
-            refuse(request);
+        match self.inbox.push(request, seats) {
+            Ok(()) => (),
+            // A stream let go after the close: its lane is booked back by
+            // the closed engine (the gauges and `capacity` then agree that
+            // nobody holds it). The engine is held at most briefly by now:
+            // whoever closed it is done or finishing.
+            Err(request @ Request::Release(_)) => {
+                let _wakes = Deferred::open();
+                let mut engine = lock(&self.engine);
+                engine.accept_batch(vec![request], Instant::now());
+            }
+            Err(request) => refuse(request),
         }
     }
 
@@ -140,7 +168,11 @@ impl Shard {
     /// in `Combining` mode this thread serves the state whenever it is free.
     /// Gives up at `deadline` (`Wake::TimedOut`) or when cancelled.
     pub fn wait<T>(&self, slot: &Slot<T>, deadline: Option<Instant>) -> Wake<T> {
-        self.serve(&|| slot.is_filled());
+        // Combining mode: serve while the state is free, until this wait
+        // has something to see (its answer, its cancel) or its deadline
+        // passes: a caller never keeps serving others' turns past its own
+        // deadline or cancel.
+        self.serve(&|| slot.is_settled() || deadline.is_some_and(|d| Instant::now() >= d));
         // Spin before parking only while the waiters leave a core free for
         // whoever runs the turn: more spinners would slow it down.
         let waiters = self.waiters.fetch_add(1, Ordering::Relaxed) + 1;
@@ -212,6 +244,13 @@ impl Shard {
                     // push wakes us once that many seats came. Anything
                     // else pushed, or a policy change, wakes us at once.
                     if inbox.requests.is_empty() {
+                        // Nobody is woken late by this wait: the wakes kept
+                        // so far run first (the inbox let go meanwhile).
+                        if crate::wake::any_kept() {
+                            drop(inbox);
+                            self.wake_kept(engine);
+                            continue;
+                        }
                         drop(
                             self.inbox
                                 .sleep(inbox, recheck, Some(until.saturating_duration_since(now))),
@@ -243,9 +282,63 @@ impl Shard {
     /// and run turns, as a calling thread does while it waits (a task does it
     /// in its `poll`). Nothing to do in worker mode: the worker serves.
     pub fn serve(&self, done: &dyn Fn() -> bool) {
-        if self.mode == Mode::Combining && !done() {
+        if done() {
+            return;
+        }
+        if let Some(engine) = self.lent() {
+            return self.serve_lent(engine, done);
+        }
+        if self.mode == Mode::Combining || self.is_own_worker() {
             self.combine(done, None);
         }
+    }
+
+    /// Run the tasks' wakes this thread kept while holding `engine`, now,
+    /// without letting the engine go (between turns, before sleeping). A
+    /// waker calling back into this shard meanwhile finds the engine lent
+    /// to it (see [`Shard::serve`]).
+    pub(super) fn wake_kept(&self, engine: &mut Engine) {
+        if !crate::wake::any_kept() {
+            return;
+        }
+        let lent = (self as *const Shard as usize, engine as *mut Engine);
+        let before = LENT.with(|l| l.replace(lent));
+        crate::wake::run_kept();
+        LENT.with(|l| l.set(before));
+    }
+
+    /// The engine lent to this thread's wakers by its holder, if it is this
+    /// shard's.
+    fn lent(&self) -> Option<*mut Engine> {
+        let (shard, engine) = LENT.with(|l| l.get());
+        (shard == self as *const Shard as usize && !engine.is_null()).then_some(engine)
+    }
+
+    /// A waker calling back into the shard whose engine its thread holds:
+    /// serve the request here, with the lent engine, running the turns it
+    /// needs at once (waiting out a policy here would wait on this very
+    /// thread).
+    fn serve_lent(&self, engine: *mut Engine, done: &dyn Fn() -> bool) {
+        // SAFETY: `engine` was lent by `wake_kept` from the `&mut Engine`
+        // its caller holds, for the duration of the wakes it runs; that
+        // caller does not touch the engine until they return, and this
+        // runs within them, on the same thread. So this is the only access
+        // to the engine meanwhile.
+        let engine = unsafe { &mut *engine };
+        loop {
+            self.take_inbox(engine);
+            if done() || !engine.has_queue() {
+                return;
+            }
+            engine.turn();
+        }
+    }
+
+    /// Whether this thread is this shard's worker, calling back into it
+    /// from a task's waker (run between the worker's rounds, the engine
+    /// let go).
+    fn is_own_worker(&self) -> bool {
+        self.mode == Mode::Worker && WORKER_OF.with(|w| w.get()) == self as *const Shard as usize
     }
 
     /// How often the combining helper looks after idle streams (`tend`):
@@ -297,6 +390,6 @@ fn refuse(request: Request) {
         Request::ReadState { slot, .. } => slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
         Request::WriteState { slot, .. } => slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
         Request::Status { slot, .. } => slot.fill(Some(crate::err::EndReason::Closed)),
-        Request::Release(_) | Request::Cancel(_) => (),
+        Request::Release(_) | Request::Cancel(_) | Request::Admit => (),
     }
 }

@@ -8,6 +8,7 @@ use crate::config::Resolved;
 use crate::engine::{Engine, Parts};
 use crate::err::NewRunnerError;
 use crate::sync::lock;
+use crate::wake::Deferred;
 
 use super::Shard;
 
@@ -93,11 +94,17 @@ impl Shard {
     /// a turn while seats are queued; on close, answer everything and drop
     /// the state here, on a live thread.
     pub(super) fn work(&self) {
-        let mut engine = lock(&self.engine);
+        super::WORKER_OF.with(|w| w.set(self as *const Shard as usize));
         let mut gauge = SpinGauge::default();
         // Pushes already taken into the engine (read under the inbox lock).
         let mut taken = 0;
         loop {
+            // Tasks' wakes asked for while the engine is held run once it is
+            // let go, at the end of each round (declared first, so dropped
+            // after the engine's guard): a waker that panics or calls back
+            // into this shard finds no engine held (see `wake`).
+            let _wakes = Deferred::open();
+            let mut engine = lock(&self.engine);
             // When the next idle stream is due: its eviction comes with the
             // next take of the inbox (below), however empty.
             let next_eviction = engine.next_idle_due();

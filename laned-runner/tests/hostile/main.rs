@@ -5,7 +5,10 @@
 
 mod churn;
 mod fuzz;
+mod knobs;
 mod ops;
+mod promise;
+mod state_import;
 
 use std::sync::mpsc;
 use std::sync::Arc;

@@ -220,3 +220,126 @@ impl Admission {
         }
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::protocol::Grant;
+    use crate::sync::AtomicUsize;
+    use crate::sync::Ordering;
+    use lane_table::LaneId;
+    use loom::sync::Arc as LoomArc;
+
+    /// A shard as far as admission sees it: its free lanes (the table,
+    /// under the engine's lock) and the gauge it publishes.
+    struct Shard {
+        free: Mutex<usize>,
+        gauge: AtomicUsize,
+        admission: Admission,
+    }
+
+    impl Shard {
+        fn new(max_waiting: usize) -> Shard {
+            Shard {
+                free: Mutex::new(0),
+                gauge: AtomicUsize::new(0),
+                admission: Admission::new(max_waiting, crate::facade::AdmissionMeters::new(None)),
+            }
+        }
+
+        /// What the engine does with free lanes (`admit_waiting`): the
+        /// oldest waiters get them.
+        fn admit(&self, free: &mut usize) {
+            while *free > 0 {
+                let Some(waiter) = self.admission.next_waiter() else {
+                    return;
+                };
+                *free -= 1;
+                self.gauge.store(*free, Ordering::SeqCst);
+                let grant = Grant {
+                    shard: 0,
+                    lane: LaneId(0),
+                    stream: 0,
+                };
+                let _ = waiter.slot.offer(Ok(grant));
+            }
+        }
+
+        /// An engine freeing a lane: the gauge first, then the queue.
+        fn free_lane(&self) {
+            let mut free = lock(&self.free);
+            *free += 1;
+            self.gauge.store(*free, Ordering::SeqCst);
+            self.admission.lane_freed();
+            self.admit(&mut free);
+        }
+
+        /// A spawner arriving: a place in the queue, then a kick if the
+        /// gauge shows a free lane (the kicked engine admits).
+        fn arrive(&self) -> Arc<Slot<SpawnResult>> {
+            let slot = Arc::new(Slot::new());
+            self.admission
+                .arrive(slot.clone(), self.gauge.load(Ordering::SeqCst))
+                .unwrap();
+            if self.gauge.load(Ordering::SeqCst) > 0 {
+                self.admit(&mut lock(&self.free));
+            }
+            slot
+        }
+    }
+
+    /// A spawner arriving while an engine frees a lane: whatever the
+    /// interleaving, it ends with the lane (no free lane beside a waiting
+    /// spawner: the kick or the engine's look at the queue catches it).
+    #[test]
+    fn a_lane_freed_as_a_spawner_arrives_is_never_missed() {
+        loom::model(|| {
+            let shard = LoomArc::new(Shard::new(4));
+            let freer = {
+                let shard = shard.clone();
+                loom::thread::spawn(move || shard.free_lane())
+            };
+            let slot = shard.arrive();
+            freer.join().unwrap();
+            assert!(slot.is_filled(), "a lane is free and the spawner still waits");
+            assert_eq!(*lock(&shard.free), 0);
+            assert_eq!(shard.admission.waiting(), 0);
+        });
+    }
+
+    /// Two spawners waiting, one lane freed: exactly one is granted, the
+    /// one that arrived first, and the other keeps its place.
+    #[test]
+    fn one_freed_lane_grants_one_waiter_in_arrival_order() {
+        loom::model(|| {
+            let shard = LoomArc::new(Shard::new(4));
+            let first = shard.arrive();
+            let second = shard.arrive();
+            let freer = {
+                let shard = shard.clone();
+                loom::thread::spawn(move || shard.free_lane())
+            };
+            freer.join().unwrap();
+            assert!(first.is_filled());
+            assert!(!second.is_filled());
+            assert_eq!(shard.admission.waiting(), 1);
+        });
+    }
+
+    /// A refusal racing a freed lane: every waiter ends answered exactly
+    /// once (granted or refused), none left waiting.
+    #[test]
+    fn a_refusal_racing_a_freed_lane_answers_every_waiter() {
+        loom::model(|| {
+            let shard = LoomArc::new(Shard::new(4));
+            let waiter = shard.arrive();
+            let (a, b) = (shard.clone(), shard.clone());
+            let freer = loom::thread::spawn(move || a.free_lane());
+            let refuser = loom::thread::spawn(move || b.admission.refuse(SpawnError::Closed));
+            freer.join().unwrap();
+            refuser.join().unwrap();
+            assert!(waiter.is_filled(), "a waiter left unanswered");
+            assert_eq!(shard.admission.waiting(), 0);
+        });
+    }
+}

@@ -193,3 +193,64 @@ mod tests {
         assert!(timer.add(far, Arc::downgrade(&as_cancel), 8).is_none());
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::sync::{AtomicUsize, Ordering};
+
+    /// Counts the cancels it gets.
+    #[derive(Default)]
+    struct Seen(AtomicUsize);
+
+    impl Cancel for Seen {
+        fn cancel(&self, _call: u64) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A deadline already due and a close racing the timer thread: the
+    /// thread always stops (no lost wake-up on the close), and the call is
+    /// cancelled at most once.
+    #[test]
+    fn a_close_racing_a_due_deadline_stops_the_thread_and_cancels_once() {
+        loom::model(|| {
+            let timer = Arc::new(Timer::new());
+            let seen = Arc::new(Seen::default());
+            let as_cancel: Arc<dyn Cancel> = seen.clone();
+            let running = {
+                let timer = timer.clone();
+                loom::thread::spawn(move || timer.run())
+            };
+            let armed = timer.add(Instant::now(), Arc::downgrade(&as_cancel), 1);
+            let closer = {
+                let timer = timer.clone();
+                loom::thread::spawn(move || timer.close())
+            };
+            closer.join().unwrap();
+            running.join().unwrap();
+            drop(armed);
+            assert!(seen.0.load(Ordering::SeqCst) <= 1, "cancelled twice");
+        });
+    }
+
+    /// An entry whose call ended (its guard dropped) before the timer
+    /// looked is never cancelled, and the thread sleeps on until closed.
+    #[test]
+    fn an_ended_call_is_never_cancelled() {
+        loom::model(|| {
+            let timer = Arc::new(Timer::new());
+            let seen = Arc::new(Seen::default());
+            let as_cancel: Arc<dyn Cancel> = seen.clone();
+            let armed = timer.add(Instant::now(), Arc::downgrade(&as_cancel), 1);
+            drop(armed);
+            let running = {
+                let timer = timer.clone();
+                loom::thread::spawn(move || timer.run())
+            };
+            timer.close();
+            running.join().unwrap();
+            assert_eq!(seen.0.load(Ordering::SeqCst), 0);
+        });
+    }
+}

@@ -698,8 +698,15 @@ impl PendingCall<'_> {
             // Yield once, serving nothing: the executor runs its other
             // tasks (whose calls may join this one's turn) before this one
             // comes back, so a task calling back to back never starves it.
-            if let Poll::Ready(Ok(answer)) = slot.poll_answer(cx) {
-                self.early = Some(answer);
+            match slot.poll_answer(cx) {
+                Poll::Ready(Ok(answer)) => self.early = Some(answer),
+                // Its deadline passed already: the cancel goes to the engine
+                // now (the verdict comes as below).
+                Poll::Ready(Err(())) => {
+                    self.timed_out = true;
+                    handle.stream.shard().push(Request::Cancel(slot.clone()));
+                }
+                Poll::Pending => (),
             }
             cx.waker().wake_by_ref();
             return Poll::Pending;

@@ -157,8 +157,13 @@ impl Shard {
             // whoever closed it is done or finishing.
             Err(request @ Request::Release(_)) => {
                 let _wakes = Deferred::open();
-                let mut engine = lock(&self.engine);
-                engine.accept_batch(vec![request], Instant::now());
+                match self.lent() {
+                    // A waker of this shard's holder letting a stream go:
+                    // the engine is this thread's already.
+                    // SAFETY: as in `serve_lent`.
+                    Some(engine) => unsafe { &mut *engine }.accept_batch(vec![request], Instant::now()),
+                    None => lock(&self.engine).accept_batch(vec![request], Instant::now()),
+                }
             }
             Err(request) => refuse(request),
         }

@@ -9,6 +9,7 @@ mod knobs;
 mod ops;
 mod promise;
 mod state_import;
+mod task_churn;
 
 use std::sync::mpsc;
 use std::sync::Arc;

@@ -293,9 +293,12 @@ fn a_freed_lane_wakes_one_waiter() {
     }
 }
 
-/// Defect 5: in combining mode a caller running other streams' turns
-/// stops at its own deadline: its call, not seated in time, is answered
-/// `DeadlineExceeded`, blocking or as a task.
+/// Defect 5: a caller whose call is not seated by its deadline is answered
+/// `DeadlineExceeded`, though (combining mode) it won the state and runs
+/// the turns of the five streams queued before it: as the repro,
+/// C's 100 ms call, five 30 ms calls queued meanwhile, then C's
+/// `call_until(now + 40 ms)` on the same thread (blocking, and as a task);
+/// five rounds each, since C wins the state only sometimes.
 #[test]
 fn a_deadline_holds_while_a_caller_serves_others() {
     for mode in both_modes() {
@@ -307,35 +310,52 @@ fn a_deadline_holds_while_a_caller_serves_others() {
                     RunnerConfig::builder().mode(mode).max_lanes(6).max_seats(1),
                 );
                 let mut c = r.try_spawn().unwrap();
-                let others: Vec<LanedStateHandle> = (0..5).map(|_| r.try_spawn().unwrap()).collect();
+                let mut others: Vec<LanedStateHandle> = (0..5).map(|_| r.try_spawn().unwrap()).collect();
                 let x = pulse(&[3], 1.0);
-                // c's first call: 100 ms; five 30 ms calls queue meanwhile.
-                let first = slow_turn(&switch, c.clone(), &x, Duration::from_millis(100));
-                switch.stall(Some(Duration::from_millis(30)));
-                let queued: Vec<_> = others
-                    .into_iter()
-                    .map(|mut h| {
-                        let x = x.clone();
-                        thread::spawn(move || call(&mut h, &x).map(|_| ()))
-                    })
-                    .collect();
-                thread::sleep(Duration::from_millis(20));
-                let deadline = Instant::now() + Duration::from_millis(40);
-                let got = if as_task {
-                    current_thread().block_on(c.call_until_async(tvalue(&x), deadline))
-                } else {
-                    c.call_until(tvalue(&x), deadline)
-                };
-                let got = got.map(|_| ());
-                switch.stall(None);
-                first.join().unwrap().1.unwrap();
-                for q in queued {
-                    q.join().unwrap().unwrap();
+                for round in 0..5 {
+                    let evals = switch.calls(Hook::Eval);
+                    switch.stall(Some(Duration::from_millis(100)));
+                    let xc = x.clone();
+                    let caller = thread::spawn(move || {
+                        let rt = current_thread();
+                        let first = if as_task {
+                            rt.block_on(c.call_async(tvalue(&xc)))
+                        } else {
+                            c.call(tvalue(&xc))
+                        };
+                        first.unwrap();
+                        let deadline = Instant::now() + Duration::from_millis(40);
+                        let got = if as_task {
+                            rt.block_on(c.call_until_async(tvalue(&xc), deadline))
+                        } else {
+                            c.call_until(tvalue(&xc), deadline)
+                        };
+                        (c, got.map(|_| ()))
+                    });
+                    // C's turn runs: the five queue 30 ms calls behind it.
+                    while switch.calls(Hook::Eval) == evals {
+                        thread::sleep(Duration::from_micros(200));
+                    }
+                    switch.stall(Some(Duration::from_millis(30)));
+                    let queued: Vec<_> = others
+                        .drain(..)
+                        .map(|mut h| {
+                            let x = x.clone();
+                            thread::spawn(move || {
+                                call(&mut h, &x).unwrap();
+                                h
+                            })
+                        })
+                        .collect();
+                    let (back, got) = caller.join().unwrap();
+                    c = back;
+                    others = queued.into_iter().map(|q| q.join().unwrap()).collect();
+                    switch.stall(None);
+                    assert!(
+                        matches!(got.as_ref().map_err(|e| e.kind()), Err(RunErrorKind::DeadlineExceeded)),
+                        "{mode:?}, task {as_task}, round {round}: {got:?}"
+                    );
                 }
-                assert!(
-                    matches!(got.as_ref().map_err(|e| e.kind()), Err(RunErrorKind::DeadlineExceeded)),
-                    "{mode:?}, task {as_task}: {got:?}"
-                );
             });
         }
     }

@@ -297,12 +297,12 @@ impl LanedStateHandle {
 
     /// [`LanedStateHandle::call`] for a task: the same checks, turn rules
     /// and answers, but no thread waits; the answer wakes the task. Needs no
-    /// particular executor. The first poll always yields once (the call is
-    /// queued, the task woken again at once), so a task calling back to back
-    /// never keeps its executor thread from its other tasks, whatever the
-    /// mode; in combining mode, a task that finds the state free then runs
-    /// the turn in its own `poll`, on the executor's thread, as a calling
-    /// thread would.
+    /// particular executor. The first poll queues the call and is never
+    /// ready (in combining mode the task wakes itself to come back), so a
+    /// task calling back to back never keeps its executor thread from its
+    /// other tasks, whatever the mode; in combining mode, a task that finds
+    /// the state free then runs the turn in its own `poll`, on the
+    /// executor's thread, as a calling thread would.
     ///
     /// # Cancel safety
     ///
@@ -695,20 +695,30 @@ impl PendingCall<'_> {
         let handle = self.handle.as_ref().expect("polled after its answer");
         let slot = &handle.slot;
         if std::mem::take(&mut self.first) {
-            // Yield once, serving nothing: the executor runs its other
-            // tasks (whose calls may join this one's turn) before this one
-            // comes back, so a task calling back to back never starves it.
-            match slot.poll_answer(cx) {
-                Poll::Ready(Ok(answer)) => self.early = Some(answer),
+            // The first poll is never ready, and serves nothing: the
+            // executor runs its other tasks (whose calls may join this
+            // one's turn) before this one comes back, so a task calling
+            // back to back never starves it. It wakes itself to come back
+            // where nobody else would wake it soon: in combining mode (it
+            // may have to run the turn itself) or when its answer is here
+            // already; otherwise the answer's wake brings it back.
+            let again = match slot.poll_answer(cx) {
+                Poll::Ready(Ok(answer)) => {
+                    self.early = Some(answer);
+                    true
+                }
                 // Its deadline passed already: the cancel goes to the engine
                 // now (the verdict comes as below).
                 Poll::Ready(Err(())) => {
                     self.timed_out = true;
                     handle.stream.shard().push(Request::Cancel(slot.clone()));
+                    true
                 }
-                Poll::Pending => (),
+                Poll::Pending => handle.stream.shard().may_run_turns(),
+            };
+            if again {
+                cx.waker().wake_by_ref();
             }
-            cx.waker().wake_by_ref();
             return Poll::Pending;
         }
         if let Some(answer) = self.early.take() {

@@ -339,6 +339,12 @@ impl Shard {
         }
     }
 
+    /// Whether a caller waiting here may run turns itself (combining
+    /// mode), so must come back to do so rather than wait to be woken.
+    pub fn may_run_turns(&self) -> bool {
+        self.mode == Mode::Combining
+    }
+
     /// Whether this thread is this shard's worker, calling back into it
     /// from a task's waker (run between the worker's rounds, the engine
     /// let go).

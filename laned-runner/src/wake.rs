@@ -83,19 +83,25 @@ impl Drop for Deferred {
                 Vec::new()
             }
         });
-        let Ok(mut wakers) = wakers else { return };
-        for waker in wakers.drain(..) {
-            guarded(waker);
+        if let Ok(wakers) = wakers {
+            run(wakers);
         }
-        // Give the list's buffer back, so a steady engine allocates nothing
-        // per turn for its wakes (unless a wake above kept more).
-        let _ = KEPT.try_with(|kept| {
-            let mut kept = kept.borrow_mut();
-            if kept.wakers.is_empty() {
-                kept.wakers = wakers;
-            }
-        });
     }
+}
+
+/// Run `wakers`, each guarded, then give the list's buffer back, so a
+/// steady engine allocates nothing per turn for its wakes (unless a wake
+/// kept more meanwhile).
+fn run(mut wakers: Vec<Waker>) {
+    for waker in wakers.drain(..) {
+        guarded(waker);
+    }
+    let _ = KEPT.try_with(|kept| {
+        let mut kept = kept.borrow_mut();
+        if kept.wakers.is_empty() {
+            kept.wakers = wakers;
+        }
+    });
 }
 
 /// Whether this thread kept wakes not run yet.
@@ -108,18 +114,9 @@ pub(crate) fn any_kept() -> bool {
 /// task is not woken late by a holder that keeps the engine (see
 /// `Shard::wake_kept` for the waker that calls back).
 pub(crate) fn run_kept() {
-    let Ok(mut wakers) = KEPT.try_with(|kept| std::mem::take(&mut kept.borrow_mut().wakers)) else {
-        return;
-    };
-    for waker in wakers.drain(..) {
-        guarded(waker);
+    if let Ok(wakers) = KEPT.try_with(|kept| std::mem::take(&mut kept.borrow_mut().wakers)) {
+        run(wakers);
     }
-    let _ = KEPT.try_with(|kept| {
-        let mut kept = kept.borrow_mut();
-        if kept.wakers.is_empty() {
-            kept.wakers = wakers;
-        }
-    });
 }
 
 #[cfg(test)]

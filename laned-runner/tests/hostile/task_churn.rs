@@ -47,6 +47,16 @@ fn drop_after<F: Future>(inner: F, polls: usize) -> DropAfter<F> {
     }
 }
 
+/// A runner of `f` with about `lanes` lanes over `shards` shards.
+fn churn_runner(f: &Fixture, mode: Mode, shards: usize, lanes: usize, max_waiting: usize) -> LanedRunner {
+    let config = RunnerConfig::builder()
+        .mode(mode)
+        .shards(shards)
+        .max_lanes(lanes / shards + 1)
+        .max_waiting(max_waiting);
+    LanedRunner::new(f.runnable().unwrap(), config.build()).unwrap()
+}
+
 /// A stream's reference: the fixture run alone, fed exactly the calls of
 /// the stream that ran.
 struct Solo {
@@ -119,16 +129,7 @@ fn thousands_of_tasks_churn_exactly() {
     for (mode, shards) in SETUPS {
         bounded("task churn", move || {
             let f = fixtures::small_tdnn();
-            let r = LanedRunner::new(
-                f.runnable().unwrap(),
-                RunnerConfig::builder()
-                    .mode(mode)
-                    .shards(shards)
-                    .max_lanes(8 / shards + 1)
-                    .max_waiting(4096)
-                    .build(),
-            )
-            .unwrap();
+            let r = churn_runner(&f, mode, shards, 8, 4096);
             let watch = r.detached();
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -210,15 +211,7 @@ fn thousands_of_tasks_churn_exactly() {
 fn no_wake_up_is_lost_under_the_strict_executor() {
     for (mode, shards) in SETUPS {
         let f = fixtures::small_tdnn();
-        let r = LanedRunner::new(
-            f.runnable().unwrap(),
-            RunnerConfig::builder()
-                .mode(mode)
-                .shards(shards)
-                .max_lanes(4 / shards + 1)
-                .build(),
-        )
-        .unwrap();
+        let r = churn_runner(&f, mode, shards, 4, 1024);
         let mut exec = Strict::new();
         let what = format!("{mode:?}, {shards} shards");
         let joins: Vec<_> = (0..200u64)

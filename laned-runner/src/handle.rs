@@ -55,6 +55,10 @@ pub struct LanedStateHandle {
     /// A call whose future was dropped before its answer was taken: its
     /// verdict, to come or come (see [`LanedStateHandle::settle`]).
     pub(crate) dropped: Option<Dropped>,
+    /// Set in a clone made while this handle had a dropped call unsettled:
+    /// the clone cannot know whether that pulse ran, so its `finish`
+    /// refuses (settle on the handle that dropped the call, then clone).
+    pub(crate) frames_unknown: bool,
     /// A copy of the runner that does not keep it open, for
     /// [`State::runnable`].
     pub(crate) runner: Arc<dyn Runnable>,
@@ -68,6 +72,7 @@ impl Clone for LanedStateHandle {
             resolved: vec![],
             frames: self.frames,
             dropped: None,
+            frames_unknown: self.frames_unknown || matches!(self.dropped, Some(Dropped::Pending { .. })),
             runner: self.runner.clone(),
         }
     }
@@ -374,11 +379,13 @@ impl LanedStateHandle {
     /// runner, a finished stream, a deadline already past. The inputs come
     /// back either way.
     fn may_call(&self, inputs: TVec<TValue>, deadline: Option<Instant>) -> Result<TVec<TValue>, RunError> {
-        if self.stream.shard().is_closed() {
-            return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
-        }
+        // Finished first: a finished stream is told so, closed runner or
+        // not, as `end_reason` says.
         if self.stream.finished.load(std::sync::atomic::Ordering::Acquire) {
             return Err(RunError::with_inputs(RunErrorKind::Finished, inputs));
+        }
+        if self.stream.shard().is_closed() {
+            return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(RunError::with_inputs(RunErrorKind::DeadlineExceeded, inputs));
@@ -395,7 +402,7 @@ impl LanedStateHandle {
         }
         self.verdict().await;
         match &self.dropped {
-            Some(Dropped::Settled(Settled::Ran(_))) => Err(RunError::with_inputs(RunErrorKind::Unsettled, inputs)),
+            Some(Dropped::Settled { ran: true, .. }) => Err(RunError::with_inputs(RunErrorKind::Unsettled, inputs)),
             _ => {
                 self.dropped = None;
                 Ok(inputs)
@@ -416,22 +423,22 @@ impl LanedStateHandle {
             slot.poll_value(cx)
         })
         .await;
-        let settled = match answer {
-            Ok(answer) => match answer.into_outputs(&self.stream.core.iface.data_batch_out) {
-                Ok(outputs) => {
-                    self.count_frames(rows);
-                    Settled::Ran(outputs)
+        let (settled, ran) = match answer {
+            Ok(answer) => {
+                // It ran: the pulse was fed, whether or not its outputs
+                // can be cut.
+                self.count_frames(rows);
+                match answer.into_outputs(&self.stream.core.iface.data_batch_out) {
+                    Ok(outputs) => (Settled::Ran(outputs), true),
+                    Err(e) => (Settled::Failed(e), true),
                 }
-                // It ran; its outputs could not be cut: the pulse was fed.
-                Err(e) => {
-                    self.count_frames(rows);
-                    Settled::Failed(e)
-                }
-            },
-            Err(e) if matches!(e.kind(), RunErrorKind::Cancelled | RunErrorKind::DeadlineExceeded) => Settled::NotRun,
-            Err(e) => Settled::Failed(self.stream.core.told(e)),
+            }
+            Err(e) if matches!(e.kind(), RunErrorKind::Cancelled | RunErrorKind::DeadlineExceeded) => {
+                (Settled::NotRun, false)
+            }
+            Err(e) => (Settled::Failed(self.stream.core.told(e)), false),
         };
-        self.dropped = Some(Dropped::Settled(settled));
+        self.dropped = Some(Dropped::Settled { settled, ran });
     }
 
     /// Settle a call whose future was dropped before its answer was taken:
@@ -452,7 +459,7 @@ impl LanedStateHandle {
     pub async fn settle_async(&mut self) -> Option<Settled> {
         self.verdict().await;
         match self.dropped.take()? {
-            Dropped::Settled(settled) => Some(settled),
+            Dropped::Settled { settled, .. } => Some(settled),
             Dropped::Pending { .. } => unreachable!("settled above"),
         }
     }
@@ -556,6 +563,11 @@ impl LanedStateHandle {
         if self.stream.finished.load(std::sync::atomic::Ordering::Acquire) {
             return Err(RunError::new(RunErrorKind::Finished));
         }
+        if self.frames_unknown {
+            return Err(RunError::new(RunErrorKind::Finish(
+                "this handle was cloned while a dropped call of the original was unsettled, so whether that pulse ran (and the stream's length) is unknown here: settle it on the original, then clone".into(),
+            )));
+        }
         if real_frames > pulse.pulse || (last.is_none() && real_frames > 0) {
             return Err(RunError::new(RunErrorKind::Finish(format!(
                 "the last pulse holds {real_frames} real frames; a pulse holds at most {} (and none without a last pulse)",
@@ -646,8 +658,9 @@ pub(crate) enum Dropped {
     /// Its verdict is still to land in this slot (its own, the handle
     /// having moved to a fresh one): a cancel is on its way.
     Pending { slot: Arc<Slot<CallResult>>, rows: usize },
-    /// Its verdict came.
-    Settled(Settled),
+    /// Its verdict came; `ran`: its pulse was fed (its outputs may still
+    /// have failed to be cut).
+    Settled { settled: Settled, ran: bool },
 }
 
 /// What became of a call whose future was dropped before its answer was

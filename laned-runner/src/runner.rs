@@ -302,6 +302,7 @@ impl LanedRunner {
             resolved: vec![],
             frames: 0,
             dropped: None,
+            frames_unknown: false,
             runner: Arc::new(LanedRunner {
                 core: core.clone(),
                 _owner: None,

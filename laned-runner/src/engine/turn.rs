@@ -54,13 +54,17 @@ impl Engine {
             // included), a call past its deadline with no seat seated yet
             // is answered `DeadlineExceeded`, never seated late; then the
             // turn is picked again without it.
-            let queue = &self.queue;
+            // A call partly served already (a wide call's row 0 ran in an
+            // earlier turn) completes: only calls none of whose rows ran
+            // are withdrawn, so every pass withdraws at least one, or ends.
+            let (queue, pending) = (&self.queue, &self.pending);
             let overdue: Vec<u64> = self
                 .fill
                 .seated()
                 .iter()
                 .map(|placed| &queue[placed.queue_ix])
                 .filter(|seat| seat.deadline.is_some_and(|d| d <= started))
+                .filter(|seat| pending.get(&seat.call).is_some_and(|p| p.remaining == p.served.len()))
                 .map(|seat| seat.call)
                 .collect();
             if overdue.is_empty() {

@@ -105,6 +105,7 @@ impl Shard {
                 if done() || !due {
                     break;
                 }
+                self.wake_kept(&mut engine);
                 engine.turn();
                 // Serving turn after turn: each turn's answers wake their
                 // tasks now, not when the state is let go.
@@ -189,6 +190,7 @@ impl Shard {
             if !engine.has_queue() {
                 break;
             }
+            self.wake_kept(&mut engine);
             engine.turn();
         }
     }

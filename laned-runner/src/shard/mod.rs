@@ -103,8 +103,9 @@ thread_local! {
     /// (`Shard::wake_kept`): that shard (its address) and its engine, lent
     /// for the duration, so that a waker calling back into the shard is
     /// served with it instead of waiting for a lock its own thread holds.
-    /// Who may touch it: this thread only.
-    static LENT: std::cell::Cell<(usize, *mut Engine)> = const { std::cell::Cell::new((0, std::ptr::null_mut())) };
+    /// A stack: a waker may hold another shard and lend it in turn. Who may
+    /// touch it: this thread only.
+    static LENT: std::cell::RefCell<Vec<(usize, *mut Engine)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The machine's cores, read once.
@@ -160,8 +161,8 @@ impl Shard {
                 match self.lent() {
                     // A waker of this shard's holder letting a stream go:
                     // the engine is this thread's already.
-                    // SAFETY: as in `serve_lent`.
-                    Some(engine) => unsafe { &mut *engine }.accept_batch(vec![request], Instant::now()),
+                    // SAFETY: as `borrow_lent` says.
+                    Some(engine) => unsafe { self.borrow_lent(engine) }.accept_batch(vec![request], Instant::now()),
                     None => lock(&self.engine).accept_batch(vec![request], Instant::now()),
                 }
             }
@@ -180,6 +181,22 @@ impl Shard {
         self.serve(&|| slot.is_settled() || deadline.is_some_and(|d| Instant::now() >= d));
         // Spin before parking only while the waiters leave a core free for
         // whoever runs the turn: more spinners would slow it down.
+        // A runner thread (running a waker that called back) waiting on
+        // another shard: in short slices, taking its own shard's requests
+        // in between (see `serve_home_meanwhile`).
+        if let Some(home) = Shard::home().filter(|home| *home != self as *const Shard) {
+            loop {
+                let slice = Instant::now() + Duration::from_millis(1);
+                let until = deadline.map_or(slice, |d| d.min(slice));
+                match slot.wait_until(Some(until), false) {
+                    Wake::TimedOut if deadline.is_none_or(|d| Instant::now() < d) => {
+                        Shard::serve_home_meanwhile(home);
+                        self.serve(&|| slot.is_settled());
+                    }
+                    woke => return woke,
+                }
+            }
+        }
         let waiters = self.waiters.fetch_add(1, Ordering::Relaxed) + 1;
         let woke = slot.wait_until(deadline, waiters < *CORES);
         self.waiters.fetch_sub(1, Ordering::Relaxed);
@@ -291,9 +308,18 @@ impl Shard {
             return;
         }
         if let Some(engine) = self.lent() {
-            return self.serve_lent(engine, done);
+            // SAFETY: as `borrow_lent` says.
+            return self.serve_here(unsafe { self.borrow_lent(engine) }, done);
         }
-        if self.mode == Mode::Combining || self.is_own_worker() {
+        if self.is_own_worker() {
+            // The worker's own waker, between its rounds: the engine is let
+            // go, and nobody else would run the turn it waits for.
+            if let Some(mut engine) = self.hold() {
+                self.serve_here(&mut engine, done);
+            }
+            return;
+        }
+        if self.mode == Mode::Combining {
             self.combine(done, None);
         }
     }
@@ -307,35 +333,69 @@ impl Shard {
             return;
         }
         let lent = (self as *const Shard as usize, engine as *mut Engine);
-        let before = LENT.with(|l| l.replace(lent));
+        LENT.with(|l| l.borrow_mut().push(lent));
         crate::wake::run_kept();
-        LENT.with(|l| l.set(before));
+        LENT.with(|l| l.borrow_mut().pop());
     }
 
-    /// The engine lent to this thread's wakers by its holder, if it is this
-    /// shard's.
+    /// The engine lent to this thread's wakers by its holder (this thread,
+    /// further up), if it is this shard's.
     fn lent(&self) -> Option<*mut Engine> {
-        let (shard, engine) = LENT.with(|l| l.get());
-        (shard == self as *const Shard as usize && !engine.is_null()).then_some(engine)
+        let me = self as *const Shard as usize;
+        LENT.with(|l| l.borrow().iter().rev().find(|(shard, _)| *shard == me).map(|(_, e)| *e))
     }
 
-    /// A waker calling back into the shard whose engine its thread holds:
-    /// serve the request here, with the lent engine, running the turns it
+    /// The shard this thread serves while it runs tasks' wakes (a waker
+    /// calling back into the runner): the one whose engine it lent last, or
+    /// the one it is the worker of.
+    fn home() -> Option<*const Shard> {
+        let lent = LENT.with(|l| l.borrow().last().map(|(shard, _)| *shard));
+        let shard = lent.unwrap_or_else(|| WORKER_OF.with(|w| w.get()));
+        (shard != 0).then_some(shard as *const Shard)
+    }
+
+    /// A waker calling back into a shard this thread serves: serve the
+    /// request here, with the engine lent or free, running the turns it
     /// needs at once (waiting out a policy here would wait on this very
     /// thread).
-    fn serve_lent(&self, engine: *mut Engine, done: &dyn Fn() -> bool) {
-        // SAFETY: `engine` was lent by `wake_kept` from the `&mut Engine`
-        // its caller holds, for the duration of the wakes it runs; that
-        // caller does not touch the engine until they return, and this
-        // runs within them, on the same thread. So this is the only access
-        // to the engine meanwhile.
-        let engine = unsafe { &mut *engine };
+    fn serve_here(&self, engine: &mut Engine, done: &dyn Fn() -> bool) {
         loop {
             self.take_inbox(engine);
             if done() || !engine.has_queue() {
                 return;
             }
             engine.turn();
+        }
+    }
+
+    /// A lent engine, borrowed.
+    ///
+    /// SAFETY (for the caller): `engine` comes from [`Shard::lent`]: lent
+    /// by `wake_kept` from the `&mut Engine` its caller holds, for the
+    /// duration of the wakes it runs on this thread; that caller does not
+    /// touch the engine until they return, and the borrow made here ends
+    /// within them. So it is the only access to the engine meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn borrow_lent<'a>(&'a self, engine: *mut Engine) -> &'a mut Engine {
+        unsafe { &mut *engine }
+    }
+
+    /// A runner thread running tasks' wakes waits for another shard's
+    /// answer: it keeps taking its own shard's requests in meanwhile (a
+    /// spawn from the other shard's waker, say), so that two runner
+    /// threads waiting on each other never both wait for good.
+    fn serve_home_meanwhile(home: *const Shard) {
+        // SAFETY: `home` is the shard this thread works for or lent the
+        // engine of, both alive while this thread runs its wakes (a
+        // worker's shard outlives its thread; a lender holds its shard).
+        let home = unsafe { &*home };
+        match home.lent() {
+            // SAFETY: as `borrow_lent` says.
+            Some(engine) => {
+                home.take_inbox(unsafe { home.borrow_lent(engine) });
+            }
+            // Taking the state takes the inbox in.
+            None => drop(home.hold()),
         }
     }
 

@@ -149,6 +149,9 @@ impl Shard {
                 return;
             }
             if engine.has_queue() && self.wait_for_turn(&mut engine) {
+                // What taking the inbox in answered (grants, statuses,
+                // cancels) wakes its tasks before the turn, not after it.
+                self.wake_kept(&mut engine);
                 engine.turn();
             }
         }

@@ -82,8 +82,9 @@ fn a_panicking_spawn_waker_harms_nobody_else() {
             assert!(poll_once(second.as_mut(), &good).is_pending());
             // Frees the lane: granted to `first`, whose waker panics.
             drop(held);
+            let (first_good, _) = counting_waker();
             let mut h = loop {
-                if let Poll::Ready(h) = poll_once(first.as_mut(), &good) {
+                if let Poll::Ready(h) = poll_once(first.as_mut(), &first_good) {
                     break h.unwrap();
                 }
                 thread::sleep(Duration::from_millis(1));
@@ -381,6 +382,106 @@ fn a_call_after_finish_is_refused() {
         assert!(err.into_inputs().is_some(), "the inputs come back");
         let err = current_thread().block_on(clone.call_async(f.inputs(1, 1))).unwrap_err();
         assert_eq!(*err.kind(), RunErrorKind::Finished, "{mode:?}");
+        // Closed afterwards: still told it finished, by both.
+        r.close();
+        assert_eq!(
+            *clone.call(f.inputs(1, 2)).unwrap_err().kind(),
+            RunErrorKind::Finished,
+            "{mode:?}"
+        );
+        assert_eq!(clone.end_reason(), Some(EndReason::Finished));
+    }
+}
+
+/// A clone made while its original has a dropped call unsettled cannot know
+/// the stream's length: its `finish` refuses instead of ending the stream a
+/// pulse off; the original settles and finishes exactly.
+#[test]
+fn a_clone_made_before_settling_refuses_to_finish() {
+    let f = laned_testkit::fixtures::small_tdnn();
+    for mode in both_modes() {
+        let r = LanedRunner::new(
+            f.runnable().unwrap(),
+            RunnerConfig::builder().mode(mode).max_lanes(2).build(),
+        )
+        .unwrap();
+        let mut h = r.try_spawn().unwrap();
+        let (waker, _) = counting_waker();
+        {
+            let mut fut = pin!(h.call_async(f.inputs(1, 0)));
+            assert!(poll_once(fut.as_mut(), &waker).is_pending());
+        }
+        let clone = h.clone();
+        let err = clone.finish(None, 0).unwrap_err();
+        assert!(matches!(err.kind(), RunErrorKind::Finish(_)), "{mode:?}: {err}");
+        assert!(h.settle().is_some(), "{mode:?}");
+        h.finish(None, 0).unwrap();
+    }
+}
+
+/// A wide call whose deadline passes between its rows' turns (its row 0
+/// ran) completes: the deadline withdraws only calls none of whose rows
+/// ran, and the turn never spins on one it cannot withdraw.
+#[test]
+fn a_wide_call_past_its_deadline_between_rows_completes() {
+    for mode in both_modes() {
+        bounded("a wide call past its deadline", move || {
+            let switch = Switch::new();
+            let r = runner(
+                counter(&switch, &[Some(3)]).unwrap(),
+                RunnerConfig::builder().mode(mode).max_lanes(2).max_seats(1),
+            );
+            let mut h = r.try_spawn().unwrap();
+            let rows = Tensor::from_shape(&[2, 3], &[1f32, 2., 3., 4., 5., 6.]).unwrap();
+            switch.stall(Some(Duration::from_millis(100)));
+            let got = h.call_until(tvalue(&rows), Instant::now() + Duration::from_millis(50));
+            switch.stall(None);
+            let out = got.unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+            assert_eq!(out[0].shape(), &[2, 3], "{mode:?}");
+        });
+    }
+}
+
+/// Wakers calling back into the runner from two shards' threads at once
+/// (each shard full, each waker trying a spawn) never leave the two
+/// threads waiting on each other.
+#[test]
+fn wakers_calling_back_across_shards_do_not_deadlock() {
+    for mode in both_modes() {
+        bounded("re-entrant wakers on two shards", move || {
+            let switch = Switch::new();
+            let r = runner(
+                counter(&switch, &[Some(3)]).unwrap(),
+                RunnerConfig::builder().mode(mode).shards(2).max_lanes(1),
+            );
+            let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
+            let x = pulse(&[3], 1.0);
+            let tried = Arc::new(AtomicUsize::new(0));
+            for _ in 0..50 {
+                let wakers: Vec<_> = (0..2)
+                    .map(|_| {
+                        let (r2, t2) = (r.detached(), tried.clone());
+                        reentrant_waker(move || {
+                            let _ = r2.try_spawn();
+                            t2.fetch_add(1, Ordering::SeqCst);
+                        })
+                    })
+                    .collect();
+                let mut fa = pin!(a.call_async(tvalue(&x)));
+                let mut fb = pin!(b.call_async(tvalue(&x)));
+                let (mut da, mut db) = (false, false);
+                while !(da && db) {
+                    if !da {
+                        da = poll_once(fa.as_mut(), &wakers[0]).is_ready();
+                    }
+                    if !db {
+                        db = poll_once(fb.as_mut(), &wakers[1]).is_ready();
+                    }
+                    thread::yield_now();
+                }
+            }
+            assert!(tried.load(Ordering::SeqCst) > 0, "{mode:?}: no waker called back");
+        });
     }
 }
 

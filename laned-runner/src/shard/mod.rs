@@ -184,7 +184,7 @@ impl Shard {
         // A runner thread (running a waker that called back) waiting on
         // another shard: in short slices, taking its own shard's requests
         // in between (see `serve_home_meanwhile`).
-        if let Some(home) = Shard::home().filter(|home| *home != self as *const Shard) {
+        if let Some(home) = Shard::home().filter(|home| !std::ptr::eq(*home, self)) {
             loop {
                 let slice = Instant::now() + Duration::from_millis(1);
                 let until = deadline.map_or(slice, |d| d.min(slice));
@@ -376,7 +376,7 @@ impl Shard {
     /// touch the engine until they return, and the borrow made here ends
     /// within them. So it is the only access to the engine meanwhile.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn borrow_lent<'a>(&'a self, engine: *mut Engine) -> &'a mut Engine {
+    unsafe fn borrow_lent(&self, engine: *mut Engine) -> &mut Engine {
         unsafe { &mut *engine }
     }
 

@@ -185,6 +185,25 @@ impl LanedStateHandle {
     /// model. Refused, naming both, for another version or another model's
     /// state; the stream's own state is then left as it was.
     pub fn import_state(&mut self, state: &StreamState) -> Result<(), RunError> {
+        crate::block::on(self.import_state_async(state), None).expect("no deadline")
+    }
+
+    /// [`LanedStateHandle::import_state`] for a task: the checks on the
+    /// caller's side, then the write without a thread waiting.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LanedStateHandle::restore_state_async`]'s: once first polled
+    /// past its checks, the write happens whether or not the future is
+    /// polled again.
+    pub async fn import_state_async(&mut self, state: &StreamState) -> Result<(), RunError> {
+        let tensors = self.checked_import(state)?;
+        self.restore_state_async(tensors).await
+    }
+
+    /// The tensors of `state`, once it is known to be of this runner's
+    /// version and model and each tensor fits the model's per-stream fact.
+    fn checked_import(&self, state: &StreamState) -> Result<TVec<Tensor>, RunError> {
         let refuse = |why: String| Err(RunError::new(RunErrorKind::State(why)));
         if state.version != STREAM_STATE_VERSION {
             return refuse(format!(
@@ -201,13 +220,11 @@ impl LanedStateHandle {
         }
         // Each tensor's datum type and shape checked against the model's
         // per-stream fact before tract sees it.
-        let tensors = self
-            .stream
+        self.stream
             .core
             .iface
             .state_tensors(&state.tensors)
-            .map_err(|why| RunError::new(RunErrorKind::State(why)))?;
-        self.restore_state(tensors)
+            .map_err(|why| RunError::new(RunErrorKind::State(why)))
     }
 
     fn model_identity(&self) -> String {

@@ -137,3 +137,20 @@ fn another_models_weights_are_told_apart() {
     s.import_state(&exported).unwrap();
     assert_eq!(feed(&fixture, &mut s, 4), feed(&fixture, &mut a, 4));
 }
+
+/// Defect 14: a stream handed over by tasks (`export_state_async`, then
+/// `import_state_async` on another stream) continues exactly, no thread
+/// waiting.
+#[test]
+fn a_state_handed_over_by_tasks_continues_exactly() {
+    let fixture = gru();
+    let r = runner(fixture.runnable().unwrap());
+    let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
+    feed(&fixture, &mut a, 1);
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(async {
+        let state = a.export_state_async().await.unwrap();
+        b.import_state_async(&state).await.unwrap();
+    });
+    assert_eq!(feed(&fixture, &mut b, 2), feed(&fixture, &mut a, 2));
+}

@@ -11,6 +11,14 @@ use laned_testkit::exec::{counting_waker, panicking_waker, poll_once, reentrant_
 
 use super::*;
 
+/// A runner of the [`counter`] model on `[B, 3]`, and the switch that
+/// stalls or fails its op.
+fn counting(config: laned_runner::RunnerConfigBuilder) -> (Arc<Switch>, LanedRunner) {
+    let switch = Switch::new();
+    let r = runner(counter(&switch, &[Some(3)]).unwrap(), config);
+    (switch, r)
+}
+
 fn both_modes() -> [Mode; 2] {
     [Mode::Worker, Mode::Combining]
 }
@@ -33,9 +41,7 @@ fn current_thread() -> tokio::runtime::Runtime {
 fn a_panicking_call_waker_touches_only_its_own_task() {
     for mode in both_modes() {
         bounded("a panicking call waker", move || {
-            let switch = Switch::new();
-            let r = runner(
-                counter(&switch, &[Some(3)]).unwrap(),
+            let (_, r) = counting(
                 RunnerConfig::builder()
                     .mode(mode)
                     .max_lanes(3)
@@ -68,11 +74,7 @@ fn a_panicking_call_waker_touches_only_its_own_task() {
 fn a_panicking_spawn_waker_harms_nobody_else() {
     for mode in both_modes() {
         bounded("a panicking spawn waker", move || {
-            let switch = Switch::new();
-            let r = runner(
-                counter(&switch, &[Some(3)]).unwrap(),
-                RunnerConfig::builder().mode(mode).max_lanes(1),
-            );
+            let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(1));
             let held = r.try_spawn().unwrap();
             let hostile = panicking_waker("a hostile spawn waker");
             let (good, woken) = counting_waker();
@@ -112,9 +114,7 @@ fn a_panicking_spawn_waker_harms_nobody_else() {
 fn a_panicking_waker_does_not_kill_the_deadline_thread() {
     for mode in both_modes() {
         bounded("a panicking deadline waker", move || {
-            let switch = Switch::new();
-            let r = runner(
-                counter(&switch, &[Some(3)]).unwrap(),
+            let (_, r) = counting(
                 RunnerConfig::builder()
                     .mode(mode)
                     .max_lanes(2)
@@ -146,11 +146,7 @@ fn a_panicking_waker_does_not_kill_the_deadline_thread() {
 fn a_waker_calling_back_into_the_runner_does_not_deadlock() {
     for mode in both_modes() {
         bounded("a re-entrant waker", move || {
-            let switch = Switch::new();
-            let r = runner(
-                counter(&switch, &[Some(3)]).unwrap(),
-                RunnerConfig::builder().mode(mode).max_lanes(3),
-            );
+            let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(3));
             let spawned = Arc::new(AtomicUsize::new(0));
             let (r2, s2) = (r.detached(), spawned.clone());
             let waker = reentrant_waker(move || {
@@ -182,11 +178,7 @@ fn a_waker_calling_back_into_the_runner_does_not_deadlock() {
 fn a_stalled_spawn_holds_at_most_one_lane() {
     for mode in both_modes() {
         bounded("a stalled spawn", move || {
-            let switch = Switch::new();
-            let r = runner(
-                counter(&switch, &[Some(3)]).unwrap(),
-                RunnerConfig::builder().mode(mode).max_lanes(4),
-            );
+            let (switch, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(4));
             let busy = r.try_spawn().unwrap();
             let x = pulse(&[3], 1.0);
             let turn = slow_turn(&switch, busy, &x, Duration::from_millis(200));
@@ -215,11 +207,7 @@ fn a_stalled_spawn_holds_at_most_one_lane() {
 fn spawn_churn_never_refuses_a_free_lane() {
     for mode in both_modes() {
         bounded("spawn churn", move || {
-            let switch = Switch::new();
-            let r = runner(
-                counter(&switch, &[Some(3)]).unwrap(),
-                RunnerConfig::builder().mode(mode).max_lanes(4),
-            );
+            let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(4));
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let (r2, stop2) = (r.clone(), stop.clone());
             let churn = thread::spawn(move || {
@@ -244,11 +232,7 @@ fn spawn_churn_never_refuses_a_free_lane() {
 fn a_repolled_spawn_keeps_one_waker_and_one_place() {
     for mode in both_modes() {
         bounded("waker pile-up", move || {
-            let switch = Switch::new();
-            let r = runner(
-                counter(&switch, &[Some(3)]).unwrap(),
-                RunnerConfig::builder().mode(mode).max_lanes(1),
-            );
+            let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(1));
             let held = r.try_spawn().unwrap();
             let (waker, count) = counting_waker();
             let mut fut = pin!(r.spawn_async());
@@ -268,11 +252,7 @@ fn a_repolled_spawn_keeps_one_waker_and_one_place() {
 fn a_freed_lane_wakes_one_waiter() {
     for mode in both_modes() {
         bounded("thundering herd", move || {
-            let switch = Switch::new();
-            let r = runner(
-                counter(&switch, &[Some(3)]).unwrap(),
-                RunnerConfig::builder().mode(mode).max_lanes(1),
-            );
+            let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(1));
             let held = r.try_spawn().unwrap();
             let mut waiting: Vec<_> = (0..1000)
                 .map(|_| (Box::pin(r.spawn_async()), counting_waker()))
@@ -305,11 +285,7 @@ fn a_deadline_holds_while_a_caller_serves_others() {
     for mode in both_modes() {
         for as_task in [false, true] {
             bounded("deadline while combining", move || {
-                let switch = Switch::new();
-                let r = runner(
-                    counter(&switch, &[Some(3)]).unwrap(),
-                    RunnerConfig::builder().mode(mode).max_lanes(6).max_seats(1),
-                );
+                let (switch, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(6).max_seats(1));
                 let mut c = r.try_spawn().unwrap();
                 let mut others: Vec<LanedStateHandle> = (0..5).map(|_| r.try_spawn().unwrap()).collect();
                 let x = pulse(&[3], 1.0);
@@ -426,11 +402,7 @@ fn a_clone_made_before_settling_refuses_to_finish() {
 fn a_wide_call_past_its_deadline_between_rows_completes() {
     for mode in both_modes() {
         bounded("a wide call past its deadline", move || {
-            let switch = Switch::new();
-            let r = runner(
-                counter(&switch, &[Some(3)]).unwrap(),
-                RunnerConfig::builder().mode(mode).max_lanes(2).max_seats(1),
-            );
+            let (switch, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(2).max_seats(1));
             let mut h = r.try_spawn().unwrap();
             let rows = Tensor::from_shape(&[2, 3], &[1f32, 2., 3., 4., 5., 6.]).unwrap();
             switch.stall(Some(Duration::from_millis(100)));
@@ -449,11 +421,7 @@ fn a_wide_call_past_its_deadline_between_rows_completes() {
 fn wakers_calling_back_across_shards_do_not_deadlock() {
     for mode in both_modes() {
         bounded("re-entrant wakers on two shards", move || {
-            let switch = Switch::new();
-            let r = runner(
-                counter(&switch, &[Some(3)]).unwrap(),
-                RunnerConfig::builder().mode(mode).shards(2).max_lanes(1),
-            );
+            let (_, r) = counting(RunnerConfig::builder().mode(mode).shards(2).max_lanes(1));
             let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
             let x = pulse(&[3], 1.0);
             let tried = Arc::new(AtomicUsize::new(0));
@@ -492,11 +460,7 @@ fn wakers_calling_back_across_shards_do_not_deadlock() {
 fn end_reasons_agree_through_every_api() {
     for mode in both_modes() {
         bounded("end reasons", move || {
-            let switch = Switch::new();
-            let r = runner(
-                counter(&switch, &[Some(3)]).unwrap(),
-                RunnerConfig::builder().mode(mode).shards(2).max_lanes(1),
-            );
+            let (switch, r) = counting(RunnerConfig::builder().mode(mode).shards(2).max_lanes(1));
             let (s0, s1) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
             let (mut s0, s1) = if s0.shard() == 0 { (s0, s1) } else { (s1, s0) };
             let x = pulse(&[3], 1.0);
@@ -531,11 +495,7 @@ fn end_reasons_agree_through_every_api() {
 /// runner is not ready, as `try_spawn` is refused.
 #[test]
 fn readiness_follows_max_waiting() {
-    let switch = Switch::new();
-    let r = runner(
-        counter(&switch, &[Some(3)]).unwrap(),
-        RunnerConfig::builder().max_lanes(1).max_waiting(0),
-    );
+    let (_, r) = counting(RunnerConfig::builder().max_lanes(1).max_waiting(0));
     let _held = r.try_spawn().unwrap();
     assert!(r.try_spawn().is_err());
     assert!(!r.capacity().is_ready(), "ready while every spawn is refused");
@@ -546,11 +506,7 @@ fn readiness_follows_max_waiting() {
 #[test]
 fn releases_after_a_drain_are_booked() {
     for mode in both_modes() {
-        let switch = Switch::new();
-        let r = runner(
-            counter(&switch, &[Some(3)]).unwrap(),
-            RunnerConfig::builder().mode(mode).max_lanes(4),
-        );
+        let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(4));
         let watch = r.detached();
         let stragglers: Vec<_> = (0..3).map(|_| r.try_spawn().unwrap()).collect();
         r.drain(Instant::now() + Duration::from_millis(20));
@@ -637,11 +593,7 @@ fn combining_tasks_do_not_starve_the_executor() {
 fn a_dropped_call_is_settled_never_guessed() {
     for mode in both_modes() {
         bounded("settling a dropped call", move || {
-            let switch = Switch::new();
-            let r = runner(
-                counter(&switch, &[Some(3)]).unwrap(),
-                RunnerConfig::builder().mode(mode).max_lanes(2),
-            );
+            let (switch, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(2));
             let mut a = r.try_spawn().unwrap();
             let x = pulse(&[3], 1.0);
             let rt = current_thread();
@@ -691,11 +643,7 @@ fn a_dropped_call_is_settled_never_guessed() {
 #[test]
 fn an_awaited_drain_does_not_block_the_executor() {
     for mode in both_modes() {
-        let switch = Switch::new();
-        let r = runner(
-            counter(&switch, &[Some(3)]).unwrap(),
-            RunnerConfig::builder().mode(mode).max_lanes(2),
-        );
+        let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(2));
         let straggler = r.try_spawn().unwrap();
         let rt = current_thread();
         let ticks = rt.block_on(async {
@@ -727,11 +675,7 @@ fn an_awaited_drain_does_not_block_the_executor() {
 fn thousands_of_dropped_calls_leave_nothing_behind() {
     for mode in both_modes() {
         bounded("mass cancellation", move || {
-            let switch = Switch::new();
-            let r = runner(
-                counter(&switch, &[Some(3)]).unwrap(),
-                RunnerConfig::builder().mode(mode).max_lanes(2001),
-            );
+            let (switch, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(2001));
             let busy = r.try_spawn().unwrap();
             let mut handles: Vec<_> = (0..2000).map(|_| r.try_spawn().unwrap()).collect();
             let x = pulse(&[3], 1.0);

@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use laned_runner::{LanedRunner, LanedRuntime, NewRunnerError, RunnerConfig};
 
-use crate::ops::{counter, Switch};
+use super::ops::{counter, Switch};
 
 /// Runs `body` with the environment variable `name` set to `value`, and
 /// removes it afterwards, whatever `body` did.

@@ -2,7 +2,7 @@
 //! exactly what the blocking calls give, wait in the same admission queue,
 //! and clean up after futures dropped at any point. Every wait is bounded.
 
-mod common;
+use crate::common;
 
 use common::{runner, runner_with, SETUPS};
 use std::future::Future;

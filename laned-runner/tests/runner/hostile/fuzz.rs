@@ -10,8 +10,8 @@ use laned_runner::{LanedRunner, Mode, RunErrorKind, RunnerConfig};
 use proptest::prelude::*;
 use tract_core::internal::*;
 
-use crate::ops::{counter, Switch};
-use crate::{bounded, pulse, solo};
+use super::ops::{counter, Switch};
+use super::{bounded, pulse, solo};
 
 /// One call: its datum type, rank, rows (axis 0) and other dims.
 #[derive(Debug, Clone)]

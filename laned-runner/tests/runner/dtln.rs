@@ -5,7 +5,7 @@
 //! saying why, where pip cannot fetch the models.
 #![cfg(feature = "dtln")]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::thread;

@@ -6,7 +6,7 @@
 //! cannot fetch the models (CC BY-NC-SA 4.0: fetched here, never shipped).
 #![cfg(feature = "oww")]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

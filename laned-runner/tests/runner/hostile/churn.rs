@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use laned_runner::{CancelToken, RunErrorKind, RunnerConfig};
 use laned_testkit::fixtures::{self, Lcg};
 
-use crate::{bounded, SETUPS};
+use super::{bounded, SETUPS};
 
 /// Every call ends answered or `Cancelled`, and a cancelled call never ran:
 /// each stream's answers equal its solo run fed exactly the calls that were

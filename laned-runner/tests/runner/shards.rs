@@ -4,7 +4,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::runner;
 use laned_runner::{LanedRunner, Mode, RunErrorKind, RunnerConfig, SpawnError};

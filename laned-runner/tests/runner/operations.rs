@@ -2,7 +2,7 @@
 //! readiness probe polls, why a stream ended, and call deadlines. Every
 //! test body is bounded: a hang fails it.
 
-mod common;
+use crate::common;
 
 use common::{runner, SETUPS};
 use std::sync::{Arc, Barrier};

@@ -5,7 +5,7 @@
 //! replica, and a SIGTERM'd replica taken out of new-stream routing through
 //! its `/ready` while its live streams finish.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

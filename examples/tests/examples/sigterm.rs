@@ -3,7 +3,7 @@
 //! until the drain deadline, then a 1001 close while they still have audio
 //! to send; the process exits 0.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! answers for many concurrent streams, admission (1013, /ready),
 //! malformed frames (1003, 1009), lanes freed by disconnects.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,10 +3,11 @@
 use std::time::Duration;
 
 use laned_metrics::Metrics;
-use laned_testkit::alloc::{allocations_of, CountingAlloc};
-
-#[global_allocator]
-static GLOBAL: CountingAlloc = CountingAlloc::new();
+/// Heap allocations `f` makes on this thread (allocation-counter's global
+/// allocator counts them).
+fn allocations_of(f: impl FnOnce()) -> u64 {
+    allocation_counter::measure(f).count_total
+}
 
 /// A turn's worth of recording performs no heap allocation.
 #[test]

@@ -159,14 +159,25 @@ mod tests {
     use super::*;
     use crate::config::StateSpec;
 
+    /// `x [B, 2]` and `state [1, B, 2]` in; `y = state + x` (squeezed) and
+    /// `stateN` (the sum) out: the smallest explicit-state model.
+    fn accumulator() -> TractResult<TypedModel> {
+        let mut model = TypedModel::default();
+        let b = model.symbols.sym("B");
+        let x = model.add_source("x", f32::fact(dims!(b.clone(), 2)))?;
+        let state = model.add_source("state", f32::fact(dims!(1, b, 2)))?;
+        let x = model.wire_node("x.unsqueeze", AxisOp::Add(0), &[x])?[0];
+        let next = model.wire_node("stateN", tract_core::ops::math::add(), &[state, x])?[0];
+        let y = model.wire_node("y", AxisOp::Rm(0), &[next])?[0];
+        model.select_output_outlets(&[y, next])?;
+        Ok(model)
+    }
+
     /// A steady turn gathers into the buffer of the previous turn of its
     /// shape; a held value is never written under; seats come in order.
     #[test]
     fn gathering_reuses_the_turn_buffer() {
-        let plan: Arc<dyn Runnable> = DefaultRuntime
-            .prepare(laned_testkit::fixtures::rnn_cell(3, 2).unwrap())
-            .unwrap()
-            .into();
+        let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(accumulator().unwrap()).unwrap().into();
         let iface = Interface::of(&*plan, &StateSpec::Detect).unwrap();
         let mut state = ExplicitState::new(&iface, 4).unwrap();
         for lane in 0..4 {

@@ -176,12 +176,12 @@ pub(crate) use on::{AdmissionMeters, Meters};
 
 #[cfg(all(test, feature = "metrics-facade", not(loom)))]
 mod tests {
-    //! The facade's recording, under the counting allocator that the
-    //! crate's unit tests install (see `stack.rs`).
+    //! The facade's recording, under allocation-counter's allocator,
+    //! which the crate's unit tests link (see `stack.rs`).
 
     use std::time::Duration;
 
-    use laned_testkit::alloc::allocations_of;
+    use crate::stack::tests::allocations_of;
     use metrics_util::debugging::DebuggingRecorder;
 
     use super::*;

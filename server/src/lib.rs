@@ -1,0 +1,641 @@
+//! Silero VAD served over WebSocket through one laned runner: the logic of
+//! the `vad-server` binary, in a library so that tests can start it
+//! in-process on `127.0.0.1:0`.
+//!
+//! One WebSocket connection (`GET /v1/vad`) is one laned stream. Binary
+//! frames carry 16 kHz mono PCM (little-endian `f32`, or `i16` with
+//! `?format=i16`) of any length; the server cuts it into 512-sample chunks
+//! (keeping the model's 64-sample context) and answers each chunk with
+//! `{"chunk": n, "probability": p}`, plus `{"event": "speech_start" |
+//! "speech_end", "chunk": n}` with hysteresis.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use laned_models::silero::{self, Context, CHUNK};
+use laned_runner::{LanedRunner, LanedStateHandle, Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Deserialize;
+use tokio::sync::watch;
+use tract_core::internal::*;
+
+/// Close codes the server uses (RFC 6455).
+pub mod close {
+    /// The server is going away (SIGTERM, past the drain deadline).
+    pub const GOING_AWAY: u16 = 1001;
+    /// A text frame, an odd `i16` byte count, an unknown format.
+    pub const UNSUPPORTED: u16 = 1003;
+    /// A frame over the maximum size.
+    pub const TOO_BIG: u16 = 1009;
+    /// No lane freed up within the admission wait: try again later.
+    pub const TRY_AGAIN_LATER: u16 = 1013;
+    /// The runner failed the stream.
+    pub const INTERNAL: u16 = 1011;
+    /// The client sent no whole frame, or took no reply, for `idle_ms`
+    /// (silent, stalled or gone without a word): its lane goes to others.
+    pub const IDLE: u16 = 1008;
+}
+
+/// The longest close reason a control frame carries (125 bytes less the
+/// code's two).
+const MAX_REASON: usize = 123;
+
+/// Frames read ahead while a call is in flight (then the reading waits).
+const MAX_BACKLOG: usize = 8;
+
+/// Speech starts at a probability at or above this.
+pub const START_THRESHOLD: f32 = 0.5;
+/// Speech may end below this.
+pub const END_THRESHOLD: f32 = 0.35;
+/// Speech ends after this much audio below [`END_THRESHOLD`].
+pub const MIN_SILENCE_MS: u64 = 100;
+
+/// The server's settings, from a TOML file, the environment and flags
+/// (flags and environment over the file, the file over the defaults).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The Silero ONNX file; `None`: fetched (`laned_models::silero::fetch`).
+    pub model: Option<PathBuf>,
+    /// Lanes per shard.
+    pub lanes: usize,
+    /// Shards.
+    pub shards: usize,
+    /// `worker` or `combining`.
+    pub mode: Mode,
+    /// `immediate`, `linger:<us>`, `budget:<us>` or `tick:<us>`.
+    pub policy: String,
+    /// How long live streams may go on after SIGTERM, in milliseconds.
+    pub drain_deadline_ms: u64,
+    /// How long a new connection waits for a lane, in milliseconds.
+    pub admission_wait_ms: u64,
+    /// The largest binary frame accepted, in bytes.
+    pub max_frame_bytes: usize,
+    /// How long a connection may send no whole frame, or leave a reply
+    /// untaken, before it is closed (1008) and its lane freed, in
+    /// milliseconds: a client silent, stalled mid-frame, not reading, or
+    /// gone without a FIN holds a lane no longer.
+    pub idle_ms: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            listen: "127.0.0.1:8080".parse().unwrap(),
+            model: None,
+            lanes: 32,
+            shards: 1,
+            mode: Mode::Worker,
+            policy: "immediate".into(),
+            drain_deadline_ms: 10_000,
+            admission_wait_ms: 1_000,
+            max_frame_bytes: 1 << 20,
+            idle_ms: 30_000,
+        }
+    }
+}
+
+impl Settings {
+    /// Reads a TOML file (fields left out keep their defaults).
+    pub fn from_toml_file(path: &Path) -> Result<Settings, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("parsing {}: {e}", path.display()))
+    }
+
+    /// The turn policy `policy` names.
+    pub fn turn_policy(&self) -> Result<TurnPolicy, String> {
+        parse_policy(&self.policy)
+    }
+
+    /// The runner configuration these settings describe.
+    pub fn runner_config(&self) -> Result<RunnerConfig, String> {
+        Ok(RunnerConfig::builder()
+            .state(StateSpec::Pairs(vec![StatePair::new("state", 1)]))
+            .max_lanes(self.lanes)
+            .shards(self.shards)
+            .mode(self.mode)
+            .policy(self.turn_policy()?)
+            .build())
+    }
+}
+
+impl std::fmt::Display for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let model = match &self.model {
+            Some(p) => p.display().to_string(),
+            None => "fetched (silero-vad from PyPI, checked, cached in LANED_CACHE_DIR or the user's cache)".into(),
+        };
+        write!(
+            f,
+            "listen {}\nmodel {model}\nlanes {} per shard\nshards {}\nmode {:?}\npolicy {}\n\
+             drain deadline {} ms\nadmission wait {} ms\nmax frame {} bytes\nidle {} ms",
+            self.listen,
+            self.lanes,
+            self.shards,
+            self.mode,
+            self.policy,
+            self.drain_deadline_ms,
+            self.admission_wait_ms,
+            self.max_frame_bytes,
+            self.idle_ms
+        )
+    }
+}
+
+/// `immediate`, `linger:<us>`, `budget:<us>`, `tick:<us>`.
+pub fn parse_policy(s: &str) -> Result<TurnPolicy, String> {
+    let (name, arg) = s.split_once(':').unwrap_or((s, ""));
+    let us = || -> Result<Duration, String> {
+        arg.trim()
+            .parse::<u64>()
+            .map(Duration::from_micros)
+            .map_err(|_| format!("policy {s:?}: expected {name}:<microseconds>"))
+    };
+    match name.trim() {
+        "immediate" => Ok(TurnPolicy::Immediate),
+        "linger" => Ok(TurnPolicy::linger(us()?)),
+        "budget" | "latency_budget" => Ok(TurnPolicy::latency_budget(us()?)),
+        "tick" => Ok(TurnPolicy::tick(us()?)),
+        _ => Err(format!(
+            "unknown policy {s:?}: immediate, linger:<us>, budget:<us> or tick:<us>"
+        )),
+    }
+}
+
+/// The model prepared for tract's default runtime: from `model`, else
+/// fetched. `Err` says why it is unavailable.
+pub fn load_plan(model: Option<&Path>) -> Result<Arc<dyn Runnable>, String> {
+    let path = match model {
+        Some(p) => p.to_path_buf(),
+        None => silero::fetch().map_err(|e| e.to_string())?,
+    };
+    let typed = silero::load(&path).map_err(|e| format!("{e:?}"))?;
+    let plan = DefaultRuntime.prepare(typed).map_err(|e| format!("{e:?}"))?;
+    Ok(plan.into())
+}
+
+/// The sample format of a connection's binary frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Little-endian `f32`.
+    F32,
+    /// Little-endian `i16`, scaled by 1/32768.
+    I16,
+}
+
+impl Format {
+    fn parse(s: Option<&str>) -> Result<Format, String> {
+        match s {
+            None | Some("f32") | Some("f32le") => Ok(Format::F32),
+            Some("i16") | Some("s16le") | Some("i16le") => Ok(Format::I16),
+            Some(other) => Err(format!("unknown format {other:?}: f32 or i16")),
+        }
+    }
+
+    fn width(self) -> usize {
+        match self {
+            Format::F32 => 4,
+            Format::I16 => 2,
+        }
+    }
+
+    fn decode(self, bytes: &[u8], out: &mut Vec<f32>) {
+        match self {
+            Format::F32 => out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            ),
+            Format::I16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| i16::from_le_bytes([b[0], b[1]]) as f32 / 32768.0),
+            ),
+        }
+    }
+}
+
+/// Speech start / end with hysteresis, over per-chunk probabilities.
+#[derive(Debug, Clone, Default)]
+pub struct Hysteresis {
+    speaking: bool,
+    silence_from: Option<u64>,
+}
+
+/// A speech event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Speech started at this chunk.
+    Start(u64),
+    /// Speech ended: silence started at this chunk (and lasted long enough).
+    End(u64),
+}
+
+impl Hysteresis {
+    /// Feeds chunk `n`'s probability; the event it triggers, if any.
+    pub fn feed(&mut self, n: u64, p: f32) -> Option<Event> {
+        let min_silence_chunks = (MIN_SILENCE_MS * 16).div_ceil(CHUNK as u64);
+        if p >= START_THRESHOLD {
+            self.silence_from = None;
+            if !self.speaking {
+                self.speaking = true;
+                return Some(Event::Start(n));
+            }
+        } else if self.speaking && p < END_THRESHOLD {
+            let from = *self.silence_from.get_or_insert(n);
+            if n + 1 - from >= min_silence_chunks {
+                self.speaking = false;
+                self.silence_from = None;
+                return Some(Event::End(from));
+            }
+        }
+        None
+    }
+}
+
+/// What every connection shares.
+struct Shared {
+    runner: LanedRunner,
+    settings: Settings,
+    prometheus: Option<PrometheusHandle>,
+    closing: watch::Receiver<bool>,
+    live: AtomicUsize,
+}
+
+/// A running server.
+pub struct Server {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    closing: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Builds the runner and serves on `settings.listen` (port 0: any).
+/// Install the Prometheus recorder before calling this: the runner binds
+/// its metrics handles when it is built.
+pub async fn start(
+    plan: Arc<dyn Runnable>,
+    settings: Settings,
+    prometheus: Option<PrometheusHandle>,
+) -> Result<Server, String> {
+    if settings.idle_ms == 0 {
+        return Err("idle_ms is 0: every connection would be closed at once (at least 1)".into());
+    }
+    let runner = LanedRunner::new(plan, settings.runner_config()?).map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| format!("binding {}: {e}", settings.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let (closing, closing_rx) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        runner,
+        settings,
+        prometheus,
+        closing: closing_rx,
+        live: AtomicUsize::new(0),
+    });
+    let app = Router::new()
+        .route("/v1/vad", get(vad))
+        .route("/ready", get(ready))
+        .route("/live", get(|| async { "live\n" }))
+        .route("/metrics", get(metrics))
+        .with_state(shared.clone());
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            eprintln!("vad-server: serving failed: {e}");
+        }
+    });
+    Ok(Server {
+        addr,
+        shared,
+        closing,
+        task,
+    })
+}
+
+impl Server {
+    /// The runner (capacity, metrics).
+    pub fn runner(&self) -> &LanedRunner {
+        &self.shared.runner
+    }
+
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        self.shared.live.load(Ordering::Acquire)
+    }
+
+    /// The graceful shutdown: stop admitting (`/ready` answers 503 at
+    /// once), let live connections go on until they end or the drain
+    /// deadline passes, close those left with 1001, stop serving. Returns
+    /// the streams still live at the deadline.
+    pub async fn shutdown(self) -> usize {
+        let runner = self.shared.runner.clone();
+        runner.stop_admitting();
+        let deadline = Instant::now() + Duration::from_millis(self.shared.settings.drain_deadline_ms);
+        let drained = tokio::task::spawn_blocking(move || runner.drain(deadline))
+            .await
+            .map(|d| d.stragglers)
+            .unwrap_or(0);
+        let _ = self.closing.send(true);
+        // The close frames out, bounded.
+        let until = Instant::now() + Duration::from_secs(3);
+        while self.shared.live.load(Ordering::Acquire) > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.task.abort();
+        drained
+    }
+}
+
+async fn ready(State(shared): State<Arc<Shared>>) -> Response {
+    let capacity = shared.runner.capacity();
+    let body = format!(
+        "accepting {} lanes_free {} spawners_waiting {}\n",
+        capacity.accepting, capacity.lanes_free, capacity.spawners_waiting
+    );
+    if capacity.is_ready() {
+        (StatusCode::OK, body).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    match &shared.prometheus {
+        Some(h) => h.render().into_response(),
+        None => (StatusCode::NOT_FOUND, "no Prometheus recorder installed\n").into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct VadQuery {
+    format: Option<String>,
+}
+
+async fn vad(ws: WebSocketUpgrade, Query(q): Query<VadQuery>, State(shared): State<Arc<Shared>>) -> Response {
+    let format = Format::parse(q.format.as_deref());
+    // Oversized frames are refused by the session with 1009: the transport
+    // itself takes frames up to twice the limit.
+    let cap = shared.settings.max_frame_bytes.saturating_mul(2).max(1 << 16);
+    ws.max_message_size(cap)
+        .max_frame_size(cap)
+        .on_upgrade(move |socket| session(socket, shared, format))
+}
+
+struct LiveGuard(Arc<Shared>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+async fn close_with(socket: &mut WebSocket, code: u16, reason: &str) {
+    // A control frame holds 125 bytes: a longer reason (one quoting the
+    // client's own input, say) is cut at a character boundary, or the
+    // close itself would be a protocol error.
+    let mut end = reason.len().min(MAX_REASON);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    // Bounded: a client that reads nothing must not hold the session.
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        socket.send(Message::Close(Some(CloseFrame {
+            code,
+            reason: reason[..end].into(),
+        }))),
+    )
+    .await;
+    // Wait briefly for the client's close reply so the frame is flushed.
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        while let Some(Ok(m)) = socket.recv().await {
+            if matches!(m, Message::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+async fn closed(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|c| *c).await;
+}
+
+async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Format, String>) {
+    shared.live.fetch_add(1, Ordering::AcqRel);
+    let _guard = LiveGuard(shared.clone());
+    let format = match format {
+        Ok(f) => f,
+        Err(why) => return close_with(&mut socket, close::UNSUPPORTED, &why).await,
+    };
+    let wait = Duration::from_millis(shared.settings.admission_wait_ms);
+    let spawned = tokio::select! {
+        r = tokio::time::timeout(wait, shared.runner.spawn_async()) => r,
+        _ = closed(shared.closing.clone()) => {
+            return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;
+        }
+    };
+    let handle = match spawned {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            let code = match e {
+                laned_runner::SpawnError::Draining | laned_runner::SpawnError::Closed => close::GOING_AWAY,
+                _ => close::TRY_AGAIN_LATER,
+            };
+            return close_with(&mut socket, code, &format!("no lane: {e}")).await;
+        }
+        Err(_) => {
+            return close_with(
+                &mut socket,
+                close::TRY_AGAIN_LATER,
+                &format!("no lane freed up within {wait:?}: try again later"),
+            )
+            .await
+        }
+    };
+    let mut stream = Stream {
+        handle,
+        context: Context::default(),
+        pending: Vec::new(),
+        chunk: 0,
+        hysteresis: Hysteresis::default(),
+    };
+    let max = shared.settings.max_frame_bytes;
+    let idle = Duration::from_millis(shared.settings.idle_ms);
+    // Frames read while a call was in flight, handled in order after it.
+    let mut backlog: VecDeque<Message> = VecDeque::new();
+    loop {
+        let msg = match backlog.pop_front() {
+            Some(m) => Some(Ok(m)),
+            None => tokio::select! {
+                m = tokio::time::timeout(idle, socket.recv()) => match m {
+                    Ok(m) => m,
+                    Err(_) => {
+                        let why = format!("no whole frame for {idle:?}: the lane goes to others");
+                        return close_with(&mut socket, close::IDLE, &why).await;
+                    }
+                },
+                _ = closed(shared.closing.clone()) => {
+                    return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;
+                }
+            },
+        };
+        let bytes = match msg {
+            // Gone: dropping the handle frees the lane.
+            None => return,
+            Some(Err(_)) => return,
+            Some(Ok(Message::Close(_))) => {
+                // Flushes the close reply tungstenite queued.
+                let _ = futures_util::SinkExt::close(&mut socket).await;
+                return;
+            }
+            Some(Ok(Message::Ping(_))) | Some(Ok(Message::Pong(_))) => continue,
+            Some(Ok(Message::Text(_))) => {
+                return close_with(
+                    &mut socket,
+                    close::UNSUPPORTED,
+                    "text frames are not audio: send binary PCM",
+                )
+                .await
+            }
+            Some(Ok(Message::Binary(b))) => b,
+        };
+        if bytes.len() > max {
+            let why = format!("frame of {} bytes over the {max}-byte limit", bytes.len());
+            return close_with(&mut socket, close::TOO_BIG, &why).await;
+        }
+        if bytes.len() % format.width() != 0 {
+            let why = format!("{} bytes is not a whole number of {format:?} samples", bytes.len());
+            return close_with(&mut socket, close::UNSUPPORTED, &why).await;
+        }
+        format.decode(&bytes, &mut stream.pending);
+        while stream.pending.len() >= CHUNK {
+            let chunk: Vec<f32> = stream.pending.drain(..CHUNK).collect();
+            let inputs = stream.context.inputs(&chunk);
+            // The socket is read while the call is in flight: a client gone
+            // meanwhile drops the call (cancelled) and frees its lane at once.
+            let call = stream.handle.call_async(inputs);
+            tokio::pin!(call);
+            let out = loop {
+                tokio::select! {
+                    r = &mut call => break r,
+                    m = socket.recv(), if backlog.len() < MAX_BACKLOG => match m {
+                        None | Some(Err(_)) => return,
+                        Some(Ok(Message::Close(_))) => {
+                            let _ = futures_util::SinkExt::close(&mut socket).await;
+                            return;
+                        }
+                        Some(Ok(m)) => backlog.push_back(m),
+                    },
+                    _ = closed(shared.closing.clone()) => {
+                        return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;
+                    }
+                }
+            };
+            let out = match out {
+                Ok(out) => out,
+                Err(e) => {
+                    let code = if e.end_reason().is_some() {
+                        close::GOING_AWAY
+                    } else {
+                        close::INTERNAL
+                    };
+                    return close_with(&mut socket, code, &format!("stream ended: {e}")).await;
+                }
+            };
+            let p = out[0]
+                .to_plain_array_view::<f32>()
+                .ok()
+                .and_then(|a| a.iter().next().copied())
+                .unwrap_or(f32::NAN);
+            let n = stream.chunk;
+            stream.chunk += 1;
+            let mut replies = vec![format!("{{\"chunk\":{n},\"probability\":{p}}}")];
+            match stream.hysteresis.feed(n, p) {
+                Some(Event::Start(c)) => replies.push(format!("{{\"event\":\"speech_start\",\"chunk\":{c}}}")),
+                Some(Event::End(c)) => replies.push(format!("{{\"event\":\"speech_end\",\"chunk\":{c}}}")),
+                None => {}
+            }
+            for r in replies {
+                // A client not taking its replies stalls the send once the
+                // buffers fill: past `idle`, it is dropped (no close frame
+                // could reach it either).
+                match tokio::time::timeout(idle, socket.send(Message::Text(r.into()))).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) | Err(_) => return,
+                }
+            }
+        }
+    }
+}
+
+struct Stream {
+    handle: LanedStateHandle,
+    context: Context,
+    pending: Vec<f32>,
+    chunk: u64,
+    hysteresis: Hysteresis,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hysteresis_starts_at_half_and_ends_after_100ms_below_035() {
+        let mut h = Hysteresis::default();
+        let ps = [0.1, 0.6, 0.4, 0.3, 0.3, 0.45, 0.3, 0.2, 0.1, 0.1, 0.9];
+        let events: Vec<Event> = ps
+            .iter()
+            .enumerate()
+            .filter_map(|(n, p)| h.feed(n as u64, *p))
+            .collect();
+        // 0.45 (between the thresholds) does not reset the silence: it
+        // started at chunk 3, and 4 chunks (128 ms >= 100 ms) end it at 6.
+        assert_eq!(events, vec![Event::Start(1), Event::End(3), Event::Start(10)]);
+    }
+
+    #[test]
+    fn policies_parse() {
+        assert_eq!(parse_policy("immediate"), Ok(TurnPolicy::Immediate));
+        assert_eq!(parse_policy("linger:500"), Ok(TurnPolicy::Linger { us: 500 }));
+        assert_eq!(parse_policy("budget:2000"), Ok(TurnPolicy::LatencyBudget { us: 2000 }));
+        assert_eq!(parse_policy("tick:32000"), Ok(TurnPolicy::Tick { period_us: 32000 }));
+        assert!(parse_policy("linger").is_err());
+        assert!(parse_policy("soon").is_err());
+    }
+
+    #[test]
+    fn settings_read_from_toml_keep_defaults_for_the_rest() {
+        let s: Settings = toml::from_str("lanes = 8\nmode = \"combining\"\npolicy = \"linger:300\"\n").unwrap();
+        assert_eq!(s.lanes, 8);
+        assert_eq!(s.mode, Mode::Combining);
+        assert_eq!(s.shards, Settings::default().shards);
+        s.runner_config().unwrap();
+        assert!(toml::from_str::<Settings>("lanez = 8").is_err());
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(Format::parse(None), Ok(Format::F32));
+        assert_eq!(Format::parse(Some("i16")), Ok(Format::I16));
+        assert!(Format::parse(Some("mp3")).is_err());
+        let mut out = Vec::new();
+        Format::I16.decode(&[0, 0x80, 0, 0x40], &mut out);
+        assert_eq!(out, vec![-1.0, 0.5]);
+    }
+}

@@ -1,0 +1,290 @@
+//! Helpers shared by the vad-server tests: the model (or a visible skip),
+//! solo reference runs, a server in-process, WebSocket and HTTP clients.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use laned_models::silero::{self, Context, CHUNK};
+use laned_runner::Mode;
+use laned_server::{start, Server, Settings};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::Message;
+use tract_core::internal::*;
+
+pub type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// The prepared model, or `None` after printing `SKIPPED: why` (where the
+/// model cannot be fetched here; a wrong file fails the test).
+pub fn plan() -> Option<Arc<dyn Runnable>> {
+    let path = model_path()?;
+    Some(laned_server::load_plan(Some(&path)).unwrap())
+}
+
+/// The model's path (for the child-process test), or `None` after a skip.
+pub fn model_path() -> Option<std::path::PathBuf> {
+    match silero::fetch() {
+        Ok(p) => Some(p),
+        Err(e) if e.is_unavailable() => {
+            eprintln!("SKIPPED: Silero VAD is unavailable here: {e}");
+            None
+        }
+        Err(e) => panic!("Silero VAD: {e}"),
+    }
+}
+
+/// The probabilities of `samples`' whole chunks, run alone with tract.
+pub fn solo(plan: &Arc<dyn Runnable>, samples: &[f32]) -> Vec<f32> {
+    let mut state = plan.spawn().unwrap();
+    let mut context = Context::default();
+    let mut h = Tensor::zero::<f32>(&[2, 1, 128]).unwrap();
+    samples
+        .chunks_exact(CHUNK)
+        .map(|chunk| {
+            let mut inputs = context.inputs(chunk);
+            inputs.push(h.clone().into_tvalue());
+            let out = state.run(inputs).unwrap();
+            h = out[1].clone().into_tensor();
+            out[0]
+                .to_plain_array_view::<f32>()
+                .unwrap()
+                .iter()
+                .next()
+                .copied()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// A server in-process on 127.0.0.1:0 (worker mode).
+pub async fn server(plan: &Arc<dyn Runnable>, lanes: usize, shards: usize, admission_wait_ms: u64) -> Server {
+    server_in(plan, lanes, shards, admission_wait_ms, Mode::Worker).await
+}
+
+/// A server in-process on 127.0.0.1:0, in `mode`.
+pub async fn server_in(
+    plan: &Arc<dyn Runnable>,
+    lanes: usize,
+    shards: usize,
+    admission_wait_ms: u64,
+    mode: Mode,
+) -> Server {
+    let settings = Settings {
+        mode,
+        listen: "127.0.0.1:0".parse().unwrap(),
+        lanes,
+        shards,
+        admission_wait_ms,
+        max_frame_bytes: 64 * 1024,
+        drain_deadline_ms: 1_000,
+        ..Settings::default()
+    };
+    start(plan.clone(), settings, None).await.unwrap()
+}
+
+/// A server in-process with these settings (on 127.0.0.1:0).
+pub async fn server_with(plan: &Arc<dyn Runnable>, settings: Settings) -> Server {
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..settings
+    };
+    start(plan.clone(), settings, None).await.unwrap()
+}
+
+pub async fn connect(addr: SocketAddr, query: &str) -> Ws {
+    let url = format!("ws://{addr}/v1/vad{query}");
+    tokio_tungstenite::connect_async(url.as_str()).await.unwrap().0
+}
+
+/// A connection holding a lane: connected, its first chunk (`chunk`,
+/// f32) sent and answered.
+pub async fn connect_holding(addr: SocketAddr, chunk: &[f32]) -> Ws {
+    let mut ws = connect(addr, "").await;
+    ws.send(Message::Binary(encode(chunk, false).into())).await.unwrap();
+    match next_reply(&mut ws).await {
+        Reply::Probability(0, _) => ws,
+        other => panic!("the first chunk was answered {other:?}"),
+    }
+}
+
+/// The status code of `GET path`.
+pub async fn http_status(addr: SocketAddr, path: &str) -> u16 {
+    http_get(addr, path).await.0
+}
+
+/// The status code and body of `GET path`.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+/// Polls `GET path` until it answers `want` (panics after `within`).
+pub async fn wait_status(addr: SocketAddr, path: &str, want: u16, within: Duration) {
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let got = http_status(addr, path).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{path} answers {got}, not {want}, after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Encodes samples as little-endian f32 or i16 bytes.
+pub fn encode(samples: &[f32], i16_format: bool) -> Vec<u8> {
+    if i16_format {
+        samples
+            .iter()
+            .flat_map(|s| ((s * 32768.0).round().clamp(-32768.0, 32767.0) as i16).to_le_bytes())
+            .collect()
+    } else {
+        samples.iter().flat_map(|s| s.to_le_bytes()).collect()
+    }
+}
+
+/// What the server hears of `samples` sent as i16.
+pub fn through_i16(samples: &[f32]) -> Vec<f32> {
+    encode(samples, true)
+        .chunks_exact(2)
+        .map(|b| i16::from_le_bytes([b[0], b[1]]) as f32 / 32768.0)
+        .collect()
+}
+
+/// A message from the server, parsed.
+#[derive(Debug)]
+pub enum Reply {
+    Probability(u64, f32),
+    Event(String, u64),
+    Closed(u16, String),
+}
+
+pub async fn next_reply(ws: &mut Ws) -> Reply {
+    loop {
+        match ws.next().await {
+            Some(Ok(Message::Text(t))) => {
+                let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+                let chunk = v["chunk"].as_u64().unwrap();
+                return match v.get("event") {
+                    Some(e) => Reply::Event(e.as_str().unwrap().to_string(), chunk),
+                    None => Reply::Probability(chunk, v["probability"].as_f64().unwrap() as f32),
+                };
+            }
+            Some(Ok(Message::Close(Some(f)))) => return Reply::Closed(u16::from(f.code), f.reason.to_string()),
+            Some(Ok(Message::Close(None))) | None => return Reply::Closed(1005, String::new()),
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return Reply::Closed(1006, e.to_string()),
+        }
+    }
+}
+
+/// Reads until the server closes; its code and reason.
+pub async fn expect_close(ws: &mut Ws) -> (u16, String) {
+    loop {
+        if let Reply::Closed(code, reason) = next_reply(ws).await {
+            return (code, reason);
+        }
+    }
+}
+
+/// A small seeded generator.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) as usize) % n
+    }
+}
+
+/// Streams `samples` in frames of random sizes (seeded) and returns the
+/// probabilities of every whole chunk, checking their numbering; closes.
+pub async fn stream(addr: SocketAddr, samples: &[f32], i16_format: bool, seed: u64) -> Vec<f32> {
+    let mut ws = connect(addr, if i16_format { "?format=i16" } else { "" }).await;
+    let bytes = encode(samples, i16_format);
+    let width = if i16_format { 2 } else { 4 };
+    let want = samples.len() / CHUNK;
+    let (mut tx, mut rx) = ws.split();
+    let mut rng = Lcg(seed);
+    let sender = async {
+        let mut at = 0;
+        while at < bytes.len() {
+            let n = ((1 + rng.below(1500)) * width).min(bytes.len() - at);
+            tx.send(Message::Binary(bytes[at..at + n].to_vec().into()))
+                .await
+                .unwrap();
+            at += n;
+        }
+        tx
+    };
+    let receiver = async {
+        let mut got = Vec::new();
+        while got.len() < want {
+            match rx.next().await {
+                Some(Ok(Message::Text(t))) => {
+                    let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+                    if v.get("event").is_none() {
+                        assert_eq!(v["chunk"].as_u64().unwrap(), got.len() as u64);
+                        got.push(v["probability"].as_f64().unwrap() as f32);
+                    }
+                }
+                Some(Ok(Message::Close(f))) => panic!("closed early: {f:?}"),
+                Some(Ok(_)) => {}
+                other => panic!("stream ended early: {other:?}"),
+            }
+        }
+        (got, rx)
+    };
+    let (tx, (got, rx)) = tokio::join!(sender, receiver);
+    ws = tx.reunite(rx).unwrap();
+    let _ = ws.close(None).await;
+    got
+}
+
+/// `chunks` chunks of generated audio, plus a few samples of a partial chunk.
+pub fn audio(s: usize, chunks: usize) -> Vec<f32> {
+    use laned_models::silero::Sound;
+    let sounds = [
+        Sound::Buzz,
+        Sound::Tone(440),
+        Sound::Noise,
+        Sound::Silence,
+        Sound::Tone(1800),
+        Sound::NoisyBuzz,
+        Sound::Tone(220),
+    ];
+    laned_models::sound::samples(sounds[s % sounds.len()], 500 + s as u64, chunks * CHUNK + 100)
+}
+
+/// Runs `f` on a multi-thread runtime, bounded by `secs`.
+pub fn bounded<F: std::future::Future<Output = ()>>(secs: u64, f: F) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(secs), f)
+                .await
+                .expect("the test ran past its timeout")
+        })
+}

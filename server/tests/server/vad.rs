@@ -1,0 +1,343 @@
+//! vad-server in-process, real WebSocket clients on 127.0.0.1: exact
+//! answers for many concurrent streams, admission (1013, /ready),
+//! malformed frames (1003, 1009), lanes freed by disconnects.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::*;
+use futures_util::SinkExt;
+use laned_models::silero::CHUNK;
+use laned_runner::Mode;
+use laned_server::close;
+use tokio_tungstenite::tungstenite::Message;
+
+/// 64 concurrent clients (32 lanes on each of 2 shards), in both modes, each with its own
+/// generated audio, half as f32 and half as i16, sent in frames of random
+/// sizes: every probability equals the stream's solo run.
+#[test]
+fn silero_concurrent_clients_get_their_solo_probabilities() {
+    let Some(plan) = plan() else { return };
+    const CLIENTS: usize = 64;
+    let inputs: Vec<(Vec<f32>, bool)> = (0..CLIENTS)
+        .map(|c| {
+            let i16_format = c % 2 == 1;
+            (audio(c, 6 + c % 7), i16_format)
+        })
+        .collect();
+    let want: Vec<Vec<f32>> = inputs
+        .iter()
+        .map(|(a, i16_format)| {
+            if *i16_format {
+                solo(&plan, &through_i16(a))
+            } else {
+                solo(&plan, a)
+            }
+        })
+        .collect();
+    bounded(300, async {
+        for mode in [Mode::Worker, Mode::Combining] {
+            let server = server_in(&plan, 32, 2, 60_000, mode).await;
+            let addr = server.addr;
+            let tasks: Vec<_> = inputs
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(c, (a, i16_format))| tokio::spawn(async move { stream(addr, &a, i16_format, c as u64).await }))
+                .collect();
+            for (c, t) in tasks.into_iter().enumerate() {
+                let got = t.await.unwrap();
+                assert_eq!(got, want[c], "{mode:?}: client {c}");
+            }
+            let m = server.runner().metrics();
+            eprintln!("{mode:?}: {} chunks in {} turns", m.seats, m.turns);
+            server.shutdown().await;
+        }
+    });
+    assert_ne!(want[0], want[1]);
+}
+
+/// Two lanes, two clients holding them: a third waits (/ready 503 while it
+/// does), then is closed with 1013 past the admission wait; /ready is 200
+/// again after, and a lane freed by a leaving client serves a new one.
+#[test]
+fn silero_clients_past_the_lanes_are_refused_with_1013() {
+    let Some(plan) = plan() else { return };
+    let a = audio(0, 2);
+    bounded(60, async {
+        let server = server(&plan, 2, 1, 1_500).await;
+        let addr = server.addr;
+        wait_status(addr, "/ready", 200, Duration::from_secs(5)).await;
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            held.push(connect_holding(addr, &a[..CHUNK]).await);
+        }
+        assert_eq!(server.runner().capacity().lanes_free, 0);
+        // Free lanes 0, nobody waiting: still ready.
+        assert_eq!(http_status(addr, "/ready").await, 200);
+        let mut third = connect(addr, "").await;
+        // While it waits (for up to the 1.5 s admission wait), unready.
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        while server.runner().capacity().spawners_waiting == 0 {
+            assert!(tokio::time::Instant::now() < until, "the third client never waited");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(
+            http_status(addr, "/ready").await,
+            503,
+            "a spawner waits, no lane is free"
+        );
+        let (code, reason) = expect_close(&mut third).await;
+        assert_eq!(code, close::TRY_AGAIN_LATER, "{reason}");
+        assert!(!reason.is_empty());
+        wait_status(addr, "/ready", 200, Duration::from_secs(10)).await;
+        assert_eq!(http_status(addr, "/live").await, 200);
+        // One leaves: a new client gets its lane.
+        let mut gone = held.pop().unwrap();
+        gone.close(None).await.unwrap();
+        let got = stream(addr, &a, false, 9).await;
+        assert_eq!(got, solo(&plan, &a));
+        drop(held);
+        server.shutdown().await;
+    });
+}
+
+/// One lane, held: three clients connect one after another and wait (each
+/// counted waiting before the next connects); as the lane frees, they are
+/// served in the order they arrived, each answered exactly.
+#[test]
+fn silero_waiting_clients_are_served_in_arrival_order() {
+    let Some(plan) = plan() else { return };
+    let a = audio(5, 2);
+    let want = solo(&plan, &a[..2 * CHUNK]);
+    bounded(60, async {
+        let server = server(&plan, 1, 1, 30_000).await;
+        let addr = server.addr;
+        let mut holder = connect_holding(addr, &a[..CHUNK]).await;
+        let (order_tx, mut order_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut waiting = Vec::new();
+        for c in 0..3usize {
+            let mut ws = connect(addr, "").await;
+            // Its audio is read only once it has a lane.
+            ws.send(Message::Binary(encode(&a[..2 * CHUNK], false).into()))
+                .await
+                .unwrap();
+            let until = tokio::time::Instant::now() + Duration::from_secs(10);
+            while server.runner().capacity().spawners_waiting < c + 1 {
+                assert!(tokio::time::Instant::now() < until, "client {c} never waited");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let order_tx = order_tx.clone();
+            waiting.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                for k in 0..2 {
+                    match next_reply(&mut ws).await {
+                        Reply::Probability(n, p) => {
+                            assert_eq!(n, k);
+                            got.push(p);
+                        }
+                        other => panic!("client {c}: {other:?}"),
+                    }
+                }
+                order_tx.send(c).unwrap();
+                // Leaving frees the lane for the next in line.
+                ws.close(None).await.unwrap();
+                got
+            }));
+        }
+        assert_eq!(server.runner().capacity().spawners_waiting, 3);
+        // Only the clients' senders left: a client that panics ends the
+        // channel, and the panic shows at its join below.
+        drop(order_tx);
+        holder.close(None).await.unwrap();
+        let mut order = Vec::new();
+        while let Some(c) = order_rx.recv().await {
+            order.push(c);
+        }
+        for (c, t) in waiting.into_iter().enumerate() {
+            assert_eq!(t.await.unwrap(), want, "client {c}");
+        }
+        assert_eq!(order, [0, 1, 2], "served out of arrival order");
+        server.shutdown().await;
+    });
+}
+
+/// A text frame, an odd i16 byte count, an oversized frame and an unknown
+/// format (a long one too) are each closed with their code and a reason
+/// that fits a close frame, while two other
+/// clients stream throughout and get their exact answers.
+#[test]
+fn silero_malformed_frames_close_only_their_connection() {
+    let Some(plan) = plan() else { return };
+    let good: Vec<Vec<f32>> = (0..2).map(|c| audio(c + 10, 40)).collect();
+    let want: Vec<Vec<f32>> = good.iter().map(|a| solo(&plan, a)).collect();
+    bounded(120, async {
+        let server = server(&plan, 8, 1, 5_000).await;
+        let addr = server.addr;
+        let streams: Vec<_> = good
+            .into_iter()
+            .enumerate()
+            .map(|(c, a)| tokio::spawn(async move { stream(addr, &a, false, 100 + c as u64).await }))
+            .collect();
+
+        let mut ws = connect(addr, "").await;
+        ws.send(Message::Text("hello".into())).await.unwrap();
+        let (code, reason) = expect_close(&mut ws).await;
+        assert_eq!(code, close::UNSUPPORTED, "text: {reason}");
+        assert!(reason.contains("text"), "{reason}");
+
+        let mut ws = connect(addr, "?format=i16").await;
+        ws.send(Message::Binary(vec![1u8, 2, 3].into())).await.unwrap();
+        let (code, reason) = expect_close(&mut ws).await;
+        assert_eq!(code, close::UNSUPPORTED, "odd i16: {reason}");
+        assert!(reason.contains("3 bytes"), "{reason}");
+
+        let mut ws = connect(addr, "").await;
+        ws.send(Message::Binary(vec![0u8; 100 * 1024].into())).await.unwrap();
+        let (code, reason) = expect_close(&mut ws).await;
+        assert_eq!(code, close::TOO_BIG, "oversized: {reason}");
+        assert!(reason.contains("limit"), "{reason}");
+
+        let mut ws = connect(addr, "?format=mp3").await;
+        let (code, reason) = expect_close(&mut ws).await;
+        assert_eq!(code, close::UNSUPPORTED, "unknown format: {reason}");
+        assert!(reason.contains("mp3"), "{reason}");
+
+        // A reason quoting a long input is cut to what a close frame holds
+        // (123 bytes), not sent whole as a protocol error.
+        let mut ws = connect(addr, &format!("?format={}", "x".repeat(200))).await;
+        let (code, reason) = expect_close(&mut ws).await;
+        assert_eq!(code, close::UNSUPPORTED, "long format: {reason}");
+        assert!(reason.len() <= 123 && reason.contains("xxx"), "{reason}");
+
+        for (c, t) in streams.into_iter().enumerate() {
+            assert_eq!(t.await.unwrap(), want[c], "good client {c}");
+        }
+        server.shutdown().await;
+    });
+}
+
+/// Clients leaving mid-stream (closing, or dropping the connection with
+/// calls queued) free their lanes: 1,000 cycles on 2 lanes leak none.
+#[test]
+fn silero_disconnects_free_their_lanes() {
+    let Some(plan) = plan() else { return };
+    let a = audio(3, 30);
+    bounded(300, async {
+        let server = server(&plan, 2, 1, 10_000).await;
+        let addr = server.addr;
+        for cycle in 0..1_000 {
+            let mut ws = connect_holding(addr, &a[..CHUNK]).await;
+            match cycle % 3 {
+                0 => ws.close(None).await.unwrap(),
+                1 => {
+                    // Many chunks queued, then gone without a close.
+                    ws.send(Message::Binary(encode(&a, false).into())).await.unwrap();
+                    drop(ws);
+                }
+                _ => drop(ws),
+            }
+        }
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let c = server.runner().capacity();
+            if c.lanes_free == c.lanes && server.connections() == 0 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < until, "lanes leaked: {c:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        wait_status(addr, "/ready", 200, Duration::from_secs(10)).await;
+        server.shutdown().await;
+    });
+}
+
+/// A client gone while its call waits for a turn (a 60 s linger, the other
+/// stream holding a lane idle) has its call cancelled and its lane freed at
+/// once, long before the turn would have run; the other stream goes on.
+#[test]
+fn silero_a_client_gone_mid_call_frees_its_lane_at_once() {
+    let Some(plan) = plan() else { return };
+    let a = audio(4, 3);
+    bounded(60, async {
+        let settings = laned_server::Settings {
+            lanes: 2,
+            policy: "linger:60000000".into(),
+            admission_wait_ms: 5_000,
+            drain_deadline_ms: 500,
+            ..laned_server::Settings::default()
+        };
+        let server = server_with(&plan, settings).await;
+        let addr = server.addr;
+        let mut idle = connect(addr, "").await;
+        let mut leaving = connect(addr, "").await;
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        while server.runner().capacity().lanes_free > 0 {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "the two clients never got their lanes"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        leaving
+            .send(Message::Binary(encode(&a[..CHUNK], false).into()))
+            .await
+            .unwrap();
+        // The call is queued, its turn lingering for the idle stream.
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        while server.runner().capacity().seats_queued == 0 {
+            assert!(tokio::time::Instant::now() < until, "the call was never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(leaving);
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let c = server.runner().capacity();
+            if c.lanes_free == 1 && c.seats_queued == 0 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < until, "the lane was not freed: {c:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Alone now, the idle stream is served at once (every held lane queued).
+        idle.send(Message::Binary(encode(&a[..CHUNK], false).into()))
+            .await
+            .unwrap();
+        match next_reply(&mut idle).await {
+            Reply::Probability(0, p) => assert_eq!(p, solo(&plan, &a[..CHUNK])[0]),
+            other => panic!("{other:?}"),
+        }
+        idle.close(None).await.unwrap();
+        server.shutdown().await;
+    });
+}
+
+/// A client that holds its lane and then sends nothing (silent, or gone
+/// without a FIN) is closed with 1008 after `idle_ms`, and a client waiting
+/// for that lane gets it and its exact answers.
+#[test]
+fn silero_a_silent_client_loses_its_lane_after_the_idle_time() {
+    let Some(plan) = plan() else { return };
+    let a = audio(6, 4);
+    let want = solo(&plan, &a);
+    bounded(60, async {
+        let settings = laned_server::Settings {
+            lanes: 1,
+            admission_wait_ms: 20_000,
+            idle_ms: 1_000,
+            ..laned_server::Settings::default()
+        };
+        let server = server_with(&plan, settings).await;
+        let addr = server.addr;
+        let mut silent = connect_holding(addr, &audio(7, 1)).await;
+        assert_eq!(server.runner().capacity().lanes_free, 0);
+        // Waits for the only lane, which the silent client holds.
+        let waiting = tokio::spawn(async move { stream(addr, &a, false, 7).await });
+        let (code, reason) = expect_close(&mut silent).await;
+        assert_eq!(code, close::IDLE, "{reason}");
+        assert!(reason.contains("1s"), "{reason}");
+        assert_eq!(waiting.await.unwrap(), want);
+        server.shutdown().await;
+    });
+}

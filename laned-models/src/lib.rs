@@ -39,3 +39,8 @@ pub mod silero;
 pub mod sound;
 
 pub use fetch::FetchError;
+
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -5,10 +5,10 @@
 //! it to one core (`--cores`).
 //!
 //! - `dtln`: DTLN noise suppression, two explicit-state models per 8 ms
-//!   shift of 128 samples (the testkit's `Denoiser` around them).
+//!   shift of 128 samples (laned-models' `Denoiser` around them).
 //! - `oww`: openWakeWord, three stateless models (mel spectrogram,
 //!   embedding, "hey jarvis") per 80 ms chunk of 1280 samples (the
-//!   testkit's `Windows` around them).
+//!   laned-models' `Windows` around them).
 //!
 //! A stream's whole pipeline (its frame loop and one state per model) is a
 //! `Runnable` here, fed one chunk of audio at a time, so the closed loop and

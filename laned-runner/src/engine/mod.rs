@@ -6,9 +6,11 @@
 //!
 //! One job per file: `queue` (queued seats, pending calls and the per-lane
 //! counts kept true with them), `streams` (owners, activity, lost and
-//! evicted streams, grants and releases), `turn` (seat, run, recover, land).
+//! evicted streams, grants and releases), `turn` (seat, run, recover, land),
+//! `records` (each event booked once, in the counters and the facade).
 
 mod queue;
+mod records;
 mod streams;
 mod turn;
 
@@ -32,6 +34,7 @@ use crate::protocol::{CallResult, Live, Request};
 use crate::slot::Slot;
 use crate::stack::Stacker;
 use arc_swap::ArcSwap;
+use records::Records;
 
 use queue::{CallIdHasher, Pending, QSeat};
 
@@ -131,10 +134,8 @@ pub(crate) struct Engine {
     /// that resolved some for its seats. `None`: the state cannot forget a
     /// resolved symbol, so calls resolving one are refused.
     symbols_at_spawn: Option<SymbolValues>,
-    metrics: Arc<Metrics>,
-    /// The same records through the `metrics` facade (feature
-    /// `metrics-facade`; nothing otherwise).
-    meters: crate::facade::Meters,
+    /// The shard's counters and facade handles, booked together.
+    records: Records,
     /// Streams held at most: one lane fewer than the state has.
     max_streams: usize,
     /// The policy and `max_seats`, changeable while serving: read once per
@@ -210,7 +211,6 @@ impl Engine {
         let every: Vec<LaneId> = (0..max_lanes).map(LaneId).collect();
         resettable(&mut state, &*inner, &every)?;
         let explicit = ExplicitState::new(&iface, max_lanes)?;
-        metrics.set_lanes_max(max_streams);
         let symbols_at_spawn = state
             .downcast_ref::<TypedSimpleState>()
             .map(|s| s.turn_state.resolved_symbols.clone());
@@ -241,8 +241,7 @@ impl Engine {
             stacker: Stacker::default(),
             explicit,
             symbols_at_spawn,
-            metrics,
-            meters,
+            records: Records::new(metrics, meters, max_streams),
             max_streams,
             live,
             times,
@@ -279,7 +278,7 @@ impl Engine {
     }
 
     pub fn record_policy_wait(&self, wait: std::time::Duration) {
-        self.metrics.record_policy_wait(wait);
+        self.records.policy_wait(wait);
     }
 
     /// Take in the requests taken from the inbox at `taken_at`. Idle
@@ -335,8 +334,7 @@ impl Engine {
     /// Publish the queue's length (the `seats_queued` gauge): after the
     /// requests were taken in and after each turn.
     pub fn publish_queue(&self) {
-        self.metrics.set_seats_queued(self.queue_len());
-        self.meters.seats_queued(self.queue_len());
+        self.records.seats_queued(self.queue_len());
     }
 
     /// Whether the engine was closed (its state dropped).

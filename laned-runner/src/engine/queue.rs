@@ -148,7 +148,7 @@ impl Engine {
         // The instant the caller took when queueing: no clock read here.
         self.last_active[call.stream.lane.0] = call.queued;
         if let Some(why) = &self.lost[call.stream.lane.0] {
-            self.metrics.record_failed_seats(call.seats.len());
+            self.records.failed_seats(call.seats.len());
             call.slot.fill(Err(RunError::new(RunErrorKind::Lost(why.clone()))));
             return;
         }

@@ -17,8 +17,7 @@ impl Engine {
     /// Publish the lanes taken (the gauges of the metrics and the facade).
     fn lanes_changed(&self) {
         let taken = self.table.taken();
-        self.metrics.set_lanes_taken(taken);
-        self.meters.lanes(taken);
+        self.records.lanes_taken(taken);
     }
 
     /// The lane of `stream` while it holds one, the reason it lost it otherwise.
@@ -97,10 +96,7 @@ impl Engine {
             self.lanes_changed();
             return false;
         }
-        match waited {
-            Some(wait) => self.metrics.record_admission_waited(wait),
-            None => self.metrics.record_admission(),
-        }
+        self.records.admission(waited);
         true
     }
 

@@ -112,9 +112,7 @@ impl Engine {
         let seated = std::mem::take(&mut self.seated);
         for seat in &seated {
             self.unqueued(seat.lane);
-            self.metrics
-                .record_queue_wait(started.saturating_duration_since(seat.queued));
-            self.meters.queue_wait(started.saturating_duration_since(seat.queued));
+            self.records.queue_wait(started.saturating_duration_since(seat.queued));
         }
         let borrowed: Vec<LaneId> = self.fill.borrowed().to_vec();
         for lane in &borrowed {
@@ -144,8 +142,7 @@ impl Engine {
         // Record before answering: a caller reading the metrics after its
         // answer sees its own turn counted.
         let took = started.elapsed();
-        self.metrics.record_turn(occupancy, took);
-        self.meters.turn(occupancy, took);
+        self.records.turn(occupancy, took);
         self.publish_queue();
         if let TurnPolicy::LatencyBudget { us } = live.policy {
             let budget = std::time::Duration::from_micros(us);
@@ -154,7 +151,7 @@ impl Engine {
                 .filter(|s| now.saturating_duration_since(s.queued) > budget)
                 .count();
             if late > 0 {
-                self.metrics.record_deadline_misses(late);
+                self.records.deadline_misses(late);
             }
         }
         match result {
@@ -185,8 +182,7 @@ impl Engine {
                 crate::slot::wake_all(&mut self.wakes);
             }
             Err(Failure { why, touched }) => {
-                self.metrics.record_failed_turn();
-                self.metrics.record_failed_seats(occupancy);
+                self.records.failed_turn(occupancy);
                 if touched {
                     self.recover(&seated, &lanes, &borrowed, &why);
                 }

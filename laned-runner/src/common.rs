@@ -184,6 +184,8 @@ impl Common {
         }
     }
 
+    /// Steps 5 to 8 of closing (the sequence in the `shard` module's doc):
+    /// the deadline thread stops, then every shard closes.
     pub(crate) fn close(&self) {
         self.end(ENDING_CLOSED);
         self.admission.refuse(SpawnError::Closed);

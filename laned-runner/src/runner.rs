@@ -310,7 +310,8 @@ impl LanedRunner {
         }
     }
 
-    /// Stop admitting new streams, the first step of a soft drain: from
+    /// Stop admitting new streams, step 1 of draining (the sequence in
+    /// the `shard` module's doc): from
     /// the instant this returns every spawn is refused with
     /// [`SpawnError::Draining`], and every spawner waiting for a lane is
     /// answered so at once. Live streams keep calling as before. A
@@ -325,22 +326,26 @@ impl LanedRunner {
         !self.core.admission.is_refused()
     }
 
-    /// The soft drain, a rolling restart's steps in one call:
+    /// The soft drain, a rolling restart's steps in one call (the
+    /// `shard` module's doc numbers them all):
     ///
-    /// 1. stop admitting ([`LanedRunner::stop_admitting`]): new spawns are
-    ///    refused with `Draining`;
-    /// 2. let every live stream finish, calling as usual, until the last
-    ///    one has dropped its handle or `deadline` passes;
-    /// 3. close ([`LanedRunner::close`]): what is queued is served, and the
-    ///    streams still live past the deadline (the stragglers) are told
-    ///    `Draining` at their next call ([`RunError::end_reason`] says
-    ///    [`EndReason::Drained`]: retry elsewhere).
+    /// - step 1, stop admitting ([`LanedRunner::stop_admitting`]): new
+    ///   spawns are refused with `Draining`;
+    /// - step 2, let every live stream finish, calling as usual, until the
+    ///   last one has dropped its handle or `deadline` passes;
+    /// - steps 3 to 8, close ([`LanedRunner::close`]): what is queued is
+    ///   served, and the streams still live past the deadline (the
+    ///   stragglers) are told `Draining` at their next call
+    ///   ([`RunError::end_reason`] says [`EndReason::Drained`]: retry
+    ///   elsewhere).
     ///
     /// [`RunError::end_reason`]: crate::RunError::end_reason
     /// [`EndReason::Drained`]: crate::EndReason::Drained
     pub fn drain(&self, deadline: Instant) -> Drained {
         let core = &self.core;
+        // Step 1.
         self.stop_admitting();
+        // Step 2.
         loop {
             // Read before looking: a lane freed after the look moves it.
             let seen = core.admission.freed();
@@ -368,10 +373,13 @@ impl LanedRunner {
         // First, before any stream is refused: every refusal from here on
         // says this end (see `Common::told`).
         self.core.end(crate::common::ENDING_CLOSED);
+        // Step 1 (again, for a close that is not a drain's end).
         self.core.admission.refuse(SpawnError::Draining);
+        // Steps 3 and 4, shard by shard.
         for shard in &self.core.shards {
             shard.drain();
         }
+        // Steps 5 to 8.
         self.core.close();
         self.metrics()
     }

@@ -179,8 +179,8 @@ impl Shard {
         !inbox.requests.is_empty() && !inbox.closed
     }
 
-    /// Draining, steps 2 and 3 in combining mode: this thread holds the
-    /// state and serves the queue until it is empty.
+    /// Draining, step 4 in combining mode: this thread holds the state and
+    /// serves the queue until it is empty.
     pub(super) fn drain_combining(&self) {
         let _wakes = Deferred::open();
         let mut engine = lock(&self.engine);
@@ -195,7 +195,7 @@ impl Shard {
         }
     }
 
-    /// Closing, steps 3 and 4 in combining mode, on the closing thread.
+    /// Closing, steps 7 and 8 in combining mode, on the closing thread.
     pub(super) fn close_combining(&self) {
         let _wakes = Deferred::open();
         let mut engine = lock(&self.engine);

@@ -10,8 +10,12 @@
 //!
 //! The whole life's end, in order. A soft drain (`LanedRunner::drain`)
 //! runs every step; `stop_admitting` alone is step 1; the hard close
-//! (`LanedRunner::close`) starts at step 3; dropping the last
-//! `LanedRunner` starts at step 5.
+//! (`LanedRunner::close`) runs step 1 and then 3 on (no wait); dropping the
+//! last `LanedRunner` starts at step 5. Who does each: steps 1 and 2 are
+//! the runner's (`runner.rs`, on the admission queue every shard shares);
+//! 3 and 4 are [`Shard::drain`]'s, 5 to 8 [`Shard::close`]'s (and
+//! `Common::close`'s, for the deadline thread), each mode doing 4, 6 and 7
+//! its own way (`worker.rs`, `combining.rs`).
 //!
 //! 1. Admission is refused (`Draining`): every waiting spawner is answered
 //!    at once, and every engine refuses a spawn it takes in from then on
@@ -419,8 +423,8 @@ impl Shard {
         (self.mode == Mode::Combining && self.idle_timeout.is_some()).then_some(Duration::from_millis(5))
     }
 
-    /// Stop taking new streams and calls, and return once everything queued
-    /// has been answered (steps 1 to 3 of draining, above).
+    /// Stop taking new calls, and return once everything queued has been
+    /// answered: steps 3 and 4 of the sequence above.
     pub fn drain(&self) {
         self.inbox.lock().draining = true;
         self.inbox.notify_all();
@@ -431,7 +435,9 @@ impl Shard {
     }
 
     /// Refuse everything from now on, answer every waiting caller, and drop
-    /// the state on a live thread (the steps of closing, above).
+    /// the state on a live thread: steps 5 (the inbox, here), 6 (the join,
+    /// here), 7 and 8 (the worker's own, or `close_combining`) of the
+    /// sequence above.
     pub fn close(&self) {
         self.inbox.lock().closed = true;
         self.inbox.notify_all();

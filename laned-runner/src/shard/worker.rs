@@ -174,8 +174,8 @@ impl Shard {
         }
     }
 
-    /// Draining, step 2 and 3 in worker mode: the worker serves the queue
-    /// and says when it is quiet.
+    /// Draining, step 4 in worker mode: the worker serves the queue and
+    /// says when it is quiet; this waits for that.
     pub(super) fn drain_worker(&self) {
         let mut inbox = self.inbox.lock();
         // The worker sets `drained` once it took the draining flag in and

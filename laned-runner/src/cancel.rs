@@ -20,13 +20,13 @@ pub struct CancelToken {
 
 #[derive(Default)]
 struct TokenInner {
-    cancelled: std::sync::atomic::AtomicBool,
+    cancelled: crate::sync::AtomicBool,
     /// The calls the token guards now (one token may guard calls on
     /// several streams at once): each one's slot, and the call's number
     /// there (a cancel reaching the slot after that call ended is ignored
     /// by it). Who may touch it: the calling threads (add and remove their
     /// own entry), any thread cancelling (reads).
-    targets: std::sync::Mutex<Vec<(Arc<dyn Cancel>, u64)>>,
+    targets: crate::sync::Mutex<Vec<(Arc<dyn Cancel>, u64)>>,
 }
 
 impl fmt::Debug for CancelToken {
@@ -46,7 +46,7 @@ impl CancelToken {
     pub fn cancel(&self) {
         // The flag first: a call guarding itself after the copy below sees
         // it when it looks, so no call escapes both ways.
-        self.inner.cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.inner.cancelled.store(true, crate::sync::Ordering::SeqCst);
         let targets = self.targets().clone();
         for (slot, call) in targets {
             slot.cancel(call);
@@ -55,10 +55,10 @@ impl CancelToken {
 
     /// Whether [`CancelToken::cancel`] was called.
     pub fn is_cancelled(&self) -> bool {
-        self.inner.cancelled.load(std::sync::atomic::Ordering::SeqCst)
+        self.inner.cancelled.load(crate::sync::Ordering::SeqCst)
     }
 
-    fn targets(&self) -> std::sync::MutexGuard<'_, Vec<(Arc<dyn Cancel>, u64)>> {
+    fn targets(&self) -> crate::sync::MutexGuard<'_, Vec<(Arc<dyn Cancel>, u64)>> {
         self.inner.targets.lock().unwrap_or_else(|e| e.into_inner())
     }
 

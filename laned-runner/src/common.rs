@@ -44,7 +44,7 @@ pub(crate) struct Common {
     /// Set once, by whichever comes first; every refusal a stream gets
     /// and every `end_reason` it reads say the same from then on. Who may
     /// touch it: the draining or closing thread writes, any handle reads.
-    pub(crate) ending: std::sync::atomic::AtomicU8,
+    pub(crate) ending: crate::sync::AtomicU8,
     /// The deadlines of task calls (`call_until_async`).
     pub(crate) timer: Arc<crate::deadline::Timer>,
 }
@@ -140,7 +140,7 @@ impl Common {
     /// Mark how the runner's life ends, unless a drain or close marked it
     /// first.
     pub(crate) fn end(&self, how: u8) {
-        use std::sync::atomic::Ordering;
+        use crate::sync::Ordering;
         let _ = self
             .ending
             .compare_exchange(0, how, Ordering::AcqRel, Ordering::Acquire);
@@ -150,7 +150,7 @@ impl Common {
     /// drain (it may retry elsewhere), `Closed` after a close; `None`
     /// before either started.
     pub(crate) fn ending(&self) -> Option<EndReason> {
-        match self.ending.load(std::sync::atomic::Ordering::Acquire) {
+        match self.ending.load(crate::sync::Ordering::Acquire) {
             ENDING_DRAINED => Some(EndReason::Drained),
             ENDING_CLOSED => Some(EndReason::Closed),
             _ => None,

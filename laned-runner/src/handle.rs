@@ -25,7 +25,7 @@ pub(crate) struct Stream {
     pub(crate) shard: usize,
     pub(crate) core: Arc<Common>,
     /// Set once `finish` fed the stream's last pulse (any clone's).
-    pub(crate) finished: std::sync::atomic::AtomicBool,
+    pub(crate) finished: crate::sync::AtomicBool,
 }
 
 impl Stream {
@@ -398,7 +398,7 @@ impl LanedStateHandle {
     fn may_call(&self, inputs: TVec<TValue>, deadline: Option<Instant>) -> Result<TVec<TValue>, RunError> {
         // Finished first: a finished stream is told so, closed runner or
         // not, as `end_reason` says.
-        if self.stream.finished.load(std::sync::atomic::Ordering::Acquire) {
+        if self.stream.finished.load(crate::sync::Ordering::Acquire) {
             return Err(RunError::with_inputs(RunErrorKind::Finished, inputs));
         }
         if self.stream.shard().is_closed() {
@@ -536,7 +536,7 @@ impl LanedStateHandle {
             self.resolve(&symbol, length)?;
             outputs.push(self.call(pulse)?);
         }
-        self.stream.finished.store(true, std::sync::atomic::Ordering::Release);
+        self.stream.finished.store(true, crate::sync::Ordering::Release);
         Ok(outputs)
     }
 
@@ -560,7 +560,7 @@ impl LanedStateHandle {
             self.resolve(&symbol, length)?;
             outputs.push(self.call_async(pulse).await?);
         }
-        self.stream.finished.store(true, std::sync::atomic::Ordering::Release);
+        self.stream.finished.store(true, crate::sync::Ordering::Release);
         Ok(outputs)
     }
 
@@ -577,7 +577,7 @@ impl LanedStateHandle {
                 "the model carries no pulse properties (pulse.streaming_symbol, pulse.input_axes, pulse.delay): pulsify it with tract-pulse".into(),
             )));
         };
-        if self.stream.finished.load(std::sync::atomic::Ordering::Acquire) {
+        if self.stream.finished.load(crate::sync::Ordering::Acquire) {
             return Err(RunError::new(RunErrorKind::Finished));
         }
         if self.frames_unknown {
@@ -624,7 +624,7 @@ impl LanedStateHandle {
     ///
     /// Cancel-safe: it only reads.
     pub async fn end_reason_async(&self) -> Option<EndReason> {
-        use std::sync::atomic::Ordering;
+        use crate::sync::Ordering;
         let core = &self.stream.core;
         if self.stream.finished.load(Ordering::Acquire) {
             return Some(EndReason::Finished);

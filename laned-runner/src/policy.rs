@@ -2,7 +2,7 @@
 //! queue's state, a model of turn time by occupancy, the time now), so that
 //! it is testable with a synthetic clock and no thread.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};

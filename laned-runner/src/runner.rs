@@ -149,7 +149,7 @@ impl LanedRunner {
             admission,
             config,
             live,
-            ending: std::sync::atomic::AtomicU8::new(0),
+            ending: crate::sync::AtomicU8::new(0),
             timer,
         });
         Ok(LanedRunner {
@@ -296,7 +296,7 @@ impl LanedRunner {
                 grant,
                 shard,
                 core: core.clone(),
-                finished: std::sync::atomic::AtomicBool::new(false),
+                finished: crate::sync::AtomicBool::new(false),
             }),
             slot: Arc::new(Slot::new()),
             resolved: vec![],

@@ -49,7 +49,6 @@
 mod combining;
 mod worker;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -61,7 +60,7 @@ use crate::inbox::Inbox;
 use crate::policy::Decision;
 use crate::protocol::{Live, Request};
 use crate::slot::{Slot, Wake};
-use crate::sync::{lock, Condvar, Mutex};
+use crate::sync::{lock, AtomicUsize, Condvar, Mutex, Ordering};
 use crate::wake::Deferred;
 use arc_swap::ArcSwap;
 

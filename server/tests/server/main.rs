@@ -1,6 +1,7 @@
 //! The server crate's integration tests, one binary (tract linked once),
-//! a module per topic: the VAD server and client, SIGTERM, HAProxy.
+//! a module per topic: the VAD server, the client binary, SIGTERM, HAProxy.
 
+mod client;
 mod common;
 mod haproxy;
 mod sigterm;

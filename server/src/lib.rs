@@ -114,6 +114,28 @@ impl Settings {
         toml::from_str(&text).map_err(|e| format!("parsing {}: {e}", path.display()))
     }
 
+    /// Refuse settings the server cannot serve with, naming the setting,
+    /// the value and what it takes: checked before the model is loaded
+    /// (by `vad-server`) and again by [`start`].
+    pub fn validate(&self) -> Result<(), String> {
+        if self.lanes == 0 {
+            return Err("lanes is 0: no stream could be served (at least 1)".into());
+        }
+        if self.shards == 0 {
+            return Err("shards is 0: there would be no state to serve on (at least 1)".into());
+        }
+        if self.max_frame_bytes < 4 {
+            return Err(format!(
+                "max_frame_bytes is {}: no frame could carry a sample (at least 4)",
+                self.max_frame_bytes
+            ));
+        }
+        if self.idle_ms == 0 {
+            return Err("idle_ms is 0: every connection would be closed at once (at least 1)".into());
+        }
+        self.turn_policy().map(|_| ())
+    }
+
     /// The turn policy `policy` names.
     pub fn turn_policy(&self) -> Result<TurnPolicy, String> {
         parse_policy(&self.policy)
@@ -291,9 +313,7 @@ pub async fn start(
     settings: Settings,
     prometheus: Option<PrometheusHandle>,
 ) -> Result<Server, String> {
-    if settings.idle_ms == 0 {
-        return Err("idle_ms is 0: every connection would be closed at once (at least 1)".into());
-    }
+    settings.validate()?;
     let runner = LanedRunner::new(plan, settings.runner_config()?).map_err(|e| e.to_string())?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -375,7 +395,15 @@ async fn ready(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     match &shared.prometheus {
-        Some(h) => h.render().into_response(),
+        // Prometheus' text exposition format, as scrapers negotiate it.
+        Some(h) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            h.render(),
+        )
+            .into_response(),
         None => (StatusCode::NOT_FOUND, "no Prometheus recorder installed\n").into_response(),
     }
 }

@@ -87,7 +87,7 @@ fn settings(args: Args) -> Result<Settings, String> {
     if let Some(v) = args.idle_ms {
         s.idle_ms = v;
     }
-    s.turn_policy()?;
+    s.validate()?;
     Ok(s)
 }
 
@@ -121,6 +121,10 @@ async fn main() {
             None
         }
     };
+    match &settings.model {
+        Some(path) => eprintln!("vad-server: loading {}", path.display()),
+        None => eprintln!("vad-server: fetching the Silero model (checked, cached after the first time)"),
+    }
     let plan = match load_plan(settings.model.as_deref()) {
         Ok(p) => p,
         Err(why) => {

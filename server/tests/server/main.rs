@@ -4,5 +4,6 @@
 mod client;
 mod common;
 mod haproxy;
+mod settings;
 mod sigterm;
 mod vad;

@@ -362,9 +362,33 @@ impl Server {
     /// deadline passes, close those left with 1001, stop serving. Returns
     /// the streams still live at the deadline.
     pub async fn shutdown(self) -> usize {
+        self.shutdown_or(std::future::pending()).await
+    }
+
+    /// [`Server::shutdown`], cut short when `now` completes (a second
+    /// SIGTERM, say): the drain ends then, the streams still live are
+    /// closed with 1001 as at the deadline.
+    pub async fn shutdown_or(self, now: impl std::future::Future<Output = ()>) -> usize {
         let runner = self.shared.runner.clone();
         runner.stop_admitting();
-        let deadline = Instant::now() + Duration::from_millis(self.shared.settings.drain_deadline_ms);
+        let mut deadline = Instant::now() + Duration::from_millis(self.shared.settings.drain_deadline_ms);
+        let mut now = std::pin::pin!(now);
+        // The drain's wait, here where a second signal can cut it: until no
+        // lane is held, the deadline, or `now`.
+        loop {
+            let capacity = runner.capacity();
+            if capacity.lanes_free == capacity.lanes || Instant::now() >= deadline {
+                break;
+            }
+            tokio::select! {
+                _ = &mut now => {
+                    eprintln!("vad-server: told again: ending the drain now");
+                    deadline = Instant::now();
+                    break;
+                }
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
         let drained = tokio::task::spawn_blocking(move || runner.drain(deadline))
             .await
             .map(|d| d.stragglers)

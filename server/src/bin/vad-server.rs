@@ -146,6 +146,13 @@ async fn main() {
         _ = term.recv() => println!("vad-server: SIGTERM: draining"),
         _ = tokio::signal::ctrl_c() => println!("vad-server: interrupted: draining"),
     }
-    let stragglers = server.shutdown().await;
+    // A second SIGTERM (or ^C) ends the drain at once.
+    let again = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    let stragglers = server.shutdown_or(again).await;
     println!("vad-server: drained ({stragglers} streams closed at the deadline)");
 }

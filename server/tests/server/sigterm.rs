@@ -1,7 +1,7 @@
 //! vad-server as a child process: SIGTERM with 16 live clients. /ready goes
 //! 503 from the signal on; the clients keep getting every answer, in order,
 //! until the drain deadline, then a 1001 close while they still have audio
-//! to send; the process exits 0.
+//! to send; the process exits 0. A second SIGTERM ends the drain at once.
 
 use crate::common;
 
@@ -159,5 +159,68 @@ fn silero_sigterm_drains_then_closes_with_1001_and_exits_0() {
             .expect("vad-server exits after the drain")
             .unwrap();
         assert_eq!(status.code(), Some(0));
+    });
+}
+
+/// Sends SIGTERM to `pid`.
+fn sigterm(pid: u32) {
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// A second SIGTERM during a drain ends it at once: with a 60 s drain
+/// deadline and a client holding its lane, the process exits 0 within
+/// seconds of the second signal, the client closed with 1001.
+#[test]
+fn silero_a_second_sigterm_ends_the_drain_now() {
+    let Some(model) = model_path() else { return };
+    let a = audio(0, 2);
+    bounded(60, async {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vad-server"))
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--lanes",
+                "2",
+                "--drain-deadline-ms",
+                "60000",
+            ])
+            .arg("--model")
+            .arg(&model)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addr: std::net::SocketAddr = loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("vad-server exited before listening");
+            if let Some(a) = line.strip_prefix("vad-server listening on ") {
+                break a.parse().unwrap();
+            }
+        };
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        wait_status(addr, "/ready", 200, Duration::from_secs(5)).await;
+        let mut held = connect_holding(addr, &a[..CHUNK]).await;
+        let pid = child.id().unwrap();
+        sigterm(pid);
+        wait_status(addr, "/ready", 503, Duration::from_secs(10)).await;
+        // Draining now, for up to 60 s: the held client keeps its lane.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(child.try_wait().unwrap().is_none(), "the drain ended on its own");
+        sigterm(pid);
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("vad-server exits soon after the second SIGTERM")
+            .unwrap();
+        assert_eq!(status.code(), Some(0));
+        let (code, reason) = expect_close(&mut held).await;
+        assert_eq!(code, close::GOING_AWAY, "{reason}");
     });
 }

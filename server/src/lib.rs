@@ -41,8 +41,9 @@ pub mod close {
     pub const TRY_AGAIN_LATER: u16 = 1013;
     /// The runner failed the stream.
     pub const INTERNAL: u16 = 1011;
-    /// The client sent no whole frame, or took no reply, for `idle_ms`
-    /// (silent, stalled or gone without a word): its lane goes to others.
+    /// The client sent no audio (pings, pongs and empty frames do not
+    /// count), or took no reply, for `idle_ms` (silent, stalled or gone
+    /// without a word): its lane goes to others.
     pub const IDLE: u16 = 1008;
 }
 
@@ -83,8 +84,8 @@ pub struct Settings {
     pub admission_wait_ms: u64,
     /// The largest binary frame accepted, in bytes.
     pub max_frame_bytes: usize,
-    /// How long a connection may send no whole frame, or leave a reply
-    /// untaken, before it is closed (1008) and its lane freed, in
+    /// How long a connection may send no audio (pings, pongs, empty
+    /// frames do not count), or leave a reply untaken, before it is closed (1008) and its lane freed, in
     /// milliseconds: a client silent, stalled mid-frame, not reading, or
     /// gone without a FIN holds a lane no longer.
     pub idle_ms: u64,
@@ -530,14 +531,16 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
     let idle = Duration::from_millis(shared.settings.idle_ms);
     // Frames read while a call was in flight, handled in order after it.
     let mut backlog: VecDeque<Message> = VecDeque::new();
+    // Only audio moves this on: pings, pongs and empty frames keep no lane.
+    let mut idle_until = tokio::time::Instant::now() + idle;
     loop {
         let msg = match backlog.pop_front() {
             Some(m) => Some(Ok(m)),
             None => tokio::select! {
-                m = tokio::time::timeout(idle, socket.recv()) => match m {
+                m = tokio::time::timeout_at(idle_until, socket.recv()) => match m {
                     Ok(m) => m,
                     Err(_) => {
-                        let why = format!("no whole frame for {idle:?}: the lane goes to others");
+                        let why = format!("no audio for {idle:?}: the lane goes to others");
                         return close_with(&mut socket, close::IDLE, &why).await;
                     }
                 },
@@ -573,6 +576,9 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
         if bytes.len() % format.width() != 0 {
             let why = format!("{} bytes is not a whole number of {format:?} samples", bytes.len());
             return close_with(&mut socket, close::UNSUPPORTED, &why).await;
+        }
+        if !bytes.is_empty() {
+            idle_until = tokio::time::Instant::now() + idle;
         }
         format.decode(&bytes, &mut stream.pending);
         while stream.pending.len() >= CHUNK {

@@ -42,7 +42,7 @@ struct Args {
     /// The largest binary frame, in bytes [default: 1048576].
     #[arg(long, env = "VAD_MAX_FRAME_BYTES")]
     max_frame_bytes: Option<usize>,
-    /// Milliseconds a connection may send no whole frame or leave a reply
+    /// Milliseconds a connection may send no audio or leave a reply
     /// untaken before it is closed (1008) [default: 30000].
     #[arg(long, env = "VAD_IDLE_MS")]
     idle_ms: Option<u64>,

@@ -7,7 +7,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
-use futures_util::SinkExt;
+use futures_util::{SinkExt, StreamExt};
 use laned_models::silero::CHUNK;
 use laned_runner::Mode;
 use laned_server::close;
@@ -338,6 +338,60 @@ fn silero_a_silent_client_loses_its_lane_after_the_idle_time() {
         assert_eq!(code, close::IDLE, "{reason}");
         assert!(reason.contains("1s"), "{reason}");
         assert_eq!(waiting.await.unwrap(), want);
+        server.shutdown().await;
+    });
+}
+
+/// Only audio counts as activity: a client sending pings, or empty binary
+/// frames, every 150 ms and no audio is closed with 1008 at `idle_ms`
+/// (500 ms) all the same, its lane freed.
+#[test]
+fn silero_pings_and_empty_frames_keep_no_lane() {
+    let Some(plan) = plan() else { return };
+    bounded(60, async {
+        let settings = laned_server::Settings {
+            lanes: 2,
+            idle_ms: 500,
+            ..laned_server::Settings::default()
+        };
+        let server = server_with(&plan, settings).await;
+        let addr = server.addr;
+        for empty_frames in [false, true] {
+            let mut ws = connect_holding(addr, &audio(8, 1)).await;
+            let started = tokio::time::Instant::now();
+            let (code, reason) = loop {
+                let keepalive = if empty_frames {
+                    Message::Binary(Vec::new().into())
+                } else {
+                    Message::Ping(b"hi".to_vec().into())
+                };
+                if ws.send(keepalive).await.is_err() {
+                    break expect_close(&mut ws).await;
+                }
+                // Replies (pongs) and the close, whichever comes.
+                match tokio::time::timeout(Duration::from_millis(150), ws.next()).await {
+                    Ok(Some(Ok(Message::Close(Some(f))))) => break (u16::from(f.code), f.reason.to_string()),
+                    Ok(None) | Ok(Some(Err(_))) => panic!("dropped without a close frame"),
+                    _ => {}
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "kept open by {}",
+                    if empty_frames { "empty frames" } else { "pings" }
+                );
+            };
+            assert_eq!(code, close::IDLE, "{reason}");
+            assert!(reason.contains("no audio"), "{reason}");
+        }
+        // Both lanes freed (the release lands just after the close).
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        while server.runner().capacity().lanes_free != 2 {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "a keepalive client's lane was never freed"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         server.shutdown().await;
     });
 }

@@ -456,6 +456,21 @@ impl Drop for LiveGuard {
     }
 }
 
+/// A read that failed: a frame or message past what the transport takes
+/// (twice `max`; a fragmented message counts whole) is refused with 1009
+/// and a reason, as a frame over `max` is; any other failure (the
+/// connection gone, a protocol error) just ends the session.
+async fn refuse_transport_error(socket: &mut WebSocket, error: axum::Error, max: usize) {
+    let too_big = error
+        .into_inner()
+        .downcast::<tokio_tungstenite::tungstenite::Error>()
+        .is_ok_and(|e| matches!(*e, tokio_tungstenite::tungstenite::Error::Capacity(_)));
+    if too_big {
+        let why = format!("a frame or message far over the {max}-byte limit");
+        close_with(socket, close::TOO_BIG, &why).await;
+    }
+}
+
 async fn close_with(socket: &mut WebSocket, code: u16, reason: &str) {
     // A control frame holds 125 bytes: a longer reason (one quoting the
     // client's own input, say) is cut at a character boundary, or the
@@ -552,7 +567,7 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
         let bytes = match msg {
             // Gone: dropping the handle frees the lane.
             None => return,
-            Some(Err(_)) => return,
+            Some(Err(e)) => return refuse_transport_error(&mut socket, e, max).await,
             Some(Ok(Message::Close(_))) => {
                 // Flushes the close reply tungstenite queued.
                 let _ = futures_util::SinkExt::close(&mut socket).await;
@@ -592,7 +607,8 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
                 tokio::select! {
                     r = &mut call => break r,
                     m = socket.recv(), if backlog.len() < MAX_BACKLOG => match m {
-                        None | Some(Err(_)) => return,
+                        None => return,
+                        Some(Err(e)) => return refuse_transport_error(&mut socket, e, max).await,
                         Some(Ok(Message::Close(_))) => {
                             let _ = futures_util::SinkExt::close(&mut socket).await;
                             return;

@@ -395,3 +395,51 @@ fn silero_pings_and_empty_frames_keep_no_lane() {
         server.shutdown().await;
     });
 }
+
+/// What the transport itself refuses gets a close frame too: a binary frame
+/// past twice the frame limit, a text frame as large, and a fragmented
+/// message whose frames are each under the limit but not their sum, are
+/// each closed with 1009 and a reason (not dropped, a client seeing 1006).
+#[test]
+fn silero_frames_past_the_transport_limit_are_closed_with_1009() {
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    let Some(plan) = plan() else { return };
+    bounded(60, async {
+        // The test server takes 64 KiB frames, its transport 128 KiB.
+        let server = server(&plan, 2, 1, 1_000).await;
+        let addr = server.addr;
+        let limit = 64 * 1024;
+        let attacks: Vec<(&str, Vec<Message>)> = vec![
+            ("binary", vec![Message::Binary(vec![0u8; 2 * limit + 4].into())]),
+            ("text", vec![Message::Text("a".repeat(2 * limit + 4).into())]),
+            (
+                "fragmented",
+                vec![
+                    Message::Frame(Frame::message(vec![0u8; 60 * 1024], OpCode::Data(Data::Binary), false)),
+                    Message::Frame(Frame::message(
+                        vec![0u8; 60 * 1024],
+                        OpCode::Data(Data::Continue),
+                        false,
+                    )),
+                    Message::Frame(Frame::message(vec![0u8; 60 * 1024], OpCode::Data(Data::Continue), true)),
+                ],
+            ),
+        ];
+        for (what, frames) in attacks {
+            let mut ws = connect(addr, "").await;
+            for frame in frames {
+                if ws.send(frame).await.is_err() {
+                    break;
+                }
+            }
+            let (code, reason) = expect_close(&mut ws).await;
+            assert_eq!(code, close::TOO_BIG, "{what}: {reason}");
+            assert!(!reason.is_empty(), "{what}");
+        }
+        // A good client beside them is served exactly.
+        let a = audio(3, 4);
+        assert_eq!(stream(addr, &a, false, 3).await, solo(&plan, &a));
+        server.shutdown().await;
+    });
+}

@@ -51,6 +51,13 @@ pub mod close {
 /// code's two).
 const MAX_REASON: usize = 123;
 
+/// Bytes a connection's writes gather before they go out.
+const WRITE_BUFFER: usize = 64 * 1024;
+
+/// Bytes a connection's unsent writes may hold at most: past it the client
+/// (which is not reading) is dropped.
+const MAX_WRITE_BUFFER: usize = 256 * 1024;
+
 /// Frames read ahead while a call is in flight (then the reading waits).
 const MAX_BACKLOG: usize = 8;
 
@@ -443,8 +450,13 @@ async fn vad(ws: WebSocketUpgrade, Query(q): Query<VadQuery>, State(shared): Sta
     // Oversized frames are refused by the session with 1009: the transport
     // itself takes frames up to twice the limit.
     let cap = shared.settings.max_frame_bytes.saturating_mul(2).max(1 << 16);
+    // The write buffer is bounded: a client that does not read (pongs to a
+    // ping flood, replies it never takes) fills it and is dropped, rather
+    // than growing the server's memory without end.
     ws.max_message_size(cap)
         .max_frame_size(cap)
+        .write_buffer_size(WRITE_BUFFER)
+        .max_write_buffer_size(MAX_WRITE_BUFFER)
         .on_upgrade(move |socket| session(socket, shared, format))
 }
 
@@ -549,6 +561,13 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
     // Only audio moves this on: pings, pongs and empty frames keep no lane.
     let mut idle_until = tokio::time::Instant::now() + idle;
     loop {
+        // Checked here too, not only by the read's timeout: a timeout
+        // looks at its clock only when the read is pending, and a flood of
+        // pings keeps the read ready.
+        if tokio::time::Instant::now() >= idle_until {
+            let why = format!("no audio for {idle:?}: the lane goes to others");
+            return close_with(&mut socket, close::IDLE, &why).await;
+        }
         let msg = match backlog.pop_front() {
             Some(m) => Some(Ok(m)),
             None => tokio::select! {

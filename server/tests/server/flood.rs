@@ -1,0 +1,117 @@
+//! vad-server as a child process under a ping flood from a client that
+//! never reads: the server's memory stays bounded (its write buffer is),
+//! the flooding connection is dropped, and a good client beside it gets
+//! its solo run's answers exactly.
+
+use crate::common::*;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// The resident set of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// Masked 125-byte pings (the mask key zero, so the payload reads as sent),
+/// 500 of them back to back.
+fn pings() -> Vec<u8> {
+    let mut one = vec![0x89, 0x80 | 125, 0, 0, 0, 0];
+    one.extend([b'p'; 125]);
+    one.repeat(500)
+}
+
+/// Up to 8 s of unread pings (the client's receive buffer small, its reads
+/// never made): the server's RSS grows by less than 64 MiB (it grew by
+/// about 260 MiB a second with the write buffer unbounded), its full write
+/// buffer stops it reading the flood, and the connection, sending no audio,
+/// is dropped at `idle_ms` (2 s); a good client streaming meanwhile is
+/// answered exactly.
+#[test]
+fn silero_an_unread_ping_flood_is_dropped_and_memory_stays_bounded() {
+    let Some(model) = model_path() else { return };
+    let Some(plan) = plan() else { return };
+    bounded(90, async {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vad-server"))
+            .args(["--listen", "127.0.0.1:0", "--lanes", "4", "--idle-ms", "2000"])
+            .arg("--model")
+            .arg(&model)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addr: std::net::SocketAddr = loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("vad-server exited before listening");
+            if let Some(a) = line.strip_prefix("vad-server listening on ") {
+                break a.parse().unwrap();
+            }
+        };
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        wait_status(addr, "/ready", 200, Duration::from_secs(5)).await;
+        let pid = child.id().unwrap();
+        let before = rss(pid);
+
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut tcp = socket.connect(addr).await.unwrap();
+        tcp.write_all(
+            b"GET /v1/vad HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            tcp.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+
+        let good = {
+            let a = audio(2, 40);
+            let want = solo(&plan, &a);
+            tokio::spawn(async move { (stream(addr, &a, false, 2).await, want) })
+        };
+        let flood = pings();
+        let started = tokio::time::Instant::now();
+        let mut peak = before;
+        let mut dropped = false;
+        while started.elapsed() < Duration::from_secs(8) {
+            match tokio::time::timeout(Duration::from_millis(50), tcp.write_all(&flood)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
+                    dropped = true;
+                    break;
+                }
+                // The server stopped reading (its buffers and ours full):
+                // look at its memory, then push on.
+                Err(_) => {}
+            }
+            peak = peak.max(rss(pid));
+        }
+        peak = peak.max(rss(pid));
+        let grown = peak.saturating_sub(before);
+        assert!(
+            grown < 64 << 20,
+            "the server grew by {} MiB under the flood",
+            grown >> 20
+        );
+        assert!(dropped, "the flooding connection was never dropped");
+        let (got, want) = good.await.unwrap();
+        assert_eq!(got, want, "the good client's answers");
+    });
+}

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Query, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -440,13 +440,25 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
-#[derive(Deserialize)]
-struct VadQuery {
-    format: Option<String>,
+/// The sample format a query string asks for (`format=`), refused when it
+/// names one twice, so that every bad query is a 1003 close after the
+/// upgrade rather than a bare HTTP 400.
+fn format_of_query(query: Option<&str>) -> Result<Format, String> {
+    let mut formats = query
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+        .filter(|(key, _)| *key == "format")
+        .map(|(_, value)| value);
+    let first = formats.next();
+    if formats.next().is_some() {
+        return Err("format given more than once: give it once, f32 or i16".into());
+    }
+    Format::parse(first)
 }
 
-async fn vad(ws: WebSocketUpgrade, Query(q): Query<VadQuery>, State(shared): State<Arc<Shared>>) -> Response {
-    let format = Format::parse(q.format.as_deref());
+async fn vad(ws: WebSocketUpgrade, RawQuery(query): RawQuery, State(shared): State<Arc<Shared>>) -> Response {
+    let format = format_of_query(query.as_deref());
     // Oversized frames are refused by the session with 1009: the transport
     // itself takes frames up to twice the limit.
     let cap = shared.settings.max_frame_bytes.saturating_mul(2).max(1 << 16);
@@ -687,6 +699,20 @@ struct Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `format=` read from a raw query: absent, given once, unknown,
+    /// repeated.
+    #[test]
+    fn the_format_comes_from_the_query_once() {
+        assert_eq!(format_of_query(None), Ok(Format::F32));
+        assert_eq!(format_of_query(Some("format=i16")), Ok(Format::I16));
+        assert_eq!(format_of_query(Some("x=1&format=i16&y")), Ok(Format::I16));
+        assert!(format_of_query(Some("format=u8"))
+            .unwrap_err()
+            .contains("unknown format"));
+        let twice = format_of_query(Some("format=i16&format=i16")).unwrap_err();
+        assert!(twice.contains("more than once"), "{twice}");
+    }
 
     #[test]
     fn hysteresis_starts_at_half_and_ends_after_100ms_below_035() {

@@ -443,3 +443,20 @@ fn silero_frames_past_the_transport_limit_are_closed_with_1009() {
         server.shutdown().await;
     });
 }
+
+/// A repeated `?format=` is refused as every bad format is, with 1003 and
+/// a reason after the upgrade (it was a bare HTTP 400); a single one works.
+#[test]
+fn silero_a_repeated_format_is_closed_with_1003() {
+    let Some(plan) = plan() else { return };
+    bounded(30, async {
+        let server = server(&plan, 2, 1, 1_000).await;
+        let mut ws = connect(server.addr, "?format=i16&format=f32").await;
+        let (code, reason) = expect_close(&mut ws).await;
+        assert_eq!(code, close::UNSUPPORTED, "{reason}");
+        assert!(reason.contains("more than once"), "{reason}");
+        let a = audio(4, 3);
+        assert_eq!(stream(server.addr, &a, true, 4).await, solo(&plan, &through_i16(&a)));
+        server.shutdown().await;
+    });
+}

@@ -288,3 +288,47 @@ pub fn bounded<F: std::future::Future<Output = ()>>(secs: u64, f: F) {
                 .expect("the test ran past its timeout")
         })
 }
+
+/// `vad-server`, the binary, as a child process on 127.0.0.1:0 with the
+/// model at `model` and `args`: the child (killed when dropped) and the
+/// address it listens on, once it says so. Its later output is echoed to
+/// stderr, prefixed `server:`.
+pub async fn child_server(model: &std::path::Path, args: &[&str]) -> (tokio::process::Child, SocketAddr) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vad-server"))
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .arg("--model")
+        .arg(model)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("vad-server exited before listening");
+        eprintln!("server: {line}");
+        if let Some(a) = line.strip_prefix("vad-server listening on ") {
+            break a.parse().unwrap();
+        }
+    };
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("server: {line}");
+        }
+    });
+    (child, addr)
+}
+
+/// Sends SIGTERM to `pid`.
+pub fn sigterm(pid: u32) {
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}

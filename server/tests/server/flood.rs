@@ -5,10 +5,9 @@
 
 use crate::common::*;
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The resident set of process `pid`, in bytes.
 fn rss(pid: u32) -> u64 {
@@ -40,26 +39,7 @@ fn silero_an_unread_ping_flood_is_dropped_and_memory_stays_bounded() {
     let Some(model) = model_path() else { return };
     let Some(plan) = plan() else { return };
     bounded(90, async {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vad-server"))
-            .args(["--listen", "127.0.0.1:0", "--lanes", "4", "--idle-ms", "2000"])
-            .arg("--model")
-            .arg(&model)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr: std::net::SocketAddr = loop {
-            let line = lines
-                .next_line()
-                .await
-                .unwrap()
-                .expect("vad-server exited before listening");
-            if let Some(a) = line.strip_prefix("vad-server listening on ") {
-                break a.parse().unwrap();
-            }
-        };
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let (child, addr) = child_server(&model, &["--lanes", "4", "--idle-ms", "2000"]).await;
         wait_status(addr, "/ready", 200, Duration::from_secs(5)).await;
         let pid = child.id().unwrap();
         let before = rss(pid);

@@ -5,14 +5,12 @@
 
 use crate::common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
 use futures_util::{SinkExt, StreamExt};
 use laned_models::silero::CHUNK;
 use laned_server::close;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_tungstenite::tungstenite::Message;
 
 /// SIGTERM with 16 live clients: 503 from the signal, answers without a gap
@@ -21,38 +19,7 @@ use tokio_tungstenite::tungstenite::Message;
 fn silero_sigterm_drains_then_closes_with_1001_and_exits_0() {
     let Some(model) = model_path() else { return };
     bounded(120, async {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vad-server"))
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--lanes",
-                "16",
-                "--drain-deadline-ms",
-                "1500",
-            ])
-            .arg("--model")
-            .arg(&model)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr: std::net::SocketAddr = loop {
-            let line = lines
-                .next_line()
-                .await
-                .unwrap()
-                .expect("vad-server exited before listening");
-            eprintln!("server: {line}");
-            if let Some(a) = line.strip_prefix("vad-server listening on ") {
-                break a.parse().unwrap();
-            }
-        };
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("server: {line}");
-            }
-        });
+        let (mut child, addr) = child_server(&model, &["--lanes", "16", "--drain-deadline-ms", "1500"]).await;
         wait_status(addr, "/ready", 200, Duration::from_secs(5)).await;
 
         // 16 clients, a chunk every 20 ms (8 s of audio) until closed.
@@ -124,11 +91,7 @@ fn silero_sigterm_drains_then_closes_with_1001_and_exits_0() {
         assert!(body.contains("tract_autobatch_turns_total"), "{body}");
 
         let pid = child.id().unwrap();
-        assert!(std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap()
-            .success());
+        sigterm(pid);
         // A bound on the wait, not a claim on the latency: the checks that
         // follow are ordered after the 503.
         wait_status(addr, "/ready", 503, Duration::from_secs(10)).await;
@@ -162,15 +125,6 @@ fn silero_sigterm_drains_then_closes_with_1001_and_exits_0() {
     });
 }
 
-/// Sends SIGTERM to `pid`.
-fn sigterm(pid: u32) {
-    assert!(std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
-}
-
 /// A second SIGTERM during a drain ends it at once: with a 60 s drain
 /// deadline and a client holding its lane, the process exits 0 within
 /// seconds of the second signal, the client closed with 1001.
@@ -179,33 +133,7 @@ fn silero_a_second_sigterm_ends_the_drain_now() {
     let Some(model) = model_path() else { return };
     let a = audio(0, 2);
     bounded(60, async {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vad-server"))
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--lanes",
-                "2",
-                "--drain-deadline-ms",
-                "60000",
-            ])
-            .arg("--model")
-            .arg(&model)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr: std::net::SocketAddr = loop {
-            let line = lines
-                .next_line()
-                .await
-                .unwrap()
-                .expect("vad-server exited before listening");
-            if let Some(a) = line.strip_prefix("vad-server listening on ") {
-                break a.parse().unwrap();
-            }
-        };
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let (mut child, addr) = child_server(&model, &["--lanes", "2", "--drain-deadline-ms", "60000"]).await;
         wait_status(addr, "/ready", 200, Duration::from_secs(5)).await;
         let mut held = connect_holding(addr, &a[..CHUNK]).await;
         let pid = child.id().unwrap();

@@ -14,7 +14,8 @@ use crate::iface::Interface;
 use crate::policy::LearnedTurnTimes;
 use crate::protocol::{Grant, Live, Request};
 use crate::shard::Shard;
-use crate::slot::{Slot, Wake};
+use crate::drive::Wait;
+use crate::slot::Slot;
 use arc_swap::ArcSwap;
 
 /// `Common::ending`: a drain closed the runner.
@@ -62,32 +63,12 @@ impl Common {
         order.into_iter().map(|(_, ix)| ix).collect()
     }
 
-    /// A lane on the first shard in placement order that has one.
-    pub(crate) fn try_shards(&self, waited: Option<Duration>) -> Result<(usize, Grant), SpawnError> {
-        let slot = Arc::new(Slot::new());
-        for ix in self.placement() {
-            self.shards[ix].push(Request::Spawn {
-                slot: slot.clone(),
-                waited,
-            });
-            match self.shards[ix].wait(&slot, None) {
-                Wake::Value(Ok(grant)) => return Ok((ix, grant)),
-                Wake::Value(Err(SpawnError::Full { .. })) => continue,
-                Wake::Value(Err(e)) => return Err(e),
-                _ => continue,
-            }
-        }
-        Err(SpawnError::Full {
-            total_lanes: self.total_lanes(),
-            waiting: self.admission.waiting(),
-        })
-    }
-
-    /// [`Common::try_shards`] for a task: each shard's answer is polled (the
-    /// state served in combining mode when free), and a spawn dropped while
-    /// waiting leaves no lane behind (a grant landing later is refused, one
-    /// that landed is released).
-    pub(crate) async fn try_shards_async(&self, waited: Option<Duration>) -> Result<(usize, Grant), SpawnError> {
+    /// A lane on the first shard in placement order that has one, each
+    /// shard's answer awaited as `w` waits (the state served in combining
+    /// mode when free). A try dropped while waiting (a task's) leaves no
+    /// lane behind: a grant landing later is refused, one that landed is
+    /// released.
+    pub(crate) async fn try_shards<W: Wait>(&self, waited: Option<Duration>, w: &mut W) -> Result<(usize, Grant), SpawnError> {
         for ix in self.placement() {
             let shard = &self.shards[ix];
             let slot = Arc::new(Slot::new());
@@ -99,11 +80,7 @@ impl Common {
                 shard,
                 slot: Some(&slot),
             };
-            let answer = std::future::poll_fn(|cx| {
-                shard.serve(&|| slot.is_filled());
-                slot.poll_value(cx)
-            })
-            .await;
+            let answer = crate::drive::value(w, shard, &slot).await;
             asking.slot = None;
             match answer {
                 Ok(grant) => return Ok((ix, grant)),

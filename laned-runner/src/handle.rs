@@ -11,10 +11,10 @@ use tract_core::internal::*;
 use crate::cancel::CancelToken;
 use crate::common::Common;
 use crate::err::{EndReason, RunError, RunErrorKind};
-use crate::iface::Group;
-use crate::protocol::{Call, CallResult, Grant, Request};
+use crate::protocol::{CallResult, Grant, Request};
 use crate::shard::Shard;
-use crate::slot::{Cancel, Slot, Wake};
+use crate::drive::{Task, Thread, Wait};
+use crate::slot::Slot;
 use crate::wire::{StateTensor, StreamState, STREAM_STATE_VERSION};
 
 /// The lane a stream holds, shared by its handle's clones; the last one
@@ -92,26 +92,45 @@ impl LanedStateHandle {
 
     /// One round trip to the stream's engine: `request` carries the slot
     /// the answer comes back in. The one implementation of every state
-    /// operation; the blocking forms drive it on their thread
-    /// ([`crate::block::on`]). In combining mode it serves the state while
-    /// it is free, as a call does.
-    async fn ask<T>(&self, request: impl FnOnce(Arc<Slot<T>>) -> Request) -> T {
+    /// operation, waiting as `w` does (see [`crate::drive`]). In combining
+    /// mode it serves the state while it is free, as a call does.
+    async fn ask<T, W: Wait>(&self, w: &mut W, request: impl FnOnce(Arc<Slot<T>>) -> Request) -> T {
         let slot = Arc::new(Slot::new());
         let shard = self.stream.shard();
         // A shard closed by now answers the request itself, at once.
         shard.push(request(slot.clone()));
-        std::future::poll_fn(|cx| {
-            shard.serve(&|| slot.is_filled());
-            slot.poll_value(cx)
-        })
-        .await
+        crate::drive::value(w, shard, &slot).await
+    }
+
+    async fn snapshot<W: Wait>(&self, w: &mut W) -> Result<TVec<Tensor>, RunError> {
+        let stream = self.stream.grant;
+        self.ask(w, |slot| Request::ReadState { stream, slot })
+            .await
+            .map_err(|e| self.stream.core.told(e))
+    }
+
+    async fn restore<W: Wait>(&mut self, state: TVec<Tensor>, w: &mut W) -> Result<(), RunError> {
+        let stream = self.stream.grant;
+        self.ask(w, |slot| Request::WriteState { stream, state, slot })
+            .await
+            .map_err(|e| self.stream.core.told(e))
+    }
+
+    async fn export<W: Wait>(&self, w: &mut W) -> Result<StreamState, RunError> {
+        let tensors = self.snapshot(w).await?;
+        self.to_wire(&tensors)
+    }
+
+    async fn import<W: Wait>(&mut self, state: &StreamState, w: &mut W) -> Result<(), RunError> {
+        let tensors = self.checked_import(state)?;
+        self.restore(tensors, w).await
     }
 
     /// This stream's explicit state (a tensor per state pair, the batch
     /// axis of extent 1), read between turns: to save it, or to move the
     /// stream to another runner with [`LanedStateHandle::restore_state`].
     pub fn state_snapshot(&self) -> Result<TVec<Tensor>, RunError> {
-        crate::block::on(self.state_snapshot_async(), None).expect("no deadline")
+        crate::drive::block(self.snapshot(&mut Thread))
     }
 
     /// [`LanedStateHandle::state_snapshot`] for a task: no thread waits.
@@ -120,16 +139,13 @@ impl LanedStateHandle {
     ///
     /// Cancel-safe: it only reads; a dropped read changes nothing.
     pub async fn state_snapshot_async(&self) -> Result<TVec<Tensor>, RunError> {
-        let stream = self.stream.grant;
-        self.ask(|slot| Request::ReadState { stream, slot })
-            .await
-            .map_err(|e| self.stream.core.told(e))
+        self.snapshot(&mut Task).await
     }
 
     /// Overwrite this stream's explicit state (as `state_snapshot` gives
     /// it); the next call continues from it.
     pub fn restore_state(&mut self, state: TVec<Tensor>) -> Result<(), RunError> {
-        crate::block::on(self.restore_state_async(state), None).expect("no deadline")
+        crate::drive::block(self.restore(state, &mut Thread))
     }
 
     /// [`LanedStateHandle::restore_state`] for a task: no thread waits.
@@ -141,10 +157,7 @@ impl LanedStateHandle {
     /// polled again; a dropped write may or may not have been applied.
     /// Read [`LanedStateHandle::state_snapshot_async`] to know.
     pub async fn restore_state_async(&mut self, state: TVec<Tensor>) -> Result<(), RunError> {
-        let stream = self.stream.grant;
-        self.ask(|slot| Request::WriteState { stream, state, slot })
-            .await
-            .map_err(|e| self.stream.core.told(e))
+        self.restore(state, &mut Task).await
     }
 
     /// [`LanedStateHandle::export_state`] for a task: no thread waits.
@@ -153,8 +166,7 @@ impl LanedStateHandle {
     ///
     /// Cancel-safe: it only reads.
     pub async fn export_state_async(&self) -> Result<StreamState, RunError> {
-        let tensors = self.state_snapshot_async().await?;
-        self.to_wire(&tensors)
+        self.export(&mut Task).await
     }
 
     /// The stream's state tensors as they travel, with the model's
@@ -177,7 +189,7 @@ impl LanedStateHandle {
     /// replica draining), where [`LanedStateHandle::import_state`]
     /// continues it exactly.
     pub fn export_state(&self) -> Result<StreamState, RunError> {
-        crate::block::on(self.export_state_async(), None).expect("no deadline")
+        crate::drive::block(self.export(&mut Thread))
     }
 
     /// Continue from `state`, exported by
@@ -185,7 +197,7 @@ impl LanedStateHandle {
     /// model. Refused, naming both, for another version or another model's
     /// state; the stream's own state is then left as it was.
     pub fn import_state(&mut self, state: &StreamState) -> Result<(), RunError> {
-        crate::block::on(self.import_state_async(state), None).expect("no deadline")
+        crate::drive::block(self.import(state, &mut Thread))
     }
 
     /// [`LanedStateHandle::import_state`] for a task: the checks on the
@@ -197,8 +209,7 @@ impl LanedStateHandle {
     /// past its checks, the write happens whether or not the future is
     /// polled again.
     pub async fn import_state_async(&mut self, state: &StreamState) -> Result<(), RunError> {
-        let tensors = self.checked_import(state)?;
-        self.restore_state_async(tensors).await
+        self.import(state, &mut Task).await
     }
 
     /// The tensors of `state`, once it is known to be of this runner's
@@ -248,13 +259,13 @@ impl LanedStateHandle {
     /// Inputs are checked against the model's facts first; a refused call
     /// hands its inputs back in the error.
     pub fn call(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
-        self.call_inner(inputs, None, None)
+        self.call_on_thread(inputs, None, None)
     }
 
     /// [`LanedStateHandle::call`], cancellable from another thread through
     /// `token`.
     pub fn call_with(&mut self, inputs: TVec<TValue>, token: &CancelToken) -> Result<TVec<TValue>, RunError> {
-        self.call_inner(inputs, Some(token), None)
+        self.call_on_thread(inputs, Some(token), None)
     }
 
     /// [`LanedStateHandle::call`] with a deadline, as a per-request timeout:
@@ -265,56 +276,18 @@ impl LanedStateHandle {
     /// its answer. A deadline already past refuses the call before it is
     /// queued, its inputs handed back.
     pub fn call_until(&mut self, inputs: TVec<TValue>, deadline: Instant) -> Result<TVec<TValue>, RunError> {
-        self.call_inner(inputs, None, Some(deadline))
+        self.call_on_thread(inputs, None, Some(deadline))
     }
 
-    fn call_inner(
+    /// The one call ([`crate::call`]), driven on this thread.
+    fn call_on_thread(
         &mut self,
         inputs: TVec<TValue>,
         token: Option<&CancelToken>,
         deadline: Option<Instant>,
     ) -> Result<TVec<TValue>, RunError> {
         let core = self.stream.core.clone();
-        self.call_blocking(inputs, token, deadline).map_err(|e| core.told(e))
-    }
-
-    fn call_blocking(
-        &mut self,
-        inputs: TVec<TValue>,
-        token: Option<&CancelToken>,
-        deadline: Option<Instant>,
-    ) -> Result<TVec<TValue>, RunError> {
-        let inputs = self.may_call(inputs, deadline)?;
-        let inputs = crate::block::on(self.settle_first(inputs), None).expect("no deadline")?;
-        // The call's number on the slot: a cancel meant for an earlier call
-        // that raced its answer finds another number, and is ignored.
-        let call_no = self.slot.begin();
-        // Guard first, then look: a cancel landing in between still reaches
-        // the slot. Unguarded when this function returns, however.
-        let _guarded = token.map(|token| token.guard(self.slot.clone() as Arc<dyn Cancel>, call_no));
-        if token.is_some_and(CancelToken::is_cancelled) {
-            return Err(RunError::with_inputs(RunErrorKind::Cancelled, inputs));
-        }
-        let rows = self.submit(inputs, deadline)?;
-        let mut timed_out = false;
-        let answer = match self.stream.shard().wait(&self.slot, deadline) {
-            Wake::Value(answer) => answer,
-            woke @ (Wake::Cancelled | Wake::TimedOut) => {
-                timed_out = matches!(woke, Wake::TimedOut);
-                // Cancelled: the engine drops the call if none of its seats
-                // was seated yet and answers `Cancelled`; otherwise the call
-                // completes and its answer comes. Either way the slot gets
-                // exactly one verdict, at the latest after the turn running
-                // now, and the caller learns whether its call ran.
-                self.stream.shard().push(Request::Cancel(self.slot.clone()));
-                loop {
-                    if let Wake::Value(answer) = self.stream.shard().wait(&self.slot, None) {
-                        break answer;
-                    }
-                }
-            }
-        };
-        self.deliver(past_deadline(answer, timed_out), rows)
+        crate::drive::block(self.call_op(inputs, token, deadline, &mut Thread)).map_err(|e| core.told(e))
     }
 
     /// [`LanedStateHandle::call`] for a task: the same checks, turn rules
@@ -341,7 +314,7 @@ impl LanedStateHandle {
     /// timeout-and-retry pattern).
     pub async fn call_async(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
         let core = self.stream.core.clone();
-        self.call_async_inner(inputs, None).await.map_err(|e| core.told(e))
+        self.call_op(inputs, None, None, &mut Task).await.map_err(|e| core.told(e))
     }
 
     /// [`LanedStateHandle::call_until`] for a task: past `deadline`, a call
@@ -359,103 +332,9 @@ impl LanedStateHandle {
         deadline: Instant,
     ) -> Result<TVec<TValue>, RunError> {
         let core = self.stream.core.clone();
-        self.call_async_inner(inputs, Some(deadline))
+        self.call_op(inputs, None, Some(deadline), &mut Task)
             .await
             .map_err(|e| core.told(e))
-    }
-
-    async fn call_async_inner(
-        &mut self,
-        inputs: TVec<TValue>,
-        deadline: Option<Instant>,
-    ) -> Result<TVec<TValue>, RunError> {
-        let inputs = self.may_call(inputs, deadline)?;
-        let inputs = self.settle_first(inputs).await?;
-        let call_no = self.slot.begin();
-        let rows = self.submit(inputs, deadline)?;
-        // Armed until this call ends, answered or dropped (`None` once the
-        // runner closed: the close answers the call).
-        let _armed = deadline.and_then(|deadline| {
-            let slot: Arc<dyn Cancel> = self.slot.clone();
-            self.stream.core.timer.add(deadline, Arc::downgrade(&slot), call_no)
-        });
-        let mut pending = PendingCall {
-            handle: Some(self),
-            rows,
-            timed_out: false,
-            first: true,
-            early: None,
-        };
-        let answer = std::future::poll_fn(|cx| pending.poll(cx)).await;
-        let timed_out = pending.timed_out;
-        let handle = pending.handle.take().expect("armed until answered");
-        handle.deliver(past_deadline(answer, timed_out), rows)
-    }
-
-    /// What both call paths refuse before anything is queued: a closed
-    /// runner, a finished stream, a deadline already past. The inputs come
-    /// back either way.
-    fn may_call(&self, inputs: TVec<TValue>, deadline: Option<Instant>) -> Result<TVec<TValue>, RunError> {
-        // Finished first: a finished stream is told so, closed runner or
-        // not, as `end_reason` says.
-        if self.stream.finished.load(crate::sync::Ordering::Acquire) {
-            return Err(RunError::with_inputs(RunErrorKind::Finished, inputs));
-        }
-        if self.stream.shard().is_closed() {
-            return Err(RunError::with_inputs(RunErrorKind::Closed, inputs));
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(RunError::with_inputs(RunErrorKind::DeadlineExceeded, inputs));
-        }
-        Ok(inputs)
-    }
-
-    /// Before a call: wait for the verdict of a dropped call, if any. One
-    /// that did not run is forgotten; one that ran refuses this call until
-    /// [`LanedStateHandle::settle`] takes its answer.
-    async fn settle_first(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
-        if self.dropped.is_none() {
-            return Ok(inputs);
-        }
-        self.verdict().await;
-        match &self.dropped {
-            Some(Dropped::Settled { ran: true, .. }) => Err(RunError::with_inputs(RunErrorKind::Unsettled, inputs)),
-            _ => {
-                self.dropped = None;
-                Ok(inputs)
-            }
-        }
-    }
-
-    /// Wait for a dropped call's verdict and keep it (cancel-safe: the
-    /// verdict is taken and kept in one poll).
-    async fn verdict(&mut self) {
-        let Some(Dropped::Pending { slot, rows }) = &self.dropped else {
-            return;
-        };
-        let (slot, rows) = (slot.clone(), *rows);
-        let shard = self.stream.shard();
-        let answer = std::future::poll_fn(|cx| {
-            shard.serve(&|| slot.is_filled());
-            slot.poll_value(cx)
-        })
-        .await;
-        let (settled, ran) = match answer {
-            Ok(answer) => {
-                // It ran: the pulse was fed, whether or not its outputs
-                // can be cut.
-                self.count_frames(rows);
-                match answer.into_outputs(&self.stream.core.iface.data_batch_out) {
-                    Ok(outputs) => (Settled::Ran(outputs), true),
-                    Err(e) => (Settled::Failed(e), true),
-                }
-            }
-            Err(e) if matches!(e.kind(), RunErrorKind::Cancelled | RunErrorKind::DeadlineExceeded) => {
-                (Settled::NotRun, false)
-            }
-            Err(e) => (Settled::Failed(self.stream.core.told(e)), false),
-        };
-        self.dropped = Some(Dropped::Settled { settled, ran });
     }
 
     /// Settle a call whose future was dropped before its answer was taken:
@@ -464,7 +343,7 @@ impl LanedStateHandle {
     /// dropped call is unsettled. Blocks; for a task,
     /// [`LanedStateHandle::settle_async`].
     pub fn settle(&mut self) -> Option<Settled> {
-        crate::block::on(self.settle_async(), None).expect("no deadline")
+        crate::drive::block(self.settle_op(&mut Thread))
     }
 
     /// [`LanedStateHandle::settle`] for a task.
@@ -474,48 +353,15 @@ impl LanedStateHandle {
     /// Cancel-safe: dropped before it is ready, the dropped call stays
     /// unsettled, its verdict kept for the next `settle`.
     pub async fn settle_async(&mut self) -> Option<Settled> {
-        self.verdict().await;
+        self.settle_op(&mut Task).await
+    }
+
+    async fn settle_op<W: Wait>(&mut self, w: &mut W) -> Option<Settled> {
+        self.verdict(w).await;
         match self.dropped.take()? {
             Dropped::Settled { settled, .. } => Some(settled),
             Dropped::Pending { .. } => unreachable!("settled above"),
         }
-    }
-
-    /// Frames a call of `rows` rows fed (pulsed models).
-    fn count_frames(&mut self, rows: usize) {
-        if let Some(pulse) = &self.stream.core.iface.pulse {
-            if rows >= 1 {
-                self.frames += pulse.pulse;
-            }
-        }
-    }
-
-    /// Check `inputs` and queue them as a call answering into this handle's
-    /// slot; returns its rows. A refused call hands its inputs back.
-    fn submit(&mut self, inputs: TVec<TValue>, deadline: Option<Instant>) -> Result<usize, RunError> {
-        // Resolved symbols hold for this call only, refused or not.
-        let resolved = std::mem::take(&mut self.resolved);
-        let checked = self.stream.core.iface.check(inputs, &resolved)?;
-        let rows = checked.seats.len();
-        let call = Call {
-            stream: self.stream.grant,
-            seats: checked.seats,
-            group: Group::new(checked.shared, resolved, checked.shapes),
-            slot: self.slot.clone(),
-            queued: Instant::now(),
-            deadline,
-        };
-        self.stream.shard().push(Request::Call(call));
-        Ok(rows)
-    }
-
-    /// A call's answer as the caller gets it: its outputs (its row cut from
-    /// the turn's), the frames it fed counted.
-    fn deliver(&mut self, answer: CallResult, rows: usize) -> Result<TVec<TValue>, RunError> {
-        let iface = &self.stream.core.iface;
-        let outputs = answer?.into_outputs(&iface.data_batch_out)?;
-        self.count_frames(rows);
-        Ok(outputs)
     }
 
     /// End the stream: feed its last pulse (`last`, of which only the first
@@ -528,16 +374,8 @@ impl LanedStateHandle {
     ///
     /// A dropped call not settled yet is settled first (its pulse counted
     /// if it ran), so the stream's length is known.
-    pub fn finish(mut self, last: Option<TVec<TValue>>, real_frames: usize) -> Result<Vec<TVec<TValue>>, RunError> {
-        let _ = self.settle();
-        let (symbol, length, pulses) = self.last_pulses(last, real_frames)?;
-        let mut outputs = vec![];
-        for pulse in pulses {
-            self.resolve(&symbol, length)?;
-            outputs.push(self.call(pulse)?);
-        }
-        self.stream.finished.store(true, crate::sync::Ordering::Release);
-        Ok(outputs)
+    pub fn finish(self, last: Option<TVec<TValue>>, real_frames: usize) -> Result<Vec<TVec<TValue>>, RunError> {
+        crate::drive::block(self.finish_op(last, real_frames, &mut Thread))
     }
 
     /// [`LanedStateHandle::finish`] for a task, through
@@ -548,17 +386,24 @@ impl LanedStateHandle {
     /// Not cancel-safe: it consumes the handle, so a dropped `finish_async`
     /// ends the stream where it stood (its call in flight cancelled as a
     /// dropped `call_async`'s).
-    pub async fn finish_async(
+    pub async fn finish_async(self, last: Option<TVec<TValue>>, real_frames: usize) -> Result<Vec<TVec<TValue>>, RunError> {
+        self.finish_op(last, real_frames, &mut Task).await
+    }
+
+    /// The one end of a stream, waiting as `w` does.
+    async fn finish_op<W: Wait>(
         mut self,
         last: Option<TVec<TValue>>,
         real_frames: usize,
+        w: &mut W,
     ) -> Result<Vec<TVec<TValue>>, RunError> {
-        let _ = self.settle_async().await;
+        let _ = self.settle_op(w).await;
         let (symbol, length, pulses) = self.last_pulses(last, real_frames)?;
         let mut outputs = vec![];
         for pulse in pulses {
             self.resolve(&symbol, length)?;
-            outputs.push(self.call_async(pulse).await?);
+            let core = self.stream.core.clone();
+            outputs.push(self.call_op(pulse, None, None, w).await.map_err(|e| core.told(e))?);
         }
         self.stream.finished.store(true, crate::sync::Ordering::Release);
         Ok(outputs)
@@ -614,7 +459,7 @@ impl LanedStateHandle {
     /// closed. A cancelled call does not end its stream: see
     /// [`RunError::end_reason`].
     pub fn end_reason(&self) -> Option<EndReason> {
-        crate::block::on(self.end_reason_async(), None).expect("no deadline")
+        crate::drive::block(self.end_reason_op(&mut Thread))
     }
 
     /// [`LanedStateHandle::end_reason`] for a task: the same round trip,
@@ -624,13 +469,17 @@ impl LanedStateHandle {
     ///
     /// Cancel-safe: it only reads.
     pub async fn end_reason_async(&self) -> Option<EndReason> {
+        self.end_reason_op(&mut Task).await
+    }
+
+    async fn end_reason_op<W: Wait>(&self, w: &mut W) -> Option<EndReason> {
         use crate::sync::Ordering;
         let core = &self.stream.core;
         if self.stream.finished.load(Ordering::Acquire) {
             return Some(EndReason::Finished);
         }
         let stream = self.stream.grant;
-        let status = self.ask(|slot| Request::Status { stream, slot }).await;
+        let status = self.ask(w, |slot| Request::Status { stream, slot }).await;
         core.told_end(status)
     }
 
@@ -699,111 +548,5 @@ impl Settled {
     /// Whether the dropped call ran (its pulse was fed to the stream).
     pub fn ran(&self) -> bool {
         matches!(self, Settled::Ran(_))
-    }
-}
-
-/// A task's call in flight: polls the answer (serving the state itself in
-/// combining mode when it is free), and cancels the call if dropped first.
-struct PendingCall<'a> {
-    /// `None` once answered.
-    handle: Option<&'a mut LanedStateHandle>,
-    /// The call's rows, for counting its frames if it is settled later.
-    rows: usize,
-    /// Set once the deadline thread cancelled the call: a `Cancelled`
-    /// verdict then reads `DeadlineExceeded`.
-    timed_out: bool,
-    /// Not polled yet: the first poll yields (see `call_async`).
-    first: bool,
-    /// An answer the first poll found already landed, handed over by the
-    /// second.
-    early: Option<CallResult>,
-}
-
-impl PendingCall<'_> {
-    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<CallResult> {
-        use std::task::Poll;
-        let handle = self.handle.as_ref().expect("polled after its answer");
-        let slot = &handle.slot;
-        if std::mem::take(&mut self.first) {
-            // The first poll is never ready, and serves nothing: the
-            // executor runs its other tasks (whose calls may join this
-            // one's turn) before this one comes back, so a task calling
-            // back to back never starves it. It wakes itself to come back
-            // where nobody else would wake it soon: in combining mode (it
-            // may have to run the turn itself) or when its answer is here
-            // already; otherwise the answer's wake brings it back.
-            let again = match slot.poll_answer(cx) {
-                Poll::Ready(Ok(answer)) => {
-                    self.early = Some(answer);
-                    true
-                }
-                // Its deadline passed already: the cancel goes to the engine
-                // now (the verdict comes as below).
-                Poll::Ready(Err(())) => {
-                    self.timed_out = true;
-                    handle.stream.shard().push(Request::Cancel(slot.clone()));
-                    true
-                }
-                Poll::Pending => handle.stream.shard().may_run_turns(),
-            };
-            if again {
-                cx.waker().wake_by_ref();
-            }
-            return Poll::Pending;
-        }
-        if let Some(answer) = self.early.take() {
-            return Poll::Ready(answer);
-        }
-        loop {
-            // Combining mode: serve the state while it is free, until this
-            // call is answered or cancelled (a deadline passing stops it
-            // serving others' turns: its own seat goes first).
-            handle.stream.shard().serve(&|| slot.is_settled());
-            match slot.poll_answer(cx) {
-                Poll::Ready(Ok(answer)) => return Poll::Ready(answer),
-                // The deadline passed: as a cancel token's, the engine
-                // drops the seats if none was seated (answering
-                // `Cancelled`), or the call completes; either way one
-                // verdict comes, and this poll waits for it.
-                Poll::Ready(Err(())) => {
-                    self.timed_out = true;
-                    handle.stream.shard().push(Request::Cancel(slot.clone()));
-                    handle.stream.shard().tend();
-                }
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-    }
-}
-
-/// A call cancelled because its deadline passed is answered
-/// `DeadlineExceeded`, not `Cancelled`.
-fn past_deadline(answer: CallResult, timed_out: bool) -> CallResult {
-    match answer {
-        Err(e) if timed_out && *e.kind() == RunErrorKind::Cancelled => {
-            Err(RunError::new(RunErrorKind::DeadlineExceeded))
-        }
-        other => other,
-    }
-}
-
-impl Drop for PendingCall<'_> {
-    fn drop(&mut self) {
-        let Some(handle) = self.handle.take() else { return };
-        // The handle answers into a fresh slot from now on; the old one
-        // receives this call's verdict, to be settled before the next call.
-        let old = std::mem::replace(&mut handle.slot, Arc::new(Slot::new()));
-        let rows = self.rows;
-        if let Some(answer) = self.early.take() {
-            // Answered, never handed over: it is settled already.
-            old.fill(answer);
-        } else if !old.is_filled() {
-            // As a cancel token's: seats not yet seated leave the queue; a
-            // call already seated completes. Either way one verdict lands.
-            handle.stream.shard().push(Request::Cancel(old.clone()));
-            handle.stream.shard().tend();
-        }
-        old.forget_waker();
-        handle.dropped = Some(Dropped::Pending { slot: old, rows });
     }
 }

@@ -39,7 +39,8 @@
 #![warn(missing_docs)]
 
 mod admission;
-mod block;
+mod drive;
+mod call;
 mod cancel;
 mod capacity;
 mod common;

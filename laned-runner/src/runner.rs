@@ -198,7 +198,7 @@ impl LanedRunner {
             // to the admission queue's waiters before a direct try, so
             // this is refused only when no lane is left (never while one
             // is free).
-            None => core.try_shards(None).inspect_err(|e| {
+            None => crate::drive::block(core.try_shards(None, &mut crate::drive::Thread)).inspect_err(|e| {
                 if matches!(e, SpawnError::Full { .. }) {
                     core.events.record_admission_refused();
                 }
@@ -206,7 +206,7 @@ impl LanedRunner {
             // The same admission as a task's, driven by this thread: it
             // parks until granted, and gives up at the deadline (`None`: a
             // wait too long for the clock waits on).
-            Some(wait) => match crate::block::on(self.admit(), Instant::now().checked_add(wait)) {
+            Some(wait) => match crate::drive::on(self.admit(), Instant::now().checked_add(wait)) {
                 Some(placed) => placed?,
                 None => {
                     core.events.record_admission_refused();
@@ -252,7 +252,7 @@ impl LanedRunner {
         };
         // Nobody may wait: a free lane now, or busy.
         if !core.admission.may_wait() {
-            return match core.try_shards_async(None).await {
+            return match core.try_shards(None, &mut crate::drive::Task).await {
                 Err(SpawnError::Full { .. }) => {
                     let busy = SpawnError::Busy {
                         waiting: 0,

@@ -172,20 +172,32 @@ impl<T> Slot<T> {
         Ok(waiter)
     }
 
-    /// A task's wait: the value if it landed (a cancel it raced forgotten),
-    /// otherwise the task's waker is left to be woken when it does.
+    /// [`Slot::poll_answer`] for a slot nobody cancels (a spawner's, a
+    /// state round trip's): the value, or the task's waker left.
     pub fn poll_value(&self, cx: &mut Context<'_>) -> Poll<T> {
+        loop {
+            match self.poll_answer(cx) {
+                Poll::Ready(Ok(value)) => return Poll::Ready(value),
+                // A cancel is consumed by the look: look again.
+                Poll::Ready(Err(())) => continue,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    /// Whether the waiter has something to see ([`Slot::is_settled`]);
+    /// if not, the task's waker is left to be woken when it does. Takes
+    /// nothing: the next [`Slot::poll_answer`] does.
+    pub fn watch(&self, cx: &mut Context<'_>) -> bool {
         let mut inner = self.lock();
-        if let Some(value) = inner.value.take() {
-            inner.cancelled = false;
-            inner.waker = None;
-            return Poll::Ready(value);
+        if inner.value.is_some() || inner.cancelled {
+            return true;
         }
         match &inner.waker {
             Some(waker) if waker.will_wake(cx.waker()) => (),
             _ => inner.waker = Some(cx.waker().clone()),
         }
-        Poll::Pending
+        false
     }
 
     /// The task waiting went away, but whoever owns the slot will read its

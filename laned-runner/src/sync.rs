@@ -8,7 +8,7 @@
 //! the engine's lock, the shards' and streams' flags, cancel tokens, the
 //! learned turn times) comes from here, never from `std::sync` directly.
 //! Two things stay std's, because loom has no model of them: the parking
-//! of `block::on` (`std::thread::park`, woken through a `Waker`) and the
+//! of `drive::on` (`std::thread::park`, woken through a `Waker`) and the
 //! combining mode's `try_lock` error type. `Arc` and `Weak` are std's
 //! (loom's `Arc` checks leaks only).
 

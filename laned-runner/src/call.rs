@@ -64,7 +64,7 @@ impl LanedStateHandle {
         // Step 4.
         let rows = self.submit(inputs, deadline)?;
         // Step 5: armed until this call ends, answered or dropped.
-        let _armed = w.arm(&self.stream.core, deadline, &(self.slot.clone() as Arc<dyn Cancel>), call_no);
+        let _armed = w.arm(&self.stream.core.timer, deadline, &(self.slot.clone() as Arc<dyn Cancel>), call_no);
         // Steps 6 and 7; dropped from here on, the call is cancelled.
         let mut in_flight = InFlight {
             handle: Some(self),

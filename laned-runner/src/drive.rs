@@ -24,8 +24,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use crate::common::Common;
-use crate::deadline::Armed;
+use crate::deadline::{Armed, Timer};
 use crate::shard::Shard;
 use crate::slot::{Cancel, Slot, Wake};
 
@@ -50,7 +49,7 @@ pub(crate) trait Wait {
     /// A call with a deadline is queued: whatever must cancel it when
     /// the deadline passes, kept until the call ends (`None`: nothing, the
     /// wait gives up by itself).
-    fn arm(&self, core: &Common, deadline: Option<Instant>, slot: &Arc<dyn Cancel>, call: u64) -> Option<Armed>;
+    fn arm(&self, timer: &Arc<Timer>, deadline: Option<Instant>, slot: &Arc<dyn Cancel>, call: u64) -> Option<Armed>;
 }
 
 /// A task's wait: leaves its waker, returns.
@@ -77,9 +76,9 @@ impl Wait for Task {
         })
     }
 
-    fn arm(&self, core: &Common, deadline: Option<Instant>, slot: &Arc<dyn Cancel>, call: u64) -> Option<Armed> {
+    fn arm(&self, timer: &Arc<Timer>, deadline: Option<Instant>, slot: &Arc<dyn Cancel>, call: u64) -> Option<Armed> {
         // `None` once the runner closed: the close answers the call.
-        core.timer.add(deadline?, Arc::downgrade(slot), call)
+        timer.add(deadline?, Arc::downgrade(slot), call)
     }
 }
 
@@ -99,7 +98,7 @@ impl Wait for Thread {
         Poll::Ready(shard.wait(slot, until))
     }
 
-    fn arm(&self, _: &Common, _: Option<Instant>, _: &Arc<dyn Cancel>, _: u64) -> Option<Armed> {
+    fn arm(&self, _: &Arc<Timer>, _: Option<Instant>, _: &Arc<dyn Cancel>, _: u64) -> Option<Armed> {
         None
     }
 }

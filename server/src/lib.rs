@@ -29,6 +29,9 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tract_core::internal::*;
 
+mod accept;
+pub use accept::{open_files_limit, PROBE_RESERVE};
+
 /// Close codes the server uses (RFC 6455).
 pub mod close {
     /// The server is going away (SIGTERM, past the drain deadline).
@@ -58,8 +61,12 @@ const WRITE_BUFFER: usize = 64 * 1024;
 /// (which is not reading) is dropped.
 const MAX_WRITE_BUFFER: usize = 256 * 1024;
 
-/// Frames read ahead while a call is in flight (then the reading waits).
-const MAX_BACKLOG: usize = 8;
+/// Bytes of frames read ahead while a call is in flight: the reading
+/// waits once this much is held (so at most this plus one frame).
+pub const READ_AHEAD_BYTES: usize = 64 * 1024;
+
+/// Connections beyond the lanes the default cap allows.
+pub const CONNECTION_MARGIN: usize = 64;
 
 /// Speech starts at a probability at or above this.
 pub const START_THRESHOLD: f32 = 0.5;
@@ -96,6 +103,13 @@ pub struct Settings {
     /// milliseconds: a client silent, stalled mid-frame, not reading, or
     /// gone without a FIN holds a lane no longer.
     pub idle_ms: u64,
+    /// Connections served at once (those reading their request and the
+    /// live sessions); `None`: [`Settings::connection_cap`]'s default, the
+    /// lanes plus a margin. Past it only probes are answered.
+    pub max_connections: Option<usize>,
+    /// How long a new connection may take to send its request head, in
+    /// milliseconds: idle TCP and slowloris requests are closed then.
+    pub header_timeout_ms: u64,
 }
 
 impl Default for Settings {
@@ -111,6 +125,8 @@ impl Default for Settings {
             admission_wait_ms: 1_000,
             max_frame_bytes: 1 << 20,
             idle_ms: 30_000,
+            max_connections: None,
+            header_timeout_ms: 5_000,
         }
     }
 }
@@ -141,7 +157,21 @@ impl Settings {
         if self.idle_ms == 0 {
             return Err("idle_ms is 0: every connection would be closed at once (at least 1)".into());
         }
+        if self.header_timeout_ms == 0 {
+            return Err("header_timeout_ms is 0: no request could be read (at least 1)".into());
+        }
+        if self.max_connections == Some(0) {
+            return Err("max_connections is 0: no client could connect (at least 1)".into());
+        }
         self.turn_policy().map(|_| ())
+    }
+
+    /// Connections served at once: `max_connections`, else every lane
+    /// (lanes × shards) plus [`CONNECTION_MARGIN`] (clients waiting for a
+    /// lane, probes, scrapes).
+    pub fn connection_cap(&self) -> usize {
+        self.max_connections
+            .unwrap_or(self.lanes.saturating_mul(self.shards).saturating_add(CONNECTION_MARGIN))
     }
 
     /// The turn policy `policy` names.
@@ -170,7 +200,8 @@ impl std::fmt::Display for Settings {
         write!(
             f,
             "listen {}\nmodel {model}\nlanes {} per shard\nshards {}\nmode {:?}\npolicy {}\n\
-             drain deadline {} ms\nadmission wait {} ms\nmax frame {} bytes\nidle {} ms",
+             drain deadline {} ms\nadmission wait {} ms\nmax frame {} bytes\nidle {} ms\n\
+             connections {} at most\nheader timeout {} ms",
             self.listen,
             self.lanes,
             self.shards,
@@ -179,7 +210,9 @@ impl std::fmt::Display for Settings {
             self.drain_deadline_ms,
             self.admission_wait_ms,
             self.max_frame_bytes,
-            self.idle_ms
+            self.idle_ms,
+            self.connection_cap(),
+            self.header_timeout_ms
         )
     }
 }
@@ -301,7 +334,8 @@ struct Shared {
     settings: Settings,
     prometheus: Option<PrometheusHandle>,
     closing: watch::Receiver<bool>,
-    live: AtomicUsize,
+    /// Live WebSocket sessions (the accept loop's cap counts them).
+    live: Arc<AtomicUsize>,
 }
 
 /// A running server.
@@ -333,19 +367,37 @@ pub async fn start(
         settings,
         prometheus,
         closing: closing_rx,
-        live: AtomicUsize::new(0),
+        live: Arc::new(AtomicUsize::new(0)),
     });
-    let app = Router::new()
-        .route("/v1/vad", get(vad))
+    let probes = Router::new()
         .route("/ready", get(ready))
         .route("/live", get(|| async { "live\n" }))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics));
+    let app = probes.clone().route("/v1/vad", get(vad)).with_state(shared.clone());
+    // Past the cap: the probes, and 503 for anything else.
+    let probes = probes
+        .fallback(|| async {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server's connection cap is reached: retry later\n",
+            )
+        })
         .with_state(shared.clone());
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            eprintln!("vad-server: serving failed: {e}");
+    let limits = accept::Limits {
+        max_connections: shared.settings.connection_cap(),
+        header_timeout: Duration::from_millis(shared.settings.header_timeout_ms),
+    };
+    if let Some(files) = open_files_limit() {
+        let wanted = limits.max_connections + PROBE_RESERVE + 64;
+        if files < wanted {
+            eprintln!(
+                "vad-server: the open-files limit ({files}) is under the connection cap ({}) plus the probes' \
+                 reserve and the server's own files ({wanted} in all): raise it (ulimit -n) or lower max_connections",
+                limits.max_connections
+            );
         }
-    });
+    }
+    let task = tokio::spawn(accept::serve(listener, app, probes, limits, shared.live.clone()));
     Ok(Server {
         addr,
         shared,
@@ -523,6 +575,18 @@ async fn close_with(socket: &mut WebSocket, code: u16, reason: &str) {
     .await;
 }
 
+/// What a message read ahead holds: its payload and its place in the
+/// queue (so a flood of empty or control frames is bounded too).
+fn message_bytes(m: &Message) -> usize {
+    let payload = match m {
+        Message::Binary(b) => b.len(),
+        Message::Text(t) => t.len(),
+        Message::Ping(p) | Message::Pong(p) => p.len(),
+        Message::Close(_) => 0,
+    };
+    payload + std::mem::size_of::<Message>()
+}
+
 async fn closed(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|c| *c).await;
 }
@@ -570,6 +634,8 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
     let idle = Duration::from_millis(shared.settings.idle_ms);
     // Frames read while a call was in flight, handled in order after it.
     let mut backlog: VecDeque<Message> = VecDeque::new();
+    // Their bytes, bounded by `READ_AHEAD_BYTES`.
+    let mut backlog_bytes = 0;
     // Only audio moves this on: pings, pongs and empty frames keep no lane.
     let mut idle_until = tokio::time::Instant::now() + idle;
     loop {
@@ -581,7 +647,10 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
             return close_with(&mut socket, close::IDLE, &why).await;
         }
         let msg = match backlog.pop_front() {
-            Some(m) => Some(Ok(m)),
+            Some(m) => {
+                backlog_bytes -= message_bytes(&m);
+                Some(Ok(m))
+            }
             None => tokio::select! {
                 m = tokio::time::timeout_at(idle_until, socket.recv()) => match m {
                     Ok(m) => m,
@@ -637,14 +706,17 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
             let out = loop {
                 tokio::select! {
                     r = &mut call => break r,
-                    m = socket.recv(), if backlog.len() < MAX_BACKLOG => match m {
+                    m = socket.recv(), if backlog_bytes < READ_AHEAD_BYTES => match m {
                         None => return,
                         Some(Err(e)) => return refuse_transport_error(&mut socket, e, max).await,
                         Some(Ok(Message::Close(_))) => {
                             let _ = futures_util::SinkExt::close(&mut socket).await;
                             return;
                         }
-                        Some(Ok(m)) => backlog.push_back(m),
+                        Some(Ok(m)) => {
+                            backlog_bytes += message_bytes(&m);
+                            backlog.push_back(m);
+                        }
                     },
                     _ = closed(shared.closing.clone()) => {
                         return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;

@@ -46,6 +46,14 @@ struct Args {
     /// untaken before it is closed (1008) [default: 30000].
     #[arg(long, env = "VAD_IDLE_MS")]
     idle_ms: Option<u64>,
+    /// Connections served at once, past which only probes are answered
+    /// [default: lanes × shards + 64].
+    #[arg(long, env = "VAD_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Milliseconds a new connection may take to send its request head
+    /// [default: 5000].
+    #[arg(long, env = "VAD_HEADER_TIMEOUT_MS")]
+    header_timeout_ms: Option<u64>,
 }
 
 fn settings(args: Args) -> Result<Settings, String> {
@@ -86,6 +94,12 @@ fn settings(args: Args) -> Result<Settings, String> {
     }
     if let Some(v) = args.idle_ms {
         s.idle_ms = v;
+    }
+    if let Some(v) = args.max_connections {
+        s.max_connections = Some(v);
+    }
+    if let Some(v) = args.header_timeout_ms {
+        s.header_timeout_ms = v;
     }
     s.validate()?;
     Ok(s)

@@ -294,8 +294,25 @@ pub fn bounded<F: std::future::Future<Output = ()>>(secs: u64, f: F) {
 /// address it listens on, once it says so. Its later output is echoed to
 /// stderr, prefixed `server:`.
 pub async fn child_server(model: &std::path::Path, args: &[&str]) -> (tokio::process::Child, SocketAddr) {
+    child_server_with_files(model, args, None).await
+}
+
+/// [`child_server`] under an open-files limit of `files` (`ulimit -n`).
+pub async fn child_server_with_files(
+    model: &std::path::Path,
+    args: &[&str],
+    files: Option<u32>,
+) -> (tokio::process::Child, SocketAddr) {
     use tokio::io::AsyncBufReadExt;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vad-server"))
+    let mut command = match files {
+        None => tokio::process::Command::new(env!("CARGO_BIN_EXE_vad-server")),
+        Some(n) => {
+            let mut sh = tokio::process::Command::new("sh");
+            sh.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_vad-server")]);
+            sh
+        }
+    };
+    let mut child = command
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
         .arg("--model")

@@ -1,11 +1,14 @@
 //! The server crate's integration tests, one binary (tract linked once),
 //! a module per topic: the VAD server, the client binary, settings, a
-//! ping flood, SIGTERM, HAProxy.
+//! ping flood, SIGTERM, idle and slow connections, read-ahead memory,
+//! HAProxy.
 
 mod client;
 mod common;
 mod flood;
 mod haproxy;
+mod readahead;
 mod settings;
 mod sigterm;
+mod slowloris;
 mod vad;

@@ -1,0 +1,154 @@
+//! vad-server as a child process, under an open-files limit, against
+//! connections that never finish their request: idle TCP (more of it than
+//! the limit allows files) and slowloris requests. Each is closed at the
+//! header timeout or refused at the cap, the probes are answered through
+//! the attack, and a good client afterwards gets its solo run's answers.
+
+use crate::common::*;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Reads until the server closes the connection (EOF or reset); how long
+/// that took, or `None` if it stayed open past `within`.
+async fn closed_within(mut tcp: TcpStream, within: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let mut buf = [0u8; 512];
+    let until = start + within;
+    loop {
+        match tokio::time::timeout_at(until, tcp.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(start.elapsed()),
+            Ok(Ok(_)) => (),
+        }
+    }
+}
+
+/// A request head sent a byte every `every`, never finished; stops once
+/// the server closes the connection or `stop` passes. Returns whether the
+/// server closed it.
+async fn slowloris(addr: SocketAddr, every: Duration, stop: Instant) -> bool {
+    let Ok(mut tcp) = TcpStream::connect(addr).await else { return true };
+    let head = b"GET /v1/vad HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let mut buf = [0u8; 64];
+    for byte in head.iter().cycle() {
+        if Instant::now() >= stop {
+            return false;
+        }
+        if tcp.write_all(&[*byte]).await.is_err() {
+            return true;
+        }
+        // A read that ends at once: the server closed it.
+        match tokio::time::timeout(every, tcp.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            _ => (),
+        }
+    }
+    unreachable!("the head cycles")
+}
+
+/// `GET path`'s status, `None` when the connection is refused or dropped
+/// without an answer.
+async fn probe(addr: SocketAddr, path: &str) -> Option<u16> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    String::from_utf8_lossy(&buf).split_whitespace().nth(1)?.parse().ok()
+}
+
+/// 300 idle TCP connections against a server allowed 128 open files and
+/// 32 connections: every one is closed within the header timeout (1 s)
+/// plus a margin (none was, before the timeout and the cap); then 40
+/// slowloris clients reconnecting for 4 s: each of their connections is
+/// closed within the timeout too, `/live` and `/ready` answer 200 all the
+/// while (the probes' reserve), and a good client afterwards is answered
+/// exactly as its solo run.
+#[test]
+fn silero_idle_tcp_and_slowloris_are_closed_and_probes_stay_served() {
+    let Some(model) = model_path() else { return };
+    let Some(plan) = plan() else { return };
+    bounded(120, async {
+        let args = ["--lanes", "4", "--max-connections", "32", "--header-timeout-ms", "1000"];
+        let (child, addr) = child_server_with_files(&model, &args, Some(128)).await;
+        wait_status(addr, "/ready", 200, Duration::from_secs(5)).await;
+
+        // Idle TCP, more connections than the server has files.
+        let mut idle = Vec::new();
+        for _ in 0..300 {
+            idle.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let closes: Vec<_> = idle
+            .into_iter()
+            .map(|tcp| tokio::spawn(closed_within(tcp, Duration::from_secs(4))))
+            .collect();
+        let mut open = 0;
+        let mut slowest = Duration::ZERO;
+        for close in closes {
+            match close.await.unwrap() {
+                Some(took) => slowest = slowest.max(took),
+                None => open += 1,
+            }
+        }
+        assert_eq!(open, 0, "idle connections left open past the header timeout");
+        eprintln!("300 idle connections closed, the last after {slowest:?}");
+
+        // Slowloris, reconnecting; the probes meanwhile.
+        let stop = Instant::now() + Duration::from_secs(4);
+        let attackers: Vec<_> = (0..40)
+            .map(|_| {
+                tokio::spawn(async move {
+                    let mut closed = 0;
+                    while Instant::now() < stop {
+                        let began = Instant::now();
+                        if slowloris(addr, Duration::from_millis(100), stop).await {
+                            closed += 1;
+                            assert!(began.elapsed() < Duration::from_secs(3), "a slowloris request held {:?}", began.elapsed());
+                        }
+                    }
+                    closed
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut probes = 0;
+        while Instant::now() < stop - Duration::from_millis(200) {
+            for path in ["/live", "/ready"] {
+                // A probe may meet a full reserve for a moment; a kubelet
+                // retries, and so does this, for at most a second.
+                let until = Instant::now() + Duration::from_secs(1);
+                loop {
+                    match probe(addr, path).await {
+                        Some(200) => break,
+                        got => assert!(Instant::now() < until, "{path} unanswered under slowloris: {got:?}"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                probes += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut closed = 0;
+        for attacker in attackers {
+            closed += attacker.await.unwrap();
+        }
+        eprintln!("{closed} slowloris connections closed by the server, {probes} probes answered");
+        assert!(closed >= 40, "only {closed} slowloris connections were closed");
+        assert!(probes >= 10);
+
+        // A good client, exact.
+        let samples = audio(11, 40);
+        let want = solo(&plan, &samples);
+        assert_eq!(stream(addr, &samples, false, 5).await, want);
+        drop(child);
+    });
+}

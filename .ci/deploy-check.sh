@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The deploy/ files, checked without a cluster: HAProxy's own parser, the
-# Envoy file's structure, the Kubernetes grace period's arithmetic.
+# Envoy file's structure, the Kubernetes grace period's and memory limit's
+# arithmetic.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v haproxy >/dev/null 2>&1; then
@@ -29,5 +30,16 @@ config = docs["ConfigMap"]["data"]["vad-server.toml"]
 drain_ms = int([l for l in config.splitlines() if l.strip().startswith("drain_deadline_ms")][0].split("=")[1].split("#")[0])
 grace = pod["terminationGracePeriodSeconds"]
 assert grace >= pre_stop + drain_ms / 1000 + period, (grace, pre_stop, drain_ms, period)
-print(f"deploy: haproxy.cfg valid; envoy.yaml as described; grace {grace}s >= preStop {pre_stop}s + drain {drain_ms / 1000}s + probe {period}s")
+def setting(name):
+    return int([l for l in config.splitlines() if l.strip().startswith(name)][0].split("=")[1].split("#")[0])
+# server/README.md's memory bound: base + max_connections x (8 x max_frame_bytes + 512 KiB).
+frame, conns = setting("max_frame_bytes"), setting("max_connections")
+limit = container["resources"]["limits"]["memory"]
+units = {"Mi": 1 << 20, "Gi": 1 << 30}
+limit_bytes = int(limit[:-2]) * units[limit[-2:]]
+need = (150 << 20) + conns * (8 * frame + (512 << 10))
+assert need <= limit_bytes, f"memory limit {limit} under the bound {need >> 20} MiB for {conns} connections of {frame}-byte frames"
+lanes = setting("lanes") * setting("shards")
+assert conns >= lanes, f"max_connections {conns} under the {lanes} lanes"
+print(f"deploy: haproxy.cfg valid; envoy.yaml as described; grace {grace}s >= preStop {pre_stop}s + drain {drain_ms / 1000}s + probe {period}s; memory {need >> 20} MiB <= {limit} for {conns} connections")
 PY

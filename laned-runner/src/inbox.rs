@@ -36,13 +36,9 @@ pub(crate) struct Inner<R> {
     pub requests: Vec<R>,
     /// Set once by `close`; afterwards the engine answers everything `Closed`.
     pub closed: bool,
-    /// Set once by `drain`; the worker then sets `drained` (and signals the
-    /// shard's `quiet`) when nothing is queued any more.
+    /// Set once by `drain`: whoever holds the engine takes it in and
+    /// refuses new calls.
     pub draining: bool,
-    pub drained: bool,
-    /// `Combining` mode: set by a combiner leaving the state with seats
-    /// still queued, taken by the helper, which then serves the queue.
-    pub help_wanted: bool,
     /// While the engine's thread sleeps on `arrived`: the seats that must
     /// be pushed before it is woken. `None`: nobody sleeps, pushes need not
     /// signal. Set by the sleeper, cleared by the push that wakes it or by
@@ -59,8 +55,6 @@ impl<R> Inbox<R> {
                 requests: Vec::new(),
                 closed: false,
                 draining: false,
-                drained: false,
-                help_wanted: false,
                 sleeper: None,
                 pushed_seats: 0,
             }),

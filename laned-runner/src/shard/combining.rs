@@ -10,10 +10,31 @@ use std::time::Duration;
 use crate::config::Resolved;
 use crate::engine::{Engine, Parts};
 use crate::err::NewRunnerError;
-use crate::sync::{lock, MutexGuard};
+use crate::sync::{lock, AtomicBool, Condvar, MutexGuard, Ordering};
 use crate::wake::Deferred;
 
-use super::Shard;
+use super::{Flavor, Shard};
+
+/// Combining mode's own part of a shard.
+pub(super) struct Combining {
+    /// Signalled (with the inbox lock) when help is wanted or the shard
+    /// closes; the helper sleeps on it.
+    pub(super) help: Condvar,
+    /// Set by a combiner leaving the state with seats still queued, taken
+    /// by the helper, which then serves the queue. Who may touch it: only
+    /// with the inbox lock held (so the helper's look and sleep never miss
+    /// it).
+    help_wanted: AtomicBool,
+}
+
+impl Combining {
+    pub(super) fn new() -> Combining {
+        Combining {
+            help: Condvar::new(),
+            help_wanted: AtomicBool::new(false),
+        }
+    }
+}
 
 /// How long the helper keeps the state once nothing is queued.
 const HELPER_HOLD: Duration = Duration::from_micros(200);
@@ -27,7 +48,11 @@ impl Shard {
         let helper = shard.clone();
         let thread = std::thread::Builder::new()
             .name(format!("laned-helper-{index}"))
-            .spawn(move || helper.help())
+            .spawn(move || {
+                if let Flavor::Combining(combining) = &helper.flavor {
+                    helper.help(combining);
+                }
+            })
             .map_err(|e| NewRunnerError::Spawn(format!("starting the helper thread: {e}")))?;
         *lock(&shard.worker) = Some(thread);
         Ok(shard)
@@ -62,7 +87,7 @@ impl Shard {
     /// and run turns. With `hold_when_empty` (the helper), wait that long
     /// for the next request once nothing is queued before letting go.
     /// Leaving with seats queued, hand them to the helper.
-    pub(super) fn combine(&self, done: &dyn Fn() -> bool, hold_when_empty: Option<Duration>) {
+    pub(super) fn combine(&self, combining: &Combining, done: &dyn Fn() -> bool, hold_when_empty: Option<Duration>) {
         loop {
             // Wakes asked for while holding the state run once it is let go
             // (see `wake`): the scope closes after the guard below drops.
@@ -116,11 +141,11 @@ impl Shard {
             // A request pushed while we held the state found it busy and
             // relies on us: queued seats go to the helper, and requests
             // still in the inbox make us go round once more.
-            let mut inbox = self.inbox.lock();
+            let inbox = self.inbox.lock();
             if queued {
-                inbox.help_wanted = true;
+                combining.help_wanted.store(true, Ordering::Relaxed);
                 drop(inbox);
-                self.help.notify_one();
+                combining.help.notify_one();
                 return;
             }
             if inbox.requests.is_empty() {
@@ -138,18 +163,21 @@ impl Shard {
     /// With an idle timeout it also wakes every `idle_tick` to look after
     /// idle streams (`tend`): callers may all be tasks, or all asleep, and
     /// no other thread of the runner's watches the clock in this mode.
-    pub(super) fn help(&self) {
-        let tick = self.idle_tick();
+    pub(super) fn help(&self, combining: &Combining) {
+        // Only with an idle timeout: no other thread of the runner's
+        // watches the clock in this mode (callers may all be asleep, or
+        // tasks).
+        let tick = self.idle_timeout.map(|_| Duration::from_millis(5));
         loop {
             let wanted = {
                 let mut inbox = self.inbox.lock();
                 let mut ticked = false;
-                while !inbox.help_wanted && !inbox.closed && !ticked {
+                while !combining.help_wanted.load(Ordering::Relaxed) && !inbox.closed && !ticked {
                     inbox = match tick {
-                        None => self.help.wait(inbox).unwrap_or_else(|e| e.into_inner()),
+                        None => combining.help.wait(inbox).unwrap_or_else(|e| e.into_inner()),
                         Some(tick) => {
                             let (inbox, timeout) =
-                                self.help.wait_timeout(inbox, tick).unwrap_or_else(|e| e.into_inner());
+                                combining.help.wait_timeout(inbox, tick).unwrap_or_else(|e| e.into_inner());
                             ticked = timeout.timed_out();
                             inbox
                         }
@@ -158,11 +186,11 @@ impl Shard {
                 if inbox.closed {
                     return;
                 }
-                std::mem::take(&mut inbox.help_wanted)
+                combining.help_wanted.swap(false, Ordering::Relaxed)
             };
             if wanted {
                 // Never done: it has no call of its own.
-                self.combine(&|| false, Some(HELPER_HOLD));
+                self.combine(combining, &|| false, Some(HELPER_HOLD));
             } else {
                 self.tend();
             }

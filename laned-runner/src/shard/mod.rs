@@ -2,9 +2,15 @@
 //! are sibling modules behind this one interface, as crossbeam-channel's
 //! flavors are: `worker` (a thread owns the state and runs every turn) and
 //! `combining` (whichever caller finds the state free runs the turn, and a
-//! helper thread serves what callers leave queued). A runner holds several
-//! shards (one unless asked, one per core to use them all); each is whole
-//! on its own.
+//! helper thread serves what callers leave queued). Each mode's own part
+//! (`Worker`: the drain's condvar and the worker's quiet flag;
+//! `Combining`: the helper's condvar and its help-wanted flag) is a type in
+//! its file, held in the shard's `Flavor`, matched once per operation
+//! (`serve`, `tend`, `drain`, `close`, `may_run_turns`). The mode files use
+//! this module's common part (taking the inbox in, the turn policy's wait,
+//! the wakes kept): the one two-way pair left inside `shard/`. A runner
+//! holds several shards (one unless asked, one per core to use them all);
+//! each is whole on its own.
 //!
 //! # Draining and closing
 //!
@@ -54,13 +60,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::config::{Mode, Resolved};
+use combining::Combining;
+use worker::Worker;
 use crate::engine::{Engine, Parts};
 use crate::err::NewRunnerError;
 use crate::inbox::Inbox;
 use crate::policy::Decision;
 use crate::protocol::{Live, Request};
 use crate::slot::{Slot, Wake};
-use crate::sync::{lock, AtomicUsize, Condvar, Mutex, Ordering};
+use crate::sync::{lock, AtomicUsize, Mutex, Ordering};
 use crate::wake::Deferred;
 use arc_swap::ArcSwap;
 
@@ -68,14 +76,13 @@ pub(crate) struct Shard {
     /// Who may touch it: any thread pushes (handles, spawns, drops); the
     /// thread holding `engine` drains it.
     inbox: Inbox<Request>,
-    /// `Combining` mode: signalled (with the inbox lock) when help is wanted
-    /// or the shard closes; the helper sleeps on it.
-    help: Condvar,
     /// Who may touch it: in `Worker` mode only the worker thread; in
     /// `Combining` mode whichever caller or the helper wins `try_lock`, and
     /// the closing thread.
     engine: Mutex<Engine>,
-    mode: Mode,
+    /// The mode's own part (its condvar and flag): matched once per
+    /// operation. Read-only itself; see each mode's fields.
+    flavor: Flavor,
     /// The policy and `max_seats`: written by `set_policy` (any thread),
     /// read before each turn by whoever runs it.
     live: Arc<ArcSwap<Live>>,
@@ -84,13 +91,16 @@ pub(crate) struct Shard {
     worker: Mutex<Option<JoinHandle<()>>>,
     /// Whether calls resolving a symbol can be served (read-only).
     can_forget_symbols: bool,
-    /// Signalled (with the inbox lock) by the worker when a draining shard
-    /// has nothing queued.
-    quiet: Condvar,
     idle_timeout: Option<Duration>,
     /// Callers blocked in `wait` right now (any thread, relaxed: a hint for
     /// whether to spin).
     waiters: AtomicUsize,
+}
+
+/// Who runs a shard's turns: the two modes, siblings.
+enum Flavor {
+    Worker(Worker),
+    Combining(Combining),
 }
 
 thread_local! {
@@ -129,12 +139,13 @@ impl Shard {
         let can_forget_symbols = engine.can_forget_symbols();
         Shard {
             inbox: Inbox::new(),
-            help: Condvar::new(),
-            quiet: Condvar::new(),
             idle_timeout: config.idle_timeout,
             waiters: AtomicUsize::new(0),
             engine: Mutex::new(engine),
-            mode: config.mode,
+            flavor: match config.mode {
+                Mode::Worker => Flavor::Worker(Worker::new()),
+                Mode::Combining => Flavor::Combining(Combining::new()),
+            },
             live,
             worker: Mutex::new(None),
             can_forget_symbols,
@@ -298,8 +309,8 @@ impl Shard {
     /// hand any queued call to the helper, without running anyone's turn.
     /// Nobody else may be around to do it. The worker does it by itself.
     pub fn tend(&self) {
-        if self.mode == Mode::Combining {
-            self.combine(&|| true, None);
+        if let Flavor::Combining(combining) = &self.flavor {
+            self.combine(combining, &|| true, None);
         }
     }
 
@@ -314,16 +325,17 @@ impl Shard {
             // SAFETY: as `borrow_lent` says.
             return self.serve_here(unsafe { self.borrow_lent(engine) }, done);
         }
-        if self.is_own_worker() {
+        match &self.flavor {
             // The worker's own waker, between its rounds: the engine is let
             // go, and nobody else would run the turn it waits for.
-            if let Some(mut engine) = self.hold() {
-                self.serve_here(&mut engine, done);
+            Flavor::Worker(_) if self.is_own_worker() => {
+                if let Some(mut engine) = self.hold() {
+                    self.serve_here(&mut engine, done);
+                }
             }
-            return;
-        }
-        if self.mode == Mode::Combining {
-            self.combine(done, None);
+            // Any other thread: the worker serves.
+            Flavor::Worker(_) => (),
+            Flavor::Combining(combining) => self.combine(combining, done, None),
         }
     }
 
@@ -405,21 +417,14 @@ impl Shard {
     /// Whether a caller waiting here may run turns itself (combining
     /// mode), so must come back to do so rather than wait to be woken.
     pub fn may_run_turns(&self) -> bool {
-        self.mode == Mode::Combining
+        matches!(self.flavor, Flavor::Combining(_))
     }
 
     /// Whether this thread is this shard's worker, calling back into it
     /// from a task's waker (run between the worker's rounds, the engine
     /// let go).
     fn is_own_worker(&self) -> bool {
-        self.mode == Mode::Worker && WORKER_OF.with(|w| w.get()) == self as *const Shard as usize
-    }
-
-    /// How often the combining helper looks after idle streams (`tend`):
-    /// only in combining mode with an idle timeout, where no other thread of
-    /// the runner's watches the clock (callers may all be asleep, or tasks).
-    pub(super) fn idle_tick(&self) -> Option<Duration> {
-        (self.mode == Mode::Combining && self.idle_timeout.is_some()).then_some(Duration::from_millis(5))
+        WORKER_OF.with(|w| w.get()) == self as *const Shard as usize
     }
 
     /// Stop taking new calls, and return once everything queued has been
@@ -427,9 +432,9 @@ impl Shard {
     pub fn drain(&self) {
         self.inbox.lock().draining = true;
         self.inbox.notify_all();
-        match self.mode {
-            Mode::Worker => self.drain_worker(),
-            Mode::Combining => self.drain_combining(),
+        match &self.flavor {
+            Flavor::Worker(worker) => self.drain_worker(worker),
+            Flavor::Combining(_) => self.drain_combining(),
         }
     }
 
@@ -440,14 +445,26 @@ impl Shard {
     pub fn close(&self) {
         self.inbox.lock().closed = true;
         self.inbox.notify_all();
-        self.help.notify_all();
-        let worker = lock(&self.worker).take();
-        // Never the current thread: joining oneself fails.
-        if let Some(worker) = worker.filter(|w| w.thread().id() != std::thread::current().id()) {
-            let _ = worker.join();
+        match &self.flavor {
+            Flavor::Worker(worker) => {
+                // A drain waiting for the worker to be quiet sees the close.
+                worker.quiet.notify_all();
+                self.join_thread();
+            }
+            Flavor::Combining(combining) => {
+                combining.help.notify_all();
+                self.join_thread();
+                self.close_combining();
+            }
         }
-        if self.mode == Mode::Combining {
-            self.close_combining();
+    }
+
+    /// Step 6: join the mode's thread (the worker, the helper), never the
+    /// current one (joining oneself fails).
+    fn join_thread(&self) {
+        let thread = lock(&self.worker).take();
+        if let Some(thread) = thread.filter(|t| t.thread().id() != std::thread::current().id()) {
+            let _ = thread.join();
         }
     }
 

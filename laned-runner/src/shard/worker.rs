@@ -7,10 +7,30 @@ use std::time::{Duration, Instant};
 use crate::config::Resolved;
 use crate::engine::{Engine, Parts};
 use crate::err::NewRunnerError;
-use crate::sync::lock;
+use crate::sync::{lock, AtomicBool, Condvar, Ordering};
 use crate::wake::Deferred;
 
-use super::Shard;
+use super::{Flavor, Shard};
+
+/// Worker mode's own part of a shard.
+pub(super) struct Worker {
+    /// Signalled (with the inbox lock) by the worker when a draining shard
+    /// has nothing queued, and by the close; a drain sleeps on it.
+    pub(super) quiet: Condvar,
+    /// Set by the worker once it took the draining flag in and nothing is
+    /// queued. Who may touch it: only with the inbox lock held (so a
+    /// drain's look and sleep never miss it).
+    drained: AtomicBool,
+}
+
+impl Worker {
+    pub(super) fn new() -> Worker {
+        Worker {
+            quiet: Condvar::new(),
+            drained: AtomicBool::new(false),
+        }
+    }
+}
 
 /// How long an idle worker spins for the next request before parking.
 const WORKER_SPIN: Duration = Duration::from_micros(30);
@@ -71,7 +91,9 @@ impl Shard {
                 }
                 drop(built);
                 if let Ok(shard) = shard_rx.recv() {
-                    shard.work();
+                    if let Flavor::Worker(worker) = &shard.flavor {
+                        shard.work(worker);
+                    }
                 }
             })
             .map_err(|e| NewRunnerError::Spawn(format!("starting the worker thread: {e}")))?;
@@ -93,7 +115,7 @@ impl Shard {
     /// The worker's loop: wait for requests, move them into the engine, run
     /// a turn while seats are queued; on close, answer everything and drop
     /// the state here, on a live thread.
-    pub(super) fn work(&self) {
+    pub(super) fn work(&self, worker: &Worker) {
         super::WORKER_OF.with(|w| w.set(self as *const Shard as usize));
         let mut gauge = SpinGauge::default();
         // Pushes already taken into the engine (read under the inbox lock).
@@ -120,8 +142,8 @@ impl Shard {
                 let mut inbox = self.inbox.lock();
                 while inbox.requests.is_empty() && !inbox.closed && !engine.has_queue() {
                     if inbox.draining && engine.is_quiet() {
-                        inbox.drained = true;
-                        self.quiet.notify_all();
+                        worker.drained.store(true, Ordering::Relaxed);
+                        worker.quiet.notify_all();
                     }
                     let timeout = match next_eviction {
                         None => None,
@@ -176,12 +198,12 @@ impl Shard {
 
     /// Draining, step 4 in worker mode: the worker serves the queue and
     /// says when it is quiet; this waits for that.
-    pub(super) fn drain_worker(&self) {
+    pub(super) fn drain_worker(&self, worker: &Worker) {
         let mut inbox = self.inbox.lock();
         // The worker sets `drained` once it took the draining flag in and
         // nothing is queued.
-        while !inbox.drained && !inbox.closed {
-            inbox = self.quiet.wait(inbox).unwrap_or_else(|e| e.into_inner());
+        while !worker.drained.load(Ordering::Relaxed) && !inbox.closed {
+            inbox = worker.quiet.wait(inbox).unwrap_or_else(|e| e.into_inner());
         }
     }
 }

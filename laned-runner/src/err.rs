@@ -206,6 +206,10 @@ pub enum RunErrorKind {
     State(String),
     /// The runner was dropped.
     Closed,
+    /// No stream to call: spawning it failed (a [`SpawnError`] turned into
+    /// a `RunError` by `?`, so one function can spawn and call). Its
+    /// [`source`](std::error::Error::source) is the spawn error.
+    Spawn(SpawnError),
 }
 
 /// [`LanedStateHandle::call`](crate::LanedStateHandle::call) failed.
@@ -270,6 +274,8 @@ impl RunError {
             RunErrorKind::Draining => EndReason::Drained,
             RunErrorKind::Finished => EndReason::Finished,
             RunErrorKind::Cancelled | RunErrorKind::DeadlineExceeded => EndReason::Cancelled,
+            RunErrorKind::Spawn(SpawnError::Draining) => EndReason::Drained,
+            RunErrorKind::Spawn(SpawnError::Closed) => EndReason::Closed,
             _ => return None,
         })
     }
@@ -329,11 +335,26 @@ impl fmt::Display for RunError {
             ),
             RunErrorKind::State(why) => write!(f, "cannot set the stream's state: {why}"),
             RunErrorKind::Closed => f.write_str("the laned runner was dropped"),
+            RunErrorKind::Spawn(why) => write!(f, "no stream to call: {why}"),
         }
     }
 }
 
-impl std::error::Error for RunError {}
+impl std::error::Error for RunError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self.kind() {
+            RunErrorKind::Spawn(why) => Some(why),
+            _ => None,
+        }
+    }
+}
+
+/// A spawn refused, as the error of a function that spawns and then calls.
+impl From<SpawnError> for RunError {
+    fn from(why: SpawnError) -> RunError {
+        RunError::new(RunErrorKind::Spawn(why))
+    }
+}
 
 /// Why a stream ended, as [`LanedStateHandle::end_reason`] and
 /// [`RunError::end_reason`] tell it.
@@ -377,5 +398,34 @@ impl fmt::Display for EndReason {
             EndReason::Drained => "drained: the runner is going away",
             EndReason::Closed => "closed: the runner was dropped",
         })
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// One function may spawn and call with `?`: a refused spawn becomes a
+    /// `RunError` that says so, keeps the spawn error as its source, and
+    /// tells a draining runner's refusal as the end it is.
+    #[test]
+    fn a_spawn_error_becomes_a_run_error_with_its_source() {
+        fn spawn_then_call(spawned: Result<(), SpawnError>) -> Result<(), RunError> {
+            spawned?;
+            Ok(())
+        }
+        let busy = SpawnError::Busy {
+            waiting: 3,
+            max_waiting: 3,
+        };
+        let e = spawn_then_call(Err(busy.clone())).unwrap_err();
+        assert_eq!(*e.kind(), RunErrorKind::Spawn(busy.clone()));
+        assert_eq!(e.to_string(), format!("no stream to call: {busy}"));
+        let source = std::error::Error::source(&e).expect("the spawn error as source");
+        assert_eq!(source.downcast_ref::<SpawnError>(), Some(&busy));
+        assert_eq!(e.end_reason(), None);
+        let draining = spawn_then_call(Err(SpawnError::Draining)).unwrap_err();
+        assert_eq!(draining.end_reason(), Some(EndReason::Drained));
+        assert!(std::error::Error::source(&RunError::new(RunErrorKind::Cancelled)).is_none());
     }
 }

@@ -70,6 +70,10 @@ pub use config::{InitialState, Mode, PortRef, RunnerConfig, RunnerConfigBuilder,
 pub use deploy::{LanedRuntime, LANED_LANES, LANED_LATENCY_BUDGET_US, LANED_MODE, LANED_SHARDS};
 pub use err::{EndReason, NewRunnerError, RunError, RunErrorKind, SpawnError};
 pub use handle::{LanedStateHandle, Settled};
+/// What [`LanedRunner::metrics`] and [`LanedRunner::close`] return: the
+/// counters as serde data (from `laned-metrics`, so a caller needs no
+/// dependency of its own to name it).
+pub use laned_metrics::Snapshot;
 pub use policy::TurnPolicy;
 pub use runner::{Drained, LanedRunner};
 pub use wire::{StateTensor, StreamState, STREAM_STATE_VERSION};

@@ -55,6 +55,7 @@ mod handle;
 mod iface;
 mod inbox;
 mod policy;
+mod policy_syntax;
 mod protocol;
 mod runner;
 mod shard;
@@ -74,7 +75,7 @@ pub use handle::{LanedStateHandle, Settled};
 /// counters as serde data (from `laned-metrics`, so a caller needs no
 /// dependency of its own to name it).
 pub use laned_metrics::Snapshot;
-pub use policy::TurnPolicy;
+pub use policy::{ParsePolicyError, TurnPolicy};
 pub use runner::{Drained, LanedRunner};
 pub use wire::{StateTensor, StreamState, STREAM_STATE_VERSION};
 

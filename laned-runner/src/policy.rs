@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::policy_syntax::ParsePolicyError;
+
 /// `LatencyBudget` plans turns to end within `1 / HEADROOM` of the budget.
 pub const HEADROOM: u32 = 2;
 
@@ -17,8 +19,20 @@ pub const HEADROOM: u32 = 2;
 pub const BUSY: f64 = 0.5;
 
 /// When a turn starts once a seat is queued.
+///
+/// Written as text one way everywhere (`FromStr`, `Display`, serde):
+/// `immediate`, `linger:<us>`, `budget:<us>`, `tick:<us>` (see
+/// [`ParsePolicyError`] for what is refused). serde also reads the older
+/// table form (`{ kind = "latency_budget", us = 20000 }`).
+///
+/// ```
+/// use laned_runner::TurnPolicy;
+/// let policy: TurnPolicy = "budget:20000".parse().unwrap();
+/// assert_eq!(policy, TurnPolicy::LatencyBudget { us: 20000 });
+/// assert_eq!(policy.to_string(), "budget:20000");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(into = "String", try_from = "crate::policy_syntax::Written")]
 #[non_exhaustive]
 pub enum TurnPolicy {
     /// At once, with whatever is queued.

@@ -217,24 +217,10 @@ impl std::fmt::Display for Settings {
     }
 }
 
-/// `immediate`, `linger:<us>`, `budget:<us>`, `tick:<us>`.
+/// `immediate`, `linger:<us>`, `budget:<us>`, `tick:<us>`: the runner's
+/// one policy syntax ([`TurnPolicy`]'s `FromStr`).
 pub fn parse_policy(s: &str) -> Result<TurnPolicy, String> {
-    let (name, arg) = s.split_once(':').unwrap_or((s, ""));
-    let us = || -> Result<Duration, String> {
-        arg.trim()
-            .parse::<u64>()
-            .map(Duration::from_micros)
-            .map_err(|_| format!("policy {s:?}: expected {name}:<microseconds>"))
-    };
-    match name.trim() {
-        "immediate" => Ok(TurnPolicy::Immediate),
-        "linger" => Ok(TurnPolicy::linger(us()?)),
-        "budget" | "latency_budget" => Ok(TurnPolicy::latency_budget(us()?)),
-        "tick" => Ok(TurnPolicy::tick(us()?)),
-        _ => Err(format!(
-            "unknown policy {s:?}: immediate, linger:<us>, budget:<us> or tick:<us>"
-        )),
-    }
+    s.parse().map_err(|e: laned_runner::ParsePolicyError| e.to_string())
 }
 
 /// The model prepared for tract's default runtime: from `model`, else

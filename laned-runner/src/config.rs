@@ -41,8 +41,12 @@ pub enum Mode {
 /// assert_eq!(config.mode, Mode::Combining);
 /// assert_eq!(config.max_seats, None);
 /// ```
+///
+/// `#[non_exhaustive]`: built with [`RunnerConfig::builder`] (or
+/// `Default`, or serde), so a setting added later breaks no caller.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RunnerConfig {
     /// Lanes of each shard's state: the most streams a shard holds at once.
     /// With the default single shard, the most streams the runner holds, as

@@ -68,7 +68,7 @@ async fn probe(addr: SocketAddr, path: &str) -> Option<u16> {
 
 /// 300 idle TCP connections against a server allowed 128 open files and
 /// 48 connections: every one is closed within the header timeout (1 s)
-/// plus a margin (none was, before the timeout and the cap); then 40
+/// plus a margin (5 s) (none was, before the timeout and the cap); then 40
 /// slowloris clients reconnecting for 4 s: each of their connections is
 /// closed within the timeout too, `/live` and `/ready` answer 200 all the
 /// while, and a good client streaming beside them is answered exactly as
@@ -89,7 +89,7 @@ fn silero_idle_tcp_and_slowloris_are_closed_and_probes_stay_served() {
         }
         let closes: Vec<_> = idle
             .into_iter()
-            .map(|tcp| tokio::spawn(closed_within(tcp, Duration::from_secs(4))))
+            .map(|tcp| tokio::spawn(closed_within(tcp, Duration::from_secs(6))))
             .collect();
         let mut open = 0;
         let mut slowest = Duration::ZERO;
@@ -112,7 +112,7 @@ fn silero_idle_tcp_and_slowloris_are_closed_and_probes_stay_served() {
                         let began = Instant::now();
                         if slowloris(addr, Duration::from_millis(100), stop).await {
                             closed += 1;
-                            assert!(began.elapsed() < Duration::from_secs(3), "a slowloris request held {:?}", began.elapsed());
+                            assert!(began.elapsed() < Duration::from_secs(4), "a slowloris request held {:?}", began.elapsed());
                         }
                     }
                     closed
@@ -130,8 +130,8 @@ fn silero_idle_tcp_and_slowloris_are_closed_and_probes_stay_served() {
         while Instant::now() < stop - Duration::from_millis(200) {
             for path in ["/live", "/ready"] {
                 // A probe may meet a full reserve for a moment; a kubelet
-                // retries, and so does this, for at most a second.
-                let until = Instant::now() + Duration::from_secs(1);
+                // retries, and so does this, for at most two seconds.
+                let until = Instant::now() + Duration::from_secs(2);
                 loop {
                     match probe(addr, path).await {
                         Some(200) => break,

@@ -64,7 +64,12 @@ impl LanedStateHandle {
         // Step 4.
         let rows = self.submit(inputs, deadline)?;
         // Step 5: armed until this call ends, answered or dropped.
-        let _armed = w.arm(&self.stream.core.timer, deadline, &(self.slot.clone() as Arc<dyn Cancel>), call_no);
+        let _armed = w.arm(
+            &self.stream.core.timer,
+            deadline,
+            &(self.slot.clone() as Arc<dyn Cancel>),
+            call_no,
+        );
         // Steps 6 and 7; dropped from here on, the call is cancelled.
         let mut in_flight = InFlight {
             handle: Some(self),
@@ -232,6 +237,9 @@ impl Drop for InFlight<'_> {
             handle.stream.shard().tend();
         }
         old.forget_waker();
-        handle.dropped = Some(Dropped::Pending { slot: old, rows: self.rows });
+        handle.dropped = Some(Dropped::Pending {
+            slot: old,
+            rows: self.rows,
+        });
     }
 }

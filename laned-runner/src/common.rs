@@ -9,12 +9,12 @@ use tract_core::internal::*;
 
 use crate::admission::Admission;
 use crate::config::Resolved;
+use crate::drive::Wait;
 use crate::err::{EndReason, RunError, RunErrorKind, SpawnError};
 use crate::iface::Interface;
 use crate::policy::LearnedTurnTimes;
 use crate::protocol::{Grant, Live, Request};
 use crate::shard::Shard;
-use crate::drive::Wait;
 use crate::slot::Slot;
 use arc_swap::ArcSwap;
 
@@ -68,7 +68,11 @@ impl Common {
     /// mode when free). A try dropped while waiting (a task's) leaves no
     /// lane behind: a grant landing later is refused, one that landed is
     /// released.
-    pub(crate) async fn try_shards<W: Wait>(&self, waited: Option<Duration>, w: &mut W) -> Result<(usize, Grant), SpawnError> {
+    pub(crate) async fn try_shards<W: Wait>(
+        &self,
+        waited: Option<Duration>,
+        w: &mut W,
+    ) -> Result<(usize, Grant), SpawnError> {
         for ix in self.placement() {
             let shard = &self.shards[ix];
             let slot = Arc::new(Slot::new());

@@ -10,10 +10,10 @@ use tract_core::internal::*;
 
 use crate::cancel::CancelToken;
 use crate::common::Common;
+use crate::drive::{Task, Thread, Wait};
 use crate::err::{EndReason, RunError, RunErrorKind};
 use crate::protocol::{CallResult, Grant, Request};
 use crate::shard::Shard;
-use crate::drive::{Task, Thread, Wait};
 use crate::slot::Slot;
 use crate::wire::{StateTensor, StreamState, STREAM_STATE_VERSION};
 
@@ -314,7 +314,9 @@ impl LanedStateHandle {
     /// timeout-and-retry pattern).
     pub async fn call_async(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
         let core = self.stream.core.clone();
-        self.call_op(inputs, None, None, &mut Task).await.map_err(|e| core.told(e))
+        self.call_op(inputs, None, None, &mut Task)
+            .await
+            .map_err(|e| core.told(e))
     }
 
     /// [`LanedStateHandle::call_until`] for a task: past `deadline`, a call
@@ -386,7 +388,11 @@ impl LanedStateHandle {
     /// Not cancel-safe: it consumes the handle, so a dropped `finish_async`
     /// ends the stream where it stood (its call in flight cancelled as a
     /// dropped `call_async`'s).
-    pub async fn finish_async(self, last: Option<TVec<TValue>>, real_frames: usize) -> Result<Vec<TVec<TValue>>, RunError> {
+    pub async fn finish_async(
+        self,
+        last: Option<TVec<TValue>>,
+        real_frames: usize,
+    ) -> Result<Vec<TVec<TValue>>, RunError> {
         self.finish_op(last, real_frames, &mut Task).await
     }
 

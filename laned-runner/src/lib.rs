@@ -39,7 +39,6 @@
 #![warn(missing_docs)]
 
 mod admission;
-mod drive;
 mod call;
 mod cancel;
 mod capacity;
@@ -47,6 +46,7 @@ mod common;
 mod config;
 mod deadline;
 mod deploy;
+mod drive;
 mod engine;
 mod err;
 mod explicit;

@@ -54,7 +54,9 @@ impl FromStr for TurnPolicy {
             "immediate" => Err(refuse("immediate takes no value".into())),
             "linger" => Ok(TurnPolicy::Linger { us: us()? }),
             "budget" | "latency_budget" => Ok(TurnPolicy::LatencyBudget { us: us()? }),
-            "tick" => Ok(TurnPolicy::Tick { period_us: us()?.max(1) }),
+            "tick" => Ok(TurnPolicy::Tick {
+                period_us: us()?.max(1),
+            }),
             _ => Err(refuse(
                 "unknown policy name; expected immediate, linger:<us>, budget:<us> or tick:<us>".into(),
             )),

@@ -43,7 +43,9 @@ impl Place {
     /// A place under `cap` (counting `also` too), or `None`.
     fn take(count: &Arc<AtomicUsize>, also: usize, cap: usize) -> Option<Place> {
         count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n + also < cap).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n + also < cap).then_some(n + 1)
+            })
             .ok()
             .map(|_| Place(count.clone()))
     }
@@ -72,7 +74,13 @@ impl Said {
 /// Serve `app` on `listener` within `limits`; `probes` answers the
 /// connections of the reserve. `sessions` counts the live WebSocket
 /// sessions (upgraded connections leave the accept's count).
-pub(crate) async fn serve(listener: TcpListener, app: Router, probes: Router, limits: Limits, sessions: Arc<AtomicUsize>) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    probes: Router,
+    limits: Limits,
+    sessions: Arc<AtomicUsize>,
+) {
     let reading = Arc::new(AtomicUsize::new(0));
     let reserve = Arc::new(AtomicUsize::new(0));
     let (at_cap, out_of_files) = (Said(Mutex::new(None)), Said(Mutex::new(None)));
@@ -114,7 +122,10 @@ pub(crate) async fn serve(listener: TcpListener, app: Router, probes: Router, li
             // The reserve's places are for one probe each.
             http.keep_alive(!probes_only);
             let service = TowerToHyperService::new(router);
-            let _ = http.serve_connection(TokioIo::new(stream), service).with_upgrades().await;
+            let _ = http
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades()
+                .await;
         });
     }
 }

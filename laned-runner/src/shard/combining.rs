@@ -176,8 +176,10 @@ impl Shard {
                     inbox = match tick {
                         None => combining.help.wait(inbox).unwrap_or_else(|e| e.into_inner()),
                         Some(tick) => {
-                            let (inbox, timeout) =
-                                combining.help.wait_timeout(inbox, tick).unwrap_or_else(|e| e.into_inner());
+                            let (inbox, timeout) = combining
+                                .help
+                                .wait_timeout(inbox, tick)
+                                .unwrap_or_else(|e| e.into_inner());
                             ticked = timeout.timed_out();
                             inbox
                         }

@@ -60,8 +60,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::config::{Mode, Resolved};
-use combining::Combining;
-use worker::Worker;
 use crate::engine::{Engine, Parts};
 use crate::err::NewRunnerError;
 use crate::inbox::Inbox;
@@ -71,6 +69,8 @@ use crate::slot::{Slot, Wake};
 use crate::sync::{lock, AtomicUsize, Mutex, Ordering};
 use crate::wake::Deferred;
 use arc_swap::ArcSwap;
+use combining::Combining;
+use worker::Worker;
 
 pub(crate) struct Shard {
     /// Who may touch it: any thread pushes (handles, spawns, drops); the

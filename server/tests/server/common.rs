@@ -308,7 +308,11 @@ pub async fn child_server_with_files(
         None => tokio::process::Command::new(env!("CARGO_BIN_EXE_vad-server")),
         Some(n) => {
             let mut sh = tokio::process::Command::new("sh");
-            sh.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_vad-server")]);
+            sh.args([
+                "-c",
+                &format!("ulimit -n {n} && exec \"$0\" \"$@\""),
+                env!("CARGO_BIN_EXE_vad-server"),
+            ]);
             sh
         }
     };

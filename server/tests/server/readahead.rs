@@ -79,7 +79,11 @@ fn silero_read_ahead_stays_within_the_per_connection_bound() {
             peak
         });
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(stream(addr, &samples, false, 2).await, want, "a good client under the attack");
+        assert_eq!(
+            stream(addr, &samples, false, 2).await,
+            want,
+            "a good client under the attack"
+        );
         for a in attack {
             a.await.unwrap();
         }
@@ -93,7 +97,12 @@ fn silero_read_ahead_stays_within_the_per_connection_bound() {
             (grew / 32) >> 20,
             bound >> 20
         );
-        assert!(grew < bound, "grew by {} MiB, over the bound of {} MiB", grew >> 20, bound >> 20);
+        assert!(
+            grew < bound,
+            "grew by {} MiB, over the bound of {} MiB",
+            grew >> 20,
+            bound >> 20
+        );
         drop(child);
     });
 }

@@ -32,7 +32,9 @@ async fn closed_within(mut tcp: TcpStream, within: Duration) -> Option<Duration>
 /// the server closes the connection or `stop` passes. Returns whether the
 /// server closed it.
 async fn slowloris(addr: SocketAddr, every: Duration, stop: Instant) -> bool {
-    let Ok(mut tcp) = TcpStream::connect(addr).await else { return true };
+    let Ok(mut tcp) = TcpStream::connect(addr).await else {
+        return true;
+    };
     let head = b"GET /v1/vad HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
     let mut buf = [0u8; 64];
     for byte in head.iter().cycle() {
@@ -112,7 +114,11 @@ fn silero_idle_tcp_and_slowloris_are_closed_and_probes_stay_served() {
                         let began = Instant::now();
                         if slowloris(addr, Duration::from_millis(100), stop).await {
                             closed += 1;
-                            assert!(began.elapsed() < Duration::from_secs(4), "a slowloris request held {:?}", began.elapsed());
+                            assert!(
+                                began.elapsed() < Duration::from_secs(4),
+                                "a slowloris request held {:?}",
+                                began.elapsed()
+                            );
                         }
                     }
                     closed

@@ -38,10 +38,22 @@ use crate::protocol::{Call, CallResult, Request};
 use crate::slot::{Cancel, Slot, Wake};
 
 impl LanedStateHandle {
-    /// The one call (see the steps above), waiting as `w` does. Errors
-    /// are as the engine gave them (the caller tells them as the runner's
-    /// ending says).
+    /// The one call (see the steps above), waiting as `w` does. Its
+    /// errors say what the runner's ending says (a closed runner's refusal
+    /// reads `Draining` once a drain closed it).
     pub(crate) async fn call_op<W: Wait>(
+        &mut self,
+        inputs: TVec<TValue>,
+        token: Option<&CancelToken>,
+        deadline: Option<Instant>,
+        w: &mut W,
+    ) -> Result<TVec<TValue>, RunError> {
+        let core = self.stream.core.clone();
+        self.steps(inputs, token, deadline, w).await.map_err(|e| core.told(e))
+    }
+
+    /// Steps 1 to 8, errors as the engine gave them.
+    async fn steps<W: Wait>(
         &mut self,
         inputs: TVec<TValue>,
         token: Option<&CancelToken>,

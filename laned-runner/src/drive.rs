@@ -3,7 +3,8 @@
 //! trip, settling, ending a stream) is written once, as a future generic
 //! over a [`Wait`]: the one step where it waits for an engine's answer. A
 //! task awaits it with [`Task`]; a blocking caller drives the very same
-//! future on its thread with [`on`] and [`Thread`].
+//! future on its thread with [`Thread`], through [`block`] (or [`on`],
+//! which gives up at a deadline).
 //!
 //! - [`Task`] leaves the task's `Waker` in the answer slot and returns
 //!   `Pending`; whoever lands the answer wakes it (in combining mode the

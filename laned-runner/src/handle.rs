@@ -286,8 +286,7 @@ impl LanedStateHandle {
         token: Option<&CancelToken>,
         deadline: Option<Instant>,
     ) -> Result<TVec<TValue>, RunError> {
-        let core = self.stream.core.clone();
-        crate::drive::block(self.call_op(inputs, token, deadline, &mut Thread)).map_err(|e| core.told(e))
+        crate::drive::block(self.call_op(inputs, token, deadline, &mut Thread))
     }
 
     /// [`LanedStateHandle::call`] for a task: the same checks, turn rules
@@ -313,10 +312,7 @@ impl LanedStateHandle {
     /// timeout is never fed twice unknowingly (see the README's
     /// timeout-and-retry pattern).
     pub async fn call_async(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
-        let core = self.stream.core.clone();
-        self.call_op(inputs, None, None, &mut Task)
-            .await
-            .map_err(|e| core.told(e))
+        self.call_op(inputs, None, None, &mut Task).await
     }
 
     /// [`LanedStateHandle::call_until`] for a task: past `deadline`, a call
@@ -333,10 +329,7 @@ impl LanedStateHandle {
         inputs: TVec<TValue>,
         deadline: Instant,
     ) -> Result<TVec<TValue>, RunError> {
-        let core = self.stream.core.clone();
-        self.call_op(inputs, None, Some(deadline), &mut Task)
-            .await
-            .map_err(|e| core.told(e))
+        self.call_op(inputs, None, Some(deadline), &mut Task).await
     }
 
     /// Settle a call whose future was dropped before its answer was taken:
@@ -408,8 +401,7 @@ impl LanedStateHandle {
         let mut outputs = vec![];
         for pulse in pulses {
             self.resolve(&symbol, length)?;
-            let core = self.stream.core.clone();
-            outputs.push(self.call_op(pulse, None, None, w).await.map_err(|e| core.told(e))?);
+            outputs.push(self.call_op(pulse, None, None, w).await?);
         }
         self.stream.finished.store(true, crate::sync::Ordering::Release);
         Ok(outputs)

@@ -193,10 +193,7 @@ impl<T> Slot<T> {
         if inner.value.is_some() || inner.cancelled {
             return true;
         }
-        match &inner.waker {
-            Some(waker) if waker.will_wake(cx.waker()) => (),
-            _ => inner.waker = Some(cx.waker().clone()),
-        }
+        leave_waker(&mut inner, cx);
         false
     }
 
@@ -265,10 +262,7 @@ impl<T> Slot<T> {
             inner.cancelled = false;
             return Poll::Ready(Err(()));
         }
-        match &inner.waker {
-            Some(waker) if waker.will_wake(cx.waker()) => (),
-            _ => inner.waker = Some(cx.waker().clone()),
-        }
+        leave_waker(&mut inner, cx);
         Poll::Pending
     }
 
@@ -351,6 +345,14 @@ impl<T> Slot<T> {
             }
             inner.parked = false;
         }
+    }
+}
+
+/// Leave the task's waker in `inner` (kept if it is the same task's).
+fn leave_waker<T>(inner: &mut Inner<T>, cx: &Context<'_>) {
+    match &inner.waker {
+        Some(waker) if waker.will_wake(cx.waker()) => (),
+        _ => inner.waker = Some(cx.waker().clone()),
     }
 }
 

@@ -116,19 +116,30 @@ pub async fn http_status(addr: SocketAddr, path: &str) -> u16 {
 
 /// The status code and body of `GET path`.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    try_http_get(addr, path)
+        .await
+        .unwrap_or_else(|| panic!("GET {path}: no answer"))
+}
+
+/// [`http_get`], `None` when the connection is refused, dropped without
+/// an answer, or silent for 2 s (a server under attack may do any).
+pub async fn try_http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
         .await
-        .unwrap();
+        .ok()?;
     let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
     let text = String::from_utf8_lossy(&buf).to_string();
-    let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
     let body = text
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
-    (code, body)
+    Some((code, body))
 }
 
 /// Polls `GET path` until it answers `want` (panics after `within`).
@@ -352,4 +363,15 @@ pub fn sigterm(pid: u32) {
         .status()
         .unwrap()
         .success());
+}
+
+/// The resident set of process `pid`, in bytes.
+pub fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
 }

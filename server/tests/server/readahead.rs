@@ -12,17 +12,6 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
-/// The resident set of process `pid`, in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb * 1024
-}
-
 /// One hostile connection, for `secs`: a frame of a full `max` bytes (512
 /// chunks, so calls stay in flight a while), then frames of twice `max`
 /// less 4 bytes (refused, but only once read), reconnecting whenever it is

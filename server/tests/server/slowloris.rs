@@ -53,21 +53,6 @@ async fn slowloris(addr: SocketAddr, every: Duration, stop: Instant) -> bool {
     unreachable!("the head cycles")
 }
 
-/// `GET path`'s status, `None` when the connection is refused or dropped
-/// without an answer.
-async fn probe(addr: SocketAddr, path: &str) -> Option<u16> {
-    let mut s = TcpStream::connect(addr).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf))
-        .await
-        .ok()?
-        .ok()?;
-    String::from_utf8_lossy(&buf).split_whitespace().nth(1)?.parse().ok()
-}
-
 /// 300 idle TCP connections against a server allowed 128 open files and
 /// 48 connections: every one is closed within the header timeout (1 s)
 /// plus a margin (5 s) (none was, before the timeout and the cap); then 40
@@ -139,7 +124,7 @@ fn silero_idle_tcp_and_slowloris_are_closed_and_probes_stay_served() {
                 // retries, and so does this, for at most two seconds.
                 let until = Instant::now() + Duration::from_secs(2);
                 loop {
-                    match probe(addr, path).await {
+                    match try_http_get(addr, path).await.map(|(code, _)| code) {
                         Some(200) => break,
                         got => assert!(Instant::now() < until, "{path} unanswered under slowloris: {got:?}"),
                     }

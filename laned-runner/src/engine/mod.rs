@@ -1,42 +1,47 @@
-//! One laned state and everything that must change with it: its lane table,
-//! the queued seats, the calls waiting for them, and the turn buffers. Only
-//! the thread holding the engine (the worker, or the combining caller holding
-//! its lock) touches any of it: taking a lane resets it, and a reset writes
-//! the state.
+//! One laned state and everything that must change with it, as parts that
+//! each own their data (one job per file):
+//! - `model`: the state, its explicit state per lane, the stacked inputs;
+//!   resets, runs, recovery, rebuilds (knows no stream, no call);
+//! - `queue`: the queued seats, the pending calls, the per-lane counts
+//!   kept true with them (answers nobody: hands calls back);
+//! - `streams`: the lane table, each lane's stream and its last call, the
+//!   lost and evicted marks (their only writer);
+//! - `turn`: one turn over the others, borrowed for its length, and what
+//!   only a turn uses (the fill, the wake list, the arrival rate);
+//! - `records`: each event booked once, in the counters and the facade.
 //!
-//! One job per file: `queue` (queued seats, pending calls and the per-lane
-//! counts kept true with them), `streams` (owners, activity, lost and
-//! evicted streams, grants and releases), `turn` (seat, run, recover, land),
-//! `records` (each event booked once, in the counters and the facade).
+//! This file composes them: one method per request, each answering its
+//! caller. Only the thread holding the engine (the worker, or the
+//! combining caller holding its lock) touches any of it: taking a lane
+//! resets it, and a reset writes the state. No part imports another's
+//! owner: `mod.rs` uses them all, `turn` the other four, `model` the
+//! queue's seat type, and none uses `mod.rs`.
 
+mod model;
 mod queue;
 mod records;
 mod streams;
 mod turn;
 
-use std::any::Any;
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use lane_table::{Fill, LaneId, LaneTable};
 use laned_metrics::Metrics;
 use tract_core::internal::*;
 
 use crate::admission::Admission;
-use crate::err::{EndReason, NewRunnerError, RunError, RunErrorKind};
-use crate::explicit::ExplicitState;
+use crate::err::{EndReason, NewRunnerError, RunError, RunErrorKind, SpawnError};
 use crate::iface::Interface;
 use crate::policy::{decide, recheck_after, Decision, LearnedTurnTimes, QueueState};
-use crate::protocol::{CallResult, Live, Request};
+use crate::protocol::{Call, CallResult, Grant, Live, Request, SpawnResult};
 use crate::slot::Slot;
-use crate::stack::Stacker;
 use arc_swap::ArcSwap;
+use lane_table::LaneId;
+use model::Model;
+use queue::Queue;
 use records::Records;
-
-use queue::{CallIdHasher, Pending, QSeat};
+use streams::Streams;
+use turn::{withdraw, Turn};
 
 /// What a shard is built from: the runner's shared parts and its own.
 pub(crate) struct Parts {
@@ -56,88 +61,18 @@ pub(crate) struct Parts {
     pub meters: crate::facade::Meters,
 }
 
-/// What a caught panic carried, as text.
-fn panic_text(panic: Box<dyn Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".into())
-}
-
-/// Reset `lanes` of `state`: an op state that errs or panics doing so is
-/// reported as an error, never unwinds into the runner.
-fn reset_caught(state: &mut dyn State, lanes: &[LaneId]) -> Result<(), String> {
-    let lanes: TVec<TractLane> = lanes.iter().map(|l| tract_lane(*l)).collect();
-    match catch_unwind(AssertUnwindSafe(|| state.reset_lanes(&lanes))) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("{e:#}")),
-        Err(panic) => Err(format!("an op state panicked resetting lanes: {}", panic_text(panic))),
-    }
-}
-
-/// Spawn a state from `inner`, a panic caught.
-fn spawn_caught(inner: &dyn Runnable) -> Result<Box<dyn State>, String> {
-    match catch_unwind(AssertUnwindSafe(|| inner.spawn())) {
-        Ok(Ok(state)) => Ok(state),
-        Ok(Err(e)) => Err(format!("{e:#}")),
-        Err(panic) => Err(format!("spawning the state panicked: {}", panic_text(panic))),
-    }
-}
-
 pub(crate) struct Engine {
-    /// The laned state; `None` once the engine is closed (the state is
-    /// dropped by the closing thread, which is a live one).
-    state: Option<Box<dyn State>>,
-    inner: Arc<dyn Runnable>,
-    iface: Arc<Interface>,
-    table: LaneTable,
-    /// Seats waiting, oldest first; a call's seats adjacent, in place order.
-    /// Seats of cancelled calls may linger until the next sweep
-    /// (`dead_seats` of them).
-    queue: Vec<QSeat>,
-    dead_seats: usize,
-    /// Reused buffers for splitting the queue at each turn.
-    spare: Vec<QSeat>,
-    seated: Vec<QSeat>,
-    /// The turn's answered callers that sleep, woken together at its end.
-    wakes: Vec<Arc<Slot<CallResult>>>,
-    pending: HashMap<u64, Pending, BuildHasherDefault<CallIdHasher>>,
-    next_call: u64,
-    fill: Fill,
-    /// Seats queued per lane, and how many lanes have one queued at least:
-    /// a linger ends early when every held lane does.
-    queued_per_lane: Vec<u32>,
-    lanes_queued: usize,
-    /// Per lane: why its stream lost its state (a failed turn), until the
-    /// stream is released.
-    lost: Vec<Option<String>>,
-    /// Per lane: the stream holding it, and when it last called.
-    owner: Vec<Option<u64>>,
-    last_active: Vec<Instant>,
-    /// Streams that lost their lane to eviction, and why, until released.
-    evicted: HashMap<u64, String>,
-    next_stream: u64,
+    model: Model,
+    queue: Queue,
+    streams: Streams,
+    turn: Turn,
+    /// The shard's counters and facade handles, booked together.
+    records: Records,
     /// The runner's admission queue: its oldest waiter is granted every
     /// lane that frees up.
     admission: Arc<Admission>,
     /// This shard's index among the runner's (its grants carry it).
     index: usize,
-    idle_timeout: Option<std::time::Duration>,
-    /// No new stream or call is taken; what is queued is finished.
-    draining: bool,
-    /// Stacked batched inputs, keyed by (input slot, turn shape).
-    stacker: Stacker,
-    /// The model's explicit state, per lane.
-    explicit: ExplicitState,
-    /// The symbols the state had resolved at spawn, restored after each turn
-    /// that resolved some for its seats. `None`: the state cannot forget a
-    /// resolved symbol, so calls resolving one are refused.
-    symbols_at_spawn: Option<SymbolValues>,
-    /// The shard's counters and facade handles, booked together.
-    records: Records,
-    /// Streams held at most: one lane fewer than the state has.
-    max_streams: usize,
     /// The policy and `max_seats`, changeable while serving: read once per
     /// turn.
     live: Arc<ArcSwap<Live>>,
@@ -145,52 +80,14 @@ pub(crate) struct Engine {
     times: Arc<LearnedTurnTimes>,
     /// The runner's start, for `Tick`.
     epoch: Instant,
-    /// Seats served per second lately (an exponential average over turns,
-    /// weight 1/8) and the start of the last turn: in steady state, the
-    /// arrival rate the budget policy plans with.
-    arrivals_per_sec: f64,
-    /// The averages it is the ratio of: seats per turn, seconds between
-    /// turn starts (weight 1/8 each).
-    arrivals: Option<(f64, f64)>,
-    last_turn: Option<Instant>,
+    /// No new stream or call is taken; what is queued is finished.
+    draining: bool,
+    /// Everything was answered `Closed` and the state dropped.
     closed: bool,
 }
 
-fn resettable(state: &mut Box<dyn State>, inner: &dyn Runnable, lanes: &[LaneId]) -> Result<(), NewRunnerError> {
-    if let Err(e) = reset_caught(&mut **state, lanes) {
-        let (mut node, mut op) = (None, None);
-        if let (Some(simple), Some(model)) = (state.downcast_mut::<TypedSimpleState>(), inner.typed_model()) {
-            for (ix, op_state) in simple.op_states.iter_mut().enumerate() {
-                if let Some(op_state) = op_state {
-                    let tract_lanes: TVec<TractLane> = lanes.iter().map(|l| tract_lane(*l)).collect();
-                    let failed = !matches!(
-                        catch_unwind(AssertUnwindSafe(|| op_state.reset_lanes(&tract_lanes))),
-                        Ok(Ok(()))
-                    );
-                    if failed {
-                        node = model.nodes.get(ix).map(|n| n.name.clone());
-                        op = model.nodes.get(ix).map(|n| n.op.name().to_string());
-                        break;
-                    }
-                }
-            }
-        }
-        return Err(NewRunnerError::Reset { node, op, cause: e });
-    }
-    Ok(())
-}
-
-use tract_core::plan::LaneId as TractLane;
-
-/// The runner's lanes are `LaneId`s; tract's own lane type is met
-/// only here, at the boundary (resets and seatings).
-fn tract_lane(lane: LaneId) -> TractLane {
-    TractLane(lane.0)
-}
-
 impl Engine {
-    /// Spawn the state and reset every lane once, so an op state that cannot
-    /// serve several streams fails here, naming the op.
+    /// Spawn the state and reset every lane once (see [`Model::start`]).
     ///
     /// The state has one lane more than `max_streams`: it is never given to a
     /// stream, so the later rows of a wide call always find a lane to borrow.
@@ -206,78 +103,48 @@ impl Engine {
             index,
         } = parts;
         let max_streams = config.max_lanes;
-        let max_lanes = max_streams + 1;
-        let mut state = spawn_caught(&*inner).map_err(NewRunnerError::Spawn)?;
-        let every: Vec<LaneId> = (0..max_lanes).map(LaneId).collect();
-        resettable(&mut state, &*inner, &every)?;
-        let explicit = ExplicitState::new(&iface, max_lanes)?;
-        let symbols_at_spawn = state
-            .downcast_ref::<TypedSimpleState>()
-            .map(|s| s.turn_state.resolved_symbols.clone());
+        let model = Model::start(inner, iface, max_streams + 1)?;
         Ok(Engine {
-            state: Some(state),
-            inner,
-            iface,
-            table: LaneTable::new(max_lanes).map_err(|e| NewRunnerError::Config(e.to_string()))?,
-            queue: vec![],
-            dead_seats: 0,
-            spare: vec![],
-            wakes: vec![],
-            seated: vec![],
-            pending: HashMap::default(),
-            next_call: 0,
-            fill: Fill::default(),
-            queued_per_lane: vec![0; max_lanes],
-            lanes_queued: 0,
-            lost: vec![None; max_lanes],
-            owner: vec![None; max_lanes],
-            last_active: vec![Instant::now(); max_lanes],
-            evicted: HashMap::new(),
-            next_stream: 0,
+            model,
+            queue: Queue::new(max_streams + 1),
+            streams: Streams::new(max_streams, config.idle_timeout)?,
+            turn: Turn::default(),
+            records: Records::new(metrics, meters, max_streams),
             admission,
             index,
-            idle_timeout: config.idle_timeout,
-            draining: false,
-            stacker: Stacker::default(),
-            explicit,
-            symbols_at_spawn,
-            records: Records::new(metrics, meters, max_streams),
-            max_streams,
             live,
             times,
             epoch: Instant::now(),
-            arrivals_per_sec: 0.0,
-            arrivals: None,
-            last_turn: None,
+            draining: false,
             closed: false,
         })
     }
 
     /// Whether calls resolving a symbol can be served.
     pub fn can_forget_symbols(&self) -> bool {
-        self.symbols_at_spawn.is_some()
+        self.model.can_forget_symbols()
     }
 
     /// What the turn policy decides for the queue now, and after how many
     /// more seats an arrival could change that (the inbox's sleeper rule);
     /// `None` when nothing is queued.
     pub fn decide(&mut self, live: &Live, now: Instant) -> Option<(Decision, usize)> {
-        self.sweep();
-        let oldest = self.queue.first()?.queued;
+        self.queue.sweep();
+        let oldest = self.queue.seats().first()?.queued;
         let queue = QueueState {
             oldest,
             queued: self.queue.len(),
-            held: self.table.taken(),
-            lanes_queued: self.lanes_queued,
+            held: self.streams.taken(),
+            lanes_queued: self.queue.lanes_queued(),
             max_seats: live.max_seats,
             epoch: self.epoch,
-            arrivals_per_sec: self.arrivals_per_sec,
+            arrivals_per_sec: self.turn.arrivals_per_sec(),
         };
         let decision = decide(&live.policy, &queue, &*self.times, now);
         Some((decision, recheck_after(&live.policy, &queue, now)))
     }
 
-    pub fn record_policy_wait(&self, wait: std::time::Duration) {
+    pub fn record_policy_wait(&self, wait: Duration) {
         self.records.policy_wait(wait);
     }
 
@@ -303,8 +170,8 @@ impl Engine {
             Request::Release(grant) => self.release(grant),
             Request::Cancel(slot) => self.cancel(&slot),
             Request::ReadState { stream, slot } => {
-                let read = self.own(stream).and_then(|lane| {
-                    self.explicit
+                let read = self.streams.own(stream).and_then(|lane| {
+                    self.model
                         .read(lane)
                         .map_err(|e| RunError::new(RunErrorKind::Output(format!("reading the state: {e:#}"))))
                 });
@@ -313,16 +180,16 @@ impl Engine {
             // In the order a call is refused (see `enqueue`), so that the
             // status and a call's refusal agree.
             Request::Status { stream, slot } => {
-                let status = match self.own(stream) {
+                let status = match self.streams.own(stream) {
                     Err(e) => e.end_reason(),
                     Ok(_) if self.draining => Some(EndReason::Drained),
-                    Ok(lane) => self.lost[lane].as_ref().map(|_| EndReason::Lost),
+                    Ok(lane) => self.streams.lost(LaneId(lane)).map(|_| EndReason::Lost),
                 };
                 slot.fill(if self.closed { Some(EndReason::Closed) } else { status });
             }
             Request::WriteState { stream, state, slot } => {
-                let written = self.own(stream).and_then(|lane| {
-                    self.explicit
+                let written = self.streams.own(stream).and_then(|lane| {
+                    self.model
                         .write(lane, &state)
                         .map_err(|why| RunError::new(RunErrorKind::State(why)))
                 });
@@ -331,10 +198,227 @@ impl Engine {
         }
     }
 
+    /// A call: refused (closed, not the stream's lane, evicted, draining,
+    /// lost, a symbol the state cannot forget), or queued.
+    fn enqueue(&mut self, call: Call) {
+        if self.closed {
+            call.slot.fill(Err(RunError::new(RunErrorKind::Closed)));
+            return;
+        }
+        let lane = call.stream.lane;
+        if let Err(gone) = self.streams.own(call.stream) {
+            call.slot.fill(Err(gone));
+            return;
+        }
+        // Idleness is measured to the moment the caller called, not to the
+        // moment the engine takes the call in (after a long turn, say): a
+        // call made in time is served, one made after the timeout finds
+        // its stream evicted, as it would had anyone looked meanwhile.
+        if self.streams.idle_by(lane, self.queue.has_seat_on(lane), call.queued) {
+            let why = self.evict(lane, call.stream.stream);
+            call.slot.fill(Err(RunError::new(RunErrorKind::Evicted(why))));
+            return;
+        }
+        if self.draining {
+            call.slot.fill(Err(RunError::new(RunErrorKind::Draining)));
+            return;
+        }
+        // The instant the caller took when queueing: no clock read here.
+        self.streams.touch(lane, call.queued);
+        if let Some(why) = self.streams.lost(lane) {
+            self.records.failed_seats(call.seats.len());
+            call.slot.fill(Err(RunError::new(RunErrorKind::Lost(why.clone()))));
+            return;
+        }
+        if !call.group.resolved().is_empty() && !self.model.can_forget_symbols() {
+            call.slot.fill(Err(RunError::new(RunErrorKind::Symbol(
+                "this state cannot forget a resolved symbol after the turn".into(),
+            ))));
+            return;
+        }
+        self.queue.push(call);
+    }
+
+    /// A cancelled call: dropped and answered `Cancelled` if none of its
+    /// seats was seated yet (requests are taken between turns, so no seat is
+    /// in a turn now); left to complete otherwise, its answer the verdict.
+    /// A call no longer pending was answered already: that answer stands.
+    fn cancel(&mut self, slot: &Arc<Slot<CallResult>>) {
+        if let Some(id) = self.queue.pending_id(slot) {
+            withdraw(&mut self.queue, &mut self.streams, id, RunErrorKind::Cancelled);
+        }
+    }
+
+    /// Publish the lanes taken (the gauges of the metrics and the facade).
+    fn lanes_changed(&self) {
+        self.records.lanes_taken(self.streams.taken());
+    }
+
+    /// A lane for a new stream, or `Full` at once: waiting for a lane is
+    /// the runner's admission queue, which spans every shard.
+    fn spawn(&mut self, slot: Arc<Slot<SpawnResult>>, waited: Option<Duration>) {
+        if self.closed {
+            return slot.fill(Err(SpawnError::Closed));
+        }
+        // Not admitting (a soft drain started, or the runner closing):
+        // refused from the instant `stop_admitting` or the close refused
+        // admission, whatever this request's path, with that refusal.
+        if let Some(refusal) = self.admission.refusal() {
+            return slot.fill(Err(refusal));
+        }
+        if self.draining {
+            return slot.fill(Err(SpawnError::Draining));
+        }
+        // The admission queue goes first (arrival order): a direct try
+        // gets a lane only once every waiter has one, so a spawner is
+        // refused only when no lane is free.
+        self.admit_waiting();
+        if self.streams.has_room() {
+            if !self.grant(slot, waited) {
+                // Nobody took the lane: it is the next waiter's.
+                self.admit_waiting();
+            }
+        } else {
+            slot.fill(Err(SpawnError::Full {
+                total_lanes: self.streams.max_streams(),
+                waiting: 0,
+            }));
+        }
+    }
+
+    /// Hand a free lane (reset) to a spawner. Returns false when the
+    /// spawner went away meanwhile (its slot refused the grant): the lane
+    /// is free again, for the next one.
+    fn grant(&mut self, slot: Arc<Slot<SpawnResult>>, waited: Option<Duration>) -> bool {
+        let Some(lane) = self.streams.take_lane() else {
+            return true;
+        };
+        if let Err(why) = self.model.reset(lane) {
+            // The lane goes back free: whatever the failed reset left in it,
+            // its next holder (a stream or a borrowed row) resets it first,
+            // and gets it only if that reset succeeds.
+            self.streams.give_back(lane);
+            slot.fill(Err(SpawnError::Reset(why)));
+            return true;
+        }
+        // Book the lane before answering: a spawner reading the gauge right
+        // after this one returns must see the lane taken (placement reads it).
+        let stream = self.streams.book(lane);
+        self.lanes_changed();
+        let grant = Grant {
+            shard: self.index,
+            lane,
+            stream,
+        };
+        if slot.offer(Ok(grant)).is_err() {
+            // The spawner went away meanwhile (its future dropped, its wait
+            // timed out): the lane goes back.
+            self.streams.unbook(lane);
+            self.lanes_changed();
+            return false;
+        }
+        self.records.admission(waited);
+        true
+    }
+
+    /// Grant free lanes to the admission queue's oldest waiters, one lane
+    /// each, while both last (none while draining or closed: the refusal
+    /// answers them).
+    fn admit_waiting(&mut self) {
+        while !self.closed && !self.draining && self.streams.has_room() {
+            let Some(waiter) = self.admission.next_waiter() else {
+                return;
+            };
+            self.grant(waiter.slot, Some(waiter.since.elapsed()));
+        }
+    }
+
+    /// Free `lane`: its queued seats go (nobody waits for them), its marks
+    /// are cleared, it goes back to the table and waiters are admitted.
+    fn free_lane(&mut self, lane: LaneId) {
+        for pending in self.queue.drop_lane(lane) {
+            pending.slot.fill(Err(RunError::new(RunErrorKind::Cancelled)));
+        }
+        self.streams.free(lane);
+        self.lanes_changed();
+        // The gauge first, then the queue (see `Admission::arrive`): the
+        // oldest waiter gets the lane.
+        self.admission.lane_freed();
+        self.admit_waiting();
+    }
+
+    /// The last handle of a stream went: its lane goes back, if still its.
+    fn release(&mut self, grant: Grant) {
+        if self.streams.release(grant) {
+            self.free_lane(grant.lane);
+        }
+    }
+
+    /// Evict `stream` from `lane` for being idle; returns why, as the
+    /// stream is told.
+    fn evict(&mut self, lane: LaneId, stream: u64) -> String {
+        let why = self.streams.mark_evicted(stream);
+        // A reset that fails here is not the evicted stream's concern: the
+        // lane's next holder resets it again first.
+        let _ = self.model.reset(lane);
+        self.free_lane(lane);
+        why
+    }
+
+    /// Evict the streams idle for longer than the timeout as of `now`
+    /// (none with a seat queued, none with a call among `batch`). Allocates
+    /// nothing: the batch is searched only for an overdue stream.
+    fn evict_idle_at(&mut self, now: Instant, batch: &[Request]) {
+        if self.closed {
+            return;
+        }
+        for lane in (0..self.streams.lanes()).map(LaneId) {
+            let Some(stream) = self.streams.holder(lane) else {
+                continue;
+            };
+            if !self.streams.idle_by(lane, self.queue.has_seat_on(lane), now) {
+                continue;
+            }
+            let calling = batch
+                .iter()
+                .any(|r| matches!(r, Request::Call(call) if call.stream.stream == stream));
+            if !calling {
+                self.evict(lane, stream);
+            }
+        }
+    }
+
+    /// When the next idle stream is due (a time past, for one overdue):
+    /// the holder of the state takes the inbox in then, which evicts it.
+    pub fn next_idle_due(&self) -> Option<Instant> {
+        if self.closed {
+            return None;
+        }
+        self.streams.next_idle_due(|lane| self.queue.has_seat_on(lane))
+    }
+
+    /// Run one turn from the head of the queue.
+    pub fn turn(&mut self) {
+        let live = self.live.load();
+        self.turn.run(turn::Parts {
+            queue: &mut self.queue,
+            streams: &mut self.streams,
+            model: &mut self.model,
+            records: &self.records,
+            times: &self.times,
+            live: &live,
+        });
+    }
+
+    /// Whether any seat waits for a turn.
+    pub fn has_queue(&self) -> bool {
+        self.queue.has_seats()
+    }
+
     /// Publish the queue's length (the `seats_queued` gauge): after the
     /// requests were taken in and after each turn.
     pub fn publish_queue(&self) {
-        self.records.seats_queued(self.queue_len());
+        self.records.seats_queued(self.queue.len());
     }
 
     /// Whether the engine was closed (its state dropped).
@@ -354,20 +438,15 @@ impl Engine {
 
     /// Nothing queued, nothing waiting for an answer.
     pub fn is_quiet(&self) -> bool {
-        !self.has_queue() && self.pending.is_empty()
+        self.queue.is_quiet()
     }
 
     /// Answer everything with `Closed` and drop the state on this thread.
     pub fn close(&mut self) {
         self.closed = true;
-        for (_, pending) in self.pending.drain() {
+        for pending in self.queue.clear() {
             pending.slot.fill(Err(RunError::new(RunErrorKind::Closed)));
         }
-        self.queue.clear();
-        self.dead_seats = 0;
-        self.queued_per_lane.iter_mut().for_each(|n| *n = 0);
-        self.lanes_queued = 0;
-        self.stacker.clear();
-        self.state = None;
+        self.model.close();
     }
 }

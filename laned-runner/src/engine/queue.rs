@@ -2,26 +2,27 @@
 //! adjacent in place order), the calls waiting for their seats to land, and
 //! the per-lane counts kept true with them (a linger ends early when every
 //! held lane has a seat queued).
+//!
+//! The queue answers no caller itself: whatever it takes out (a withdrawn
+//! call, a lane's calls) it hands back, and the engine answers it.
 
-use std::hash::Hasher;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
 
-use lane_table::{LaneId, QueuedSeat};
+use lane_table::{Fill, LaneId, QueuedSeat};
 use tract_core::internal::*;
 
-use crate::err::{RunError, RunErrorKind};
 use crate::iface::Group;
 use crate::protocol::{Call, CallResult};
 use crate::slot::Slot;
-
-use super::Engine;
 
 /// Hashes the engine's call ids (sequential `u64`s it hands out itself, so
 /// no adversary picks them): one multiply instead of SipHash, on the path
 /// of every call.
 #[derive(Default)]
-pub(crate) struct CallIdHasher(u64);
+pub(super) struct CallIdHasher(u64);
 
 impl Hasher for CallIdHasher {
     fn finish(&self) -> u64 {
@@ -77,16 +78,73 @@ pub(super) struct Pending {
     pub(super) remaining: usize,
 }
 
-impl Engine {
+impl Pending {
+    /// Whether none of the call's seats has landed yet.
+    pub(super) fn untouched(&self) -> bool {
+        self.remaining == self.served.len()
+    }
+}
+
+/// The queued seats, the pending calls, and the per-lane counts.
+pub(super) struct Queue {
+    /// Seats waiting, oldest first; a call's seats adjacent, in place order.
+    /// Seats of cancelled calls may linger until the next sweep (`dead` of
+    /// them).
+    seats: Vec<QSeat>,
+    dead: usize,
+    /// A reused buffer for splitting the queue at each turn.
+    spare: Vec<QSeat>,
+    pending: HashMap<u64, Pending, BuildHasherDefault<CallIdHasher>>,
+    next_call: u64,
+    /// Seats queued per lane, and how many lanes have one queued at least.
+    per_lane: Vec<u32>,
+    lanes_queued: usize,
+}
+
+impl Queue {
+    /// An empty queue for a state of `lanes` lanes.
+    pub(super) fn new(lanes: usize) -> Queue {
+        Queue {
+            seats: vec![],
+            dead: 0,
+            spare: vec![],
+            pending: HashMap::default(),
+            next_call: 0,
+            per_lane: vec![0; lanes],
+            lanes_queued: 0,
+        }
+    }
+
     /// Whether any seat waits for a turn (cancelled seats not yet swept
     /// out do not count).
-    pub fn has_queue(&self) -> bool {
-        self.queue.len() > self.dead_seats
+    pub(super) fn has_seats(&self) -> bool {
+        self.seats.len() > self.dead
     }
 
     /// Seats waiting for a turn.
-    pub(super) fn queue_len(&self) -> usize {
-        self.queue.len() - self.dead_seats
+    pub(super) fn len(&self) -> usize {
+        self.seats.len() - self.dead
+    }
+
+    /// Nothing queued, nothing waiting for an answer.
+    pub(super) fn is_quiet(&self) -> bool {
+        !self.has_seats() && self.pending.is_empty()
+    }
+
+    /// The seats in queue order (swept: call [`Queue::sweep`] first).
+    pub(super) fn seats(&self) -> &[QSeat] {
+        debug_assert_eq!(self.dead, 0, "read unswept");
+        &self.seats
+    }
+
+    /// How many lanes have a seat queued.
+    pub(super) fn lanes_queued(&self) -> usize {
+        self.lanes_queued
+    }
+
+    /// Whether `lane` has a seat queued.
+    pub(super) fn has_seat_on(&self, lane: LaneId) -> bool {
+        self.per_lane[lane.0] > 0
     }
 
     /// Sweep the seats of cancelled calls out of the queue: one pass, done
@@ -95,69 +153,33 @@ impl Engine {
     /// costs each a constant share (a runtime dropping 10,000 pending calls
     /// is not quadratic here).
     pub(super) fn sweep(&mut self) {
-        if self.dead_seats == 0 {
+        if self.dead == 0 {
             return;
         }
         let pending = &self.pending;
-        self.queue.retain(|seat| pending.contains_key(&seat.call));
-        self.dead_seats = 0;
+        self.seats.retain(|seat| pending.contains_key(&seat.call));
+        self.dead = 0;
     }
 
-    pub(super) fn queued(&mut self, lane: LaneId) {
-        let n = &mut self.queued_per_lane[lane.0];
+    fn queued(&mut self, lane: LaneId) {
+        let n = &mut self.per_lane[lane.0];
         if *n == 0 {
             self.lanes_queued += 1;
         }
         *n += 1;
     }
 
-    pub(super) fn unqueued(&mut self, lane: LaneId) {
-        let n = &mut self.queued_per_lane[lane.0];
+    fn unqueued(&mut self, lane: LaneId) {
+        let n = &mut self.per_lane[lane.0];
         *n -= 1;
         if *n == 0 {
             self.lanes_queued -= 1;
         }
     }
 
-    pub(super) fn enqueue(&mut self, call: Call) {
-        if self.closed {
-            call.slot.fill(Err(RunError::new(RunErrorKind::Closed)));
-            return;
-        }
-        if self.owner[call.stream.lane.0] != Some(call.stream.stream) {
-            let kind = match self.evicted.get(&call.stream.stream) {
-                Some(why) => RunErrorKind::Evicted(why.clone()),
-                None => RunErrorKind::Closed,
-            };
-            call.slot.fill(Err(RunError::new(kind)));
-            return;
-        }
-        // Idleness is measured to the moment the caller called, not to the
-        // moment the engine takes the call in (after a long turn, say): a
-        // call made in time is served, one made after the timeout finds
-        // its stream evicted, as it would had anyone looked meanwhile.
-        if self.idle_by(call.stream.lane, call.queued) {
-            let why = self.evict(call.stream.lane, call.stream.stream);
-            call.slot.fill(Err(RunError::new(RunErrorKind::Evicted(why))));
-            return;
-        }
-        if self.draining {
-            call.slot.fill(Err(RunError::new(RunErrorKind::Draining)));
-            return;
-        }
-        // The instant the caller took when queueing: no clock read here.
-        self.last_active[call.stream.lane.0] = call.queued;
-        if let Some(why) = &self.lost[call.stream.lane.0] {
-            self.records.failed_seats(call.seats.len());
-            call.slot.fill(Err(RunError::new(RunErrorKind::Lost(why.clone()))));
-            return;
-        }
-        if !call.group.resolved().is_empty() && !self.can_forget_symbols() {
-            call.slot.fill(Err(RunError::new(RunErrorKind::Symbol(
-                "this state cannot forget a resolved symbol after the turn".into(),
-            ))));
-            return;
-        }
+    /// Queue a checked call's seats and keep it pending; its slot learns
+    /// its id (a cancel names it).
+    pub(super) fn push(&mut self, call: Call) {
         let id = self.next_call;
         self.next_call += 1;
         call.slot.set_engine_call(id as usize);
@@ -172,7 +194,7 @@ impl Engine {
             },
         );
         for (place, inputs) in call.seats.into_iter().enumerate() {
-            self.queue.push(QSeat {
+            self.seats.push(QSeat {
                 call: id,
                 place,
                 lane: call.stream.lane,
@@ -185,23 +207,20 @@ impl Engine {
         }
     }
 
-    /// A cancelled call: dropped and answered `Cancelled` if none of its
-    /// seats was seated yet (requests are taken between turns, so no seat is
-    /// in a turn now); left to complete otherwise, its answer the verdict.
-    /// A call no longer pending was answered already: that answer stands.
-    pub(super) fn cancel(&mut self, slot: &Arc<Slot<CallResult>>) {
+    /// The id of the call answering into `slot`, while it is pending.
+    pub(super) fn pending_id(&self, slot: &Arc<Slot<CallResult>>) -> Option<u64> {
         let id = slot.engine_call() as u64;
-        if self.pending.get(&id).is_some_and(|p| Arc::ptr_eq(&p.slot, slot)) {
-            self.withdraw(id, RunErrorKind::Cancelled);
-        }
+        self.pending
+            .get(&id)
+            .is_some_and(|p| Arc::ptr_eq(&p.slot, slot))
+            .then_some(id)
     }
 
-    /// Withdraw call `id` if none of its seats was seated yet, answering it
-    /// with `why` (a cancel, a deadline); a call partly served completes.
-    pub(super) fn withdraw(&mut self, id: u64, why: RunErrorKind) {
-        let Some(pending) = self.pending.get(&id) else { return };
-        if pending.remaining < pending.served.len() {
-            return;
+    /// Withdraw call `id` if none of its seats was seated yet, and hand it
+    /// back to be answered; a call partly served stays, to complete.
+    pub(super) fn withdraw(&mut self, id: u64) -> Option<Pending> {
+        if !self.pending.get(&id)?.untouched() {
+            return None;
         }
         let pending = self.pending.remove(&id).expect("present");
         // Its seats stay in the queue until the next sweep (they no longer
@@ -209,24 +228,102 @@ impl Engine {
         for _ in 0..pending.served.len() {
             self.unqueued(pending.lane);
         }
-        self.dead_seats += pending.served.len();
-        if self.dead_seats * 2 >= self.queue.len() {
+        self.dead += pending.served.len();
+        if self.dead * 2 >= self.seats.len() {
             self.sweep();
         }
-        // The stream called and was answered (cancelled) now: its idle time
-        // starts here, as after any other answer.
-        self.last_active[pending.lane.0] = Instant::now();
-        pending.slot.fill(Err(RunError::new(why)));
+        Some(pending)
     }
 
     /// Take the queued seats matching `which` out of the queue, oldest
     /// first, keeping the per-lane counts right.
-    pub(super) fn unqueue_where(&mut self, which: impl Fn(&QSeat) -> bool) -> Vec<QSeat> {
+    fn unqueue_where(&mut self, which: impl Fn(&QSeat) -> bool) -> Vec<QSeat> {
         self.sweep();
-        let removed: Vec<QSeat> = self.queue.extract_if(.., |seat| which(seat)).collect();
+        let removed: Vec<QSeat> = self.seats.extract_if(.., |seat| which(seat)).collect();
         for seat in &removed {
             self.unqueued(seat.lane);
         }
         removed
+    }
+
+    /// Take `lane`'s seats out of the queue and hand back their calls
+    /// (nobody will be served on that lane).
+    pub(super) fn drop_lane(&mut self, lane: LaneId) -> Vec<Pending> {
+        self.unqueue_where(|seat| seat.lane == lane)
+            .into_iter()
+            .filter_map(|seat| self.pending.remove(&seat.call))
+            .collect()
+    }
+
+    /// Take call `id` out, its seats still queued with it: it failed.
+    pub(super) fn fail(&mut self, id: u64) -> Option<Pending> {
+        let pending = self.pending.remove(&id)?;
+        self.unqueue_where(|seat| seat.call == id);
+        Some(pending)
+    }
+
+    /// Land seat `place` of call `id`; hand the call back once every seat
+    /// has landed.
+    pub(super) fn land(&mut self, id: u64, place: usize, outputs: TVec<TValue>) -> Option<Pending> {
+        let pending = self.pending.get_mut(&id)?;
+        pending.served[place] = Some(outputs);
+        pending.remaining -= 1;
+        if pending.remaining > 0 {
+            return None;
+        }
+        self.pending.remove(&id)
+    }
+
+    /// Take call `id` out if it has a single seat (its answer is its row of
+    /// the turn).
+    pub(super) fn take_one_row(&mut self, id: u64) -> Option<Pending> {
+        if self.pending.get(&id)?.served.len() != 1 {
+            return None;
+        }
+        self.pending.remove(&id)
+    }
+
+    /// The calls among the seats `fill` picks that are past their deadline
+    /// at `now` with no seat seated yet.
+    pub(super) fn overdue(&self, fill: &Fill, now: Instant) -> Vec<u64> {
+        fill.seated()
+            .iter()
+            .map(|placed| &self.seats[placed.queue_ix])
+            .filter(|seat| seat.deadline.is_some_and(|d| d <= now))
+            .filter(|seat| self.pending.get(&seat.call).is_some_and(Pending::untouched))
+            .map(|seat| seat.call)
+            .collect()
+    }
+
+    /// Move the seats `fill` picked (swept queue) into `seated`, in seat
+    /// order, their lanes into `lanes`; the rest stay queued in order.
+    pub(super) fn take_seated(&mut self, fill: &Fill, seated: &mut Vec<QSeat>, lanes: &mut Vec<LaneId>) {
+        let mut rest = std::mem::take(&mut self.spare);
+        debug_assert!(rest.is_empty());
+        let mut next = fill.seated().iter().peekable();
+        for (ix, seat) in self.seats.drain(..).enumerate() {
+            match next.peek() {
+                Some(placed) if placed.queue_ix == ix => {
+                    lanes.push(placed.lane);
+                    next.next();
+                    seated.push(seat);
+                }
+                _ => rest.push(seat),
+            }
+        }
+        self.spare = std::mem::replace(&mut self.seats, rest);
+        for seat in seated.iter() {
+            let lane = seat.lane;
+            self.unqueued(lane);
+        }
+    }
+
+    /// Empty the queue and hand back every pending call.
+    pub(super) fn clear(&mut self) -> Vec<Pending> {
+        self.seats.clear();
+        self.dead = 0;
+        self.per_lane.iter_mut().for_each(|n| *n = 0);
+        self.lanes_queued = 0;
+        self.pending.drain().map(|(_, p)| p).collect()
     }
 }

@@ -1,23 +1,77 @@
-//! The streams: which stream holds which lane, when it last called, which
-//! lost their state or their lane and why; granting lanes (reset first),
-//! releasing them, evicting idle streams, rebuilding the state.
+//! The streams: which stream holds which lane (the lane table), when it
+//! last called, which lost their state or their lane and why. The only
+//! writer of those marks: a failed turn, a rebuild and an eviction all mark
+//! a stream through here.
+//!
+//! It answers nobody and touches no state: granting a lane (reset first),
+//! evicting and releasing are the engine's, which resets through the model
+//! and answers through the slots.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
-use lane_table::LaneId;
+use lane_table::{LaneId, LaneTable};
 
-use crate::err::{RunError, RunErrorKind, SpawnError};
-use crate::protocol::{Grant, Request, SpawnResult};
-use crate::slot::Slot;
+use crate::err::{NewRunnerError, RunError, RunErrorKind};
+use crate::protocol::Grant;
 
-use super::{reset_caught, spawn_caught, Engine};
+pub(super) struct Streams {
+    table: LaneTable,
+    /// Per lane: the stream holding it, and when it last called.
+    owner: Vec<Option<u64>>,
+    last_active: Vec<Instant>,
+    /// Per lane: why its stream lost its state (a failed turn), until the
+    /// stream is released.
+    lost: Vec<Option<String>>,
+    /// Streams that lost their lane to eviction, and why, until released.
+    evicted: HashMap<u64, String>,
+    next_stream: u64,
+    idle_timeout: Option<Duration>,
+    /// Streams held at most: one lane fewer than the state has.
+    max_streams: usize,
+}
 
-impl Engine {
-    /// Publish the lanes taken (the gauges of the metrics and the facade).
-    fn lanes_changed(&self) {
-        let taken = self.table.taken();
-        self.records.lanes_taken(taken);
+impl Streams {
+    /// No stream yet, on a state of `max_streams + 1` lanes.
+    pub(super) fn new(max_streams: usize, idle_timeout: Option<Duration>) -> Result<Streams, NewRunnerError> {
+        let lanes = max_streams + 1;
+        Ok(Streams {
+            table: LaneTable::new(lanes).map_err(|e| NewRunnerError::Config(e.to_string()))?,
+            owner: vec![None; lanes],
+            last_active: vec![Instant::now(); lanes],
+            lost: vec![None; lanes],
+            evicted: HashMap::new(),
+            next_stream: 0,
+            idle_timeout,
+            max_streams,
+        })
+    }
+
+    /// The lane table (the filler reads it).
+    pub(super) fn table(&self) -> &LaneTable {
+        &self.table
+    }
+
+    /// Lanes taken by streams.
+    pub(super) fn taken(&self) -> usize {
+        self.table.taken()
+    }
+
+    /// Whether a stream could be granted a lane now.
+    pub(super) fn has_room(&self) -> bool {
+        self.table.taken() < self.max_streams
+    }
+
+    pub(super) fn max_streams(&self) -> usize {
+        self.max_streams
+    }
+
+    /// Why a call of `stream`, which holds no lane, is refused.
+    fn gone(&self, stream: u64) -> RunError {
+        RunError::new(match self.evicted.get(&stream) {
+            Some(why) => RunErrorKind::Evicted(why.clone()),
+            None => RunErrorKind::Closed,
+        })
     }
 
     /// The lane of `stream` while it holds one, the reason it lost it otherwise.
@@ -25,113 +79,21 @@ impl Engine {
         if self.owner[stream.lane.0] == Some(stream.stream) {
             return Ok(stream.lane.0);
         }
-        Err(RunError::new(match self.evicted.get(&stream.stream) {
-            Some(why) => RunErrorKind::Evicted(why.clone()),
-            None => RunErrorKind::Closed,
-        }))
+        Err(self.gone(stream.stream))
     }
 
-    /// A lane for a new stream, or `Full` at once: waiting for a lane is
-    /// the runner's admission queue, which spans every shard.
-    pub(super) fn spawn(&mut self, slot: Arc<Slot<SpawnResult>>, waited: Option<std::time::Duration>) {
-        if self.closed {
-            return slot.fill(Err(SpawnError::Closed));
-        }
-        // Not admitting (a soft drain started, or the runner closing):
-        // refused from the instant `stop_admitting` or the close refused
-        // admission, whatever this request's path, with that refusal.
-        if let Some(refusal) = self.admission.refusal() {
-            return slot.fill(Err(refusal));
-        }
-        if self.draining {
-            return slot.fill(Err(SpawnError::Draining));
-        }
-        // The admission queue goes first (arrival order): a direct try
-        // gets a lane only once every waiter has one, so a spawner is
-        // refused only when no lane is free.
-        self.admit_waiting();
-        if self.table.taken() < self.max_streams {
-            if !self.grant(slot, waited) {
-                // Nobody took the lane: it is the next waiter's.
-                self.admit_waiting();
-            }
-        } else {
-            slot.fill(Err(SpawnError::Full {
-                total_lanes: self.max_streams,
-                waiting: 0,
-            }));
-        }
+    /// Why `lane`'s stream lost its state, if it did.
+    pub(super) fn lost(&self, lane: LaneId) -> Option<&String> {
+        self.lost[lane.0].as_ref()
     }
 
-    /// Hand a free lane (reset) to a spawner. Returns false when the
-    /// spawner went away meanwhile (its slot refused the grant): the lane
-    /// is free again, for the next one.
-    pub(super) fn grant(&mut self, slot: Arc<Slot<SpawnResult>>, waited: Option<std::time::Duration>) -> bool {
-        let Some(lane) = self.table.take() else { return true };
-        if let Err(why) = self.reset_lane(lane) {
-            // The lane goes back free: whatever the failed reset left in it,
-            // its next holder (a stream or a borrowed row) resets it first,
-            // and gets it only if that reset succeeds.
-            let _ = self.table.give_back(lane);
-            slot.fill(Err(SpawnError::Reset(why)));
-            return true;
-        }
-        let stream = self.next_stream;
-        self.next_stream += 1;
-        // Book the lane before answering: a spawner reading the gauge right
-        // after this one returns must see the lane taken (placement reads it).
-        self.owner[lane.0] = Some(stream);
-        self.last_active[lane.0] = Instant::now();
-        self.lanes_changed();
-        let grant = Grant {
-            shard: self.index,
-            lane,
-            stream,
-        };
-        if slot.offer(Ok(grant)).is_err() {
-            // The spawner went away meanwhile (its future dropped, its wait
-            // timed out): the lane goes back.
-            self.owner[lane.0] = None;
-            let _ = self.table.give_back(lane);
-            self.lanes_changed();
-            return false;
-        }
-        self.records.admission(waited);
-        true
+    /// `lane`'s stream lost its state, for `why`.
+    pub(super) fn lose(&mut self, lane: LaneId, why: String) {
+        self.lost[lane.0] = Some(why);
     }
 
-    /// Grant free lanes to the admission queue's oldest waiters, one lane
-    /// each, while both last (none while draining or closed: the refusal
-    /// answers them).
-    pub(super) fn admit_waiting(&mut self) {
-        while !self.closed && !self.draining && self.table.taken() < self.max_streams {
-            let Some(waiter) = self.admission.next_waiter() else {
-                return;
-            };
-            self.grant(waiter.slot, Some(waiter.since.elapsed()));
-        }
-    }
-
-    /// Reset `lane` (its op states and its explicit state) for a new holder.
-    pub(super) fn reset_lane(&mut self, lane: LaneId) -> Result<(), String> {
-        let Some(state) = self.state.as_mut() else {
-            return Err("the laned state is closed".into());
-        };
-        reset_caught(&mut **state, &[lane])?;
-        self.explicit.reset(&[lane.0]).map_err(|e| format!("{e:#}"))
-    }
-
-    /// A fresh state in place of the current one, every lane reset; the
-    /// streams holding a lane lose their state (`why` says why). If even
-    /// that fails, the current state is kept: its next turn fails too, and
-    /// says so.
-    pub(super) fn rebuild(&mut self, why: &str) {
-        let every: Vec<LaneId> = (0..self.table.max_lanes()).map(LaneId).collect();
-        let fresh = spawn_caught(&*self.inner).and_then(|mut s| reset_caught(&mut *s, &every).map(|_| s));
-        let Ok(fresh) = fresh else { return };
-        self.state = Some(fresh);
-        let every: Vec<usize> = (0..self.table.max_lanes()).collect();
-        let _ = self.explicit.reset(&every);
+    /// Every stream holding a lane lost its state (the state was rebuilt).
+    pub(super) fn lose_all(&mut self, why: &str) {
         for lane in 0..self.owner.len() {
             if self.owner[lane].is_some() {
                 self.lost[lane] = Some(format!("the state was rebuilt after a turn failed: {why}"));
@@ -139,86 +101,97 @@ impl Engine {
         }
     }
 
-    /// Free `lane`: its queued seats go (nobody waits for them), its marks
-    /// are cleared, it goes back to the table and waiters are admitted.
-    pub(super) fn free_lane(&mut self, lane: LaneId) {
-        for seat in self.unqueue_where(|seat| seat.lane == lane) {
-            if let Some(pending) = self.pending.remove(&seat.call) {
-                pending.slot.fill(Err(RunError::new(RunErrorKind::Cancelled)));
-            }
-        }
-        self.lost[lane.0] = None;
-        self.owner[lane.0] = None;
+    /// `lane`'s stream called (or was answered) at `at`.
+    pub(super) fn touch(&mut self, lane: LaneId, at: Instant) {
+        self.last_active[lane.0] = at;
+    }
+
+    /// A free lane, taken, for a new stream (`None`: none is free).
+    pub(super) fn take_lane(&mut self) -> Option<LaneId> {
+        self.table.take()
+    }
+
+    /// A lane taken and not handed to a stream goes back free.
+    pub(super) fn give_back(&mut self, lane: LaneId) {
         let _ = self.table.give_back(lane);
-        self.lanes_changed();
-        // The gauge first, then the queue (see `Admission::arrive`): the
-        // oldest waiter gets the lane.
-        self.admission.lane_freed();
-        self.admit_waiting();
     }
 
-    pub(super) fn release(&mut self, grant: Grant) {
+    /// Borrow `lane` for a turn's later rows.
+    pub(super) fn borrow(&mut self, lane: LaneId) {
+        let _ = self.table.take_lane(lane);
+    }
+
+    /// `lane` (taken) is a new stream's, active now: its id.
+    pub(super) fn book(&mut self, lane: LaneId) -> u64 {
+        let stream = self.next_stream;
+        self.next_stream += 1;
+        self.owner[lane.0] = Some(stream);
+        self.last_active[lane.0] = Instant::now();
+        stream
+    }
+
+    /// The stream booked on `lane` never took it: the lane is free again.
+    pub(super) fn unbook(&mut self, lane: LaneId) {
+        self.owner[lane.0] = None;
+        self.give_back(lane);
+    }
+
+    /// `lane` goes back to the table, its marks cleared.
+    pub(super) fn free(&mut self, lane: LaneId) {
+        self.lost[lane.0] = None;
+        self.unbook(lane);
+    }
+
+    /// The stream's handle is gone: forget its eviction; whether its lane is
+    /// still its own to free (an evicted stream's may be another's by now).
+    pub(super) fn release(&mut self, grant: Grant) -> bool {
         self.evicted.remove(&grant.stream);
-        // An evicted stream's lane may be another stream's by now.
-        if self.owner[grant.lane.0] == Some(grant.stream) {
-            self.free_lane(grant.lane);
-        }
+        self.owner[grant.lane.0] == Some(grant.stream)
     }
 
-    /// Whether the stream on `lane`, no seat of it queued, had been idle
-    /// for the timeout by `at` (false without a timeout). The one rule of
-    /// idleness: for a take of the inbox, `at` is the take; for a call, the
-    /// moment it was made, however late the engine looks.
-    pub(super) fn idle_by(&self, lane: LaneId, at: Instant) -> bool {
+    /// Whether the stream on `lane`, no seat of it queued (`queued` false),
+    /// had been idle for the timeout by `at` (false without a timeout). The
+    /// one rule of idleness: for a take of the inbox, `at` is the take; for
+    /// a call, the moment it was made, however late the engine looks.
+    pub(super) fn idle_by(&self, lane: LaneId, queued: bool, at: Instant) -> bool {
         let Some(idle) = self.idle_timeout else {
             return false;
         };
-        self.queued_per_lane[lane.0] == 0 && self.last_active[lane.0].checked_add(idle).is_some_and(|due| due <= at)
+        !queued && self.last_active[lane.0].checked_add(idle).is_some_and(|due| due <= at)
     }
 
-    /// Evict `stream` from `lane` for being idle; returns why, as the
-    /// stream is told.
-    pub(super) fn evict(&mut self, lane: LaneId, stream: u64) -> String {
+    /// Mark `stream` evicted for being idle; returns why, as it is told.
+    pub(super) fn mark_evicted(&mut self, stream: u64) -> String {
         let why = format!("it did not call for {:?}", self.idle_timeout.unwrap_or_default());
         self.evicted.insert(stream, why.clone());
-        // A reset that fails here is not the evicted stream's concern: the
-        // lane's next holder resets it again first.
-        let _ = self.reset_lane(lane);
-        self.free_lane(lane);
         why
     }
 
-    /// Evict the streams idle for longer than the timeout as of `now`
-    /// (none with a seat queued, none with a call among `batch`). Allocates
-    /// nothing: the batch is searched only for an overdue stream.
-    pub(super) fn evict_idle_at(&mut self, now: Instant, batch: &[Request]) {
-        if self.closed {
-            return;
-        }
-        for lane in 0..self.owner.len() {
-            let Some(stream) = self.owner[lane] else { continue };
-            if !self.idle_by(LaneId(lane), now) {
-                continue;
-            }
-            let calling = batch
-                .iter()
-                .any(|r| matches!(r, Request::Call(call) if call.stream.stream == stream));
-            if !calling {
-                self.evict(LaneId(lane), stream);
-            }
-        }
+    /// Lanes of the state.
+    pub(super) fn lanes(&self) -> usize {
+        self.owner.len()
     }
 
-    /// When the next idle stream is due (a time past, for one overdue):
-    /// the holder of the state takes the inbox in then, which evicts it.
-    pub fn next_idle_due(&self) -> Option<Instant> {
+    /// The stream holding `lane`, if one does.
+    pub(super) fn holder(&self, lane: LaneId) -> Option<u64> {
+        self.owner[lane.0]
+    }
+
+    /// The streams holding a lane, with it.
+    pub(super) fn held(&self) -> impl Iterator<Item = (LaneId, u64)> + '_ {
+        self.owner
+            .iter()
+            .enumerate()
+            .filter_map(|(lane, owner)| owner.map(|stream| (LaneId(lane), stream)))
+    }
+
+    /// When the next idle stream is due (a time past, for one overdue),
+    /// among those `queued` says have no seat queued.
+    pub(super) fn next_idle_due(&self, queued: impl Fn(LaneId) -> bool) -> Option<Instant> {
         let idle = self.idle_timeout?;
-        if self.closed {
-            return None;
-        }
-        (0..self.owner.len())
-            .filter(|&lane| self.owner[lane].is_some() && self.queued_per_lane[lane] == 0)
-            .filter_map(|lane| self.last_active[lane].checked_add(idle))
+        self.held()
+            .filter(|(lane, _)| !queued(*lane))
+            .filter_map(|(lane, _)| self.last_active[lane.0].checked_add(idle))
             .min()
     }
 }

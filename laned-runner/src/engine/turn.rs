@@ -1,51 +1,111 @@
-//! The turn: seat what the filler picks from the queue, stack its inputs,
-//! run the state once, and land each seat's row with its call; on failure,
-//! fail those seats and recover the state.
+//! The turn: seat what the filler picks from the queue, run the model once,
+//! and land each seat's row with its call; on failure, fail those seats and
+//! recover the state. It owns what only a turn uses (the fill, the seated
+//! buffer, the wake list, the arrival rate it measures) and borrows the
+//! engine's other parts for the turn's length ([`Parts`]).
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use lane_table::{fill_into, LaneId};
+use lane_table::{fill_into, Fill, LaneId};
 use tract_core::internal::*;
-use tract_core::plan::Seating;
 
 use crate::err::{RunError, RunErrorKind};
-use crate::policy::TurnPolicy;
-use crate::protocol::Answer;
+use crate::policy::{LearnedTurnTimes, TurnPolicy};
+use crate::protocol::{Answer, CallResult, Live};
+use crate::slot::Slot;
 
-use super::queue::QSeat;
-use super::{panic_text, reset_caught, tract_lane, Engine};
+use super::model::{Failure, Model};
+use super::queue::{QSeat, Queue};
+use super::records::Records;
+use super::streams::Streams;
 
-/// Why a turn failed, and whether the state was touched before it did: a
-/// turn refused before tract saw it (its inputs could not be stacked, a
-/// borrowed lane could not be reset) leaves every stream's state as it was.
-struct Failure {
-    why: String,
-    touched: bool,
+/// The engine's parts a turn works on.
+pub(super) struct Parts<'a> {
+    pub(super) queue: &'a mut Queue,
+    pub(super) streams: &'a mut Streams,
+    pub(super) model: &'a mut Model,
+    pub(super) records: &'a Records,
+    pub(super) times: &'a LearnedTurnTimes,
+    pub(super) live: &'a Live,
 }
 
-impl Failure {
-    pub(super) fn untouched(why: String) -> Failure {
-        Failure { why, touched: false }
-    }
+/// Seats served per second lately: in steady state, the arrival rate the
+/// budget policy plans with.
+#[derive(Default)]
+struct Arrivals {
+    /// Seats per turn and seconds between turn starts, each an exponential
+    /// average over turns (weight 1/8); the rate is their ratio.
+    averages: Option<(f64, f64)>,
+    per_sec: f64,
+    /// The start of the last turn.
+    last_turn: Option<Instant>,
+}
 
-    pub(super) fn touched(why: String) -> Failure {
-        Failure { why, touched: true }
+impl Arrivals {
+    /// A turn of `seats` started at `started`.
+    fn observe(&mut self, started: Instant, seats: usize) {
+        let Some(last) = self.last_turn.replace(started) else {
+            return;
+        };
+        // Seats and intervals averaged apart, the rate their ratio: an
+        // average of each turn's seats / interval would be dominated by
+        // the turns that follow another closely (a tiny interval), and
+        // overstate the rate many times over.
+        let dt = started.saturating_duration_since(last).as_secs_f64();
+        let seats = seats as f64;
+        let (avg_seats, avg_dt) = match self.averages {
+            None => (seats, dt),
+            Some((s, d)) => ((s * 7.0 + seats) / 8.0, (d * 7.0 + dt) / 8.0),
+        };
+        self.averages = Some((avg_seats, avg_dt));
+        self.per_sec = avg_seats / avg_dt.max(1e-6);
     }
 }
 
-impl Engine {
+#[derive(Default)]
+pub(super) struct Turn {
+    fill: Fill,
+    /// Reused buffer: the seats of the turn running, in seat order.
+    seated: Vec<QSeat>,
+    /// The turn's answered callers that sleep, woken together at its end.
+    wakes: Vec<Arc<Slot<CallResult>>>,
+    arrivals: Arrivals,
+}
+
+/// Withdraw call `id` if none of its seats was seated yet, answering it
+/// with `why` (a cancel, a deadline); a call partly served completes.
+pub(super) fn withdraw(queue: &mut Queue, streams: &mut Streams, id: u64, why: RunErrorKind) {
+    let Some(pending) = queue.withdraw(id) else { return };
+    // The stream called and was answered (cancelled) now: its idle time
+    // starts here, as after any other answer.
+    streams.touch(pending.lane, Instant::now());
+    pending.slot.fill(Err(RunError::new(why)));
+}
+
+impl Turn {
+    /// The arrival rate measured over the last turns, in seats a second.
+    pub(super) fn arrivals_per_sec(&self) -> f64 {
+        self.arrivals.per_sec
+    }
+
     /// Run one turn from the head of the queue.
-    pub fn turn(&mut self) {
-        self.sweep();
-        if self.queue.is_empty() || self.state.is_none() {
+    pub(super) fn run(&mut self, on: Parts<'_>) {
+        let Parts {
+            queue,
+            streams,
+            model,
+            records,
+            times,
+            live,
+        } = on;
+        queue.sweep();
+        if !queue.has_seats() || !model.is_open() {
             return;
         }
-        let live = self.live.load();
         let mut started;
         loop {
-            fill_into(&self.queue, &self.table, live.max_seats, &mut self.fill);
+            fill_into(queue.seats(), streams.table(), live.max_seats, &mut self.fill);
             if self.fill.seated().is_empty() {
                 return;
             }
@@ -57,124 +117,84 @@ impl Engine {
             // A call partly served already (a wide call's row 0 ran in an
             // earlier turn) completes: only calls none of whose rows ran
             // are withdrawn, so every pass withdraws at least one, or ends.
-            let (queue, pending) = (&self.queue, &self.pending);
-            let overdue: Vec<u64> = self
-                .fill
-                .seated()
-                .iter()
-                .map(|placed| &queue[placed.queue_ix])
-                .filter(|seat| seat.deadline.is_some_and(|d| d <= started))
-                .filter(|seat| pending.get(&seat.call).is_some_and(|p| p.remaining == p.served.len()))
-                .map(|seat| seat.call)
-                .collect();
+            let overdue = queue.overdue(&self.fill, started);
             if overdue.is_empty() {
                 break;
             }
             for id in overdue {
-                self.withdraw(id, RunErrorKind::DeadlineExceeded);
+                withdraw(queue, streams, id, RunErrorKind::DeadlineExceeded);
             }
-            self.sweep();
-            if self.queue.is_empty() {
-                self.publish_queue();
+            queue.sweep();
+            if !queue.has_seats() {
+                records.seats_queued(queue.len());
                 return;
             }
         }
-        if let Some(last) = self.last_turn.replace(started) {
-            // Seats and intervals averaged apart, the rate their ratio: an
-            // average of each turn's seats / interval would be dominated
-            // by the turns that follow another closely (a tiny interval),
-            // and overstate the rate many times over.
-            let dt = started.saturating_duration_since(last).as_secs_f64();
-            let seats = self.fill.seated().len() as f64;
-            let (avg_seats, avg_dt) = match self.arrivals {
-                None => (seats, dt),
-                Some((s, d)) => ((s * 7.0 + seats) / 8.0, (d * 7.0 + dt) / 8.0),
-            };
-            self.arrivals = Some((avg_seats, avg_dt));
-            self.arrivals_per_sec = avg_seats / avg_dt.max(1e-6);
-        }
+        self.arrivals.observe(started, self.fill.seated().len());
         // Split the queue: seated seats in seat order, the rest stay queued.
-        let mut is_seated = std::mem::take(&mut self.spare);
-        debug_assert!(is_seated.is_empty());
         let mut lanes: Vec<LaneId> = Vec::with_capacity(self.fill.seated().len());
-        let mut next = self.fill.seated().iter().peekable();
-        for (ix, seat) in self.queue.drain(..).enumerate() {
-            match next.peek() {
-                Some(placed) if placed.queue_ix == ix => {
-                    lanes.push(placed.lane);
-                    next.next();
-                    self.seated.push(seat);
-                }
-                _ => is_seated.push(seat),
-            }
-        }
-        self.spare = std::mem::replace(&mut self.queue, is_seated);
-        let seated = std::mem::take(&mut self.seated);
+        let mut seated = std::mem::take(&mut self.seated);
+        queue.take_seated(&self.fill, &mut seated, &mut lanes);
         for seat in &seated {
-            self.unqueued(seat.lane);
-            self.records.queue_wait(started.saturating_duration_since(seat.queued));
+            records.queue_wait(started.saturating_duration_since(seat.queued));
         }
         let borrowed: Vec<LaneId> = self.fill.borrowed().to_vec();
         for lane in &borrowed {
-            let _ = self.table.take_lane(*lane);
+            streams.borrow(*lane);
         }
 
         let ran = Instant::now();
-        // `run_seated` catches what tract raises; this catches the rest (a
-        // bug of ours while stacking or scattering), so that a turn never
-        // unwinds into the thread serving the shard.
-        let result = catch_unwind(AssertUnwindSafe(|| self.run_seated(&seated, lanes.clone(), &borrowed)))
-            .unwrap_or_else(|panic| Err(Failure::touched(format!("the turn panicked: {}", panic_text(panic)))));
+        let result = model.run(&seated, &lanes, &borrowed);
         if result.is_ok() {
-            self.times.record(seated.len(), ran.elapsed());
+            times.record(seated.len(), ran.elapsed());
         }
 
         for lane in &borrowed {
-            let _ = self.table.give_back(*lane);
+            streams.give_back(*lane);
         }
         let occupancy = seated.len();
         let now = Instant::now();
         for seat in &seated {
             if seat.place == 0 {
-                self.last_active[seat.lane.0] = now;
+                streams.touch(seat.lane, now);
             }
         }
         // Record before answering: a caller reading the metrics after its
         // answer sees its own turn counted.
-        let took = started.elapsed();
-        self.records.turn(occupancy, took);
-        self.publish_queue();
+        records.turn(occupancy, started.elapsed());
+        records.seats_queued(queue.len());
         if let TurnPolicy::LatencyBudget { us } = live.policy {
-            let budget = std::time::Duration::from_micros(us);
+            let budget = Duration::from_micros(us);
             let late = seated
                 .iter()
                 .filter(|s| now.saturating_duration_since(s.queued) > budget)
                 .count();
             if late > 0 {
-                self.records.deadline_misses(late);
+                records.deadline_misses(late);
             }
         }
         match result {
             Ok(outputs) => {
                 let outputs = Arc::new(outputs);
                 for (ix, seat) in seated.iter().enumerate() {
-                    let one_row = self.pending.get(&seat.call).is_some_and(|p| p.served.len() == 1);
-                    if one_row {
-                        let pending = self.pending.remove(&seat.call).expect("present");
-                        let answer = Ok(Answer::Row {
-                            turn: outputs.clone(),
-                            seat: ix,
-                        });
-                        if pending.slot.fill_quietly(answer) {
+                    let answer = Answer::Row {
+                        turn: outputs.clone(),
+                        seat: ix,
+                    };
+                    if let Some(pending) = queue.take_one_row(seat.call) {
+                        if pending.slot.fill_quietly(Ok(answer)) {
                             self.wakes.push(pending.slot);
                         }
                     } else {
-                        let row = Answer::Row {
-                            turn: outputs.clone(),
-                            seat: ix,
-                        }
-                        .into_outputs(&self.iface.data_batch_out);
-                        self.land(seat.call, seat.place, row.map_err(|e| e.to_string()));
+                        let row = answer.into_outputs(&model.iface().data_batch_out);
+                        land(
+                            queue,
+                            streams,
+                            model,
+                            seat.call,
+                            seat.place,
+                            row.map_err(|e| e.to_string()),
+                        );
                     }
                 }
                 // One wake per sleeping caller would cost this thread a
@@ -182,175 +202,79 @@ impl Engine {
                 crate::slot::wake_all(&mut self.wakes);
             }
             Err(Failure { why, touched }) => {
-                self.records.failed_turn(occupancy);
+                records.failed_turn(occupancy);
                 if touched {
-                    self.recover(&seated, &lanes, &borrowed, &why);
+                    recover(streams, model, &seated, &lanes, &borrowed, &why);
                 }
                 for seat in &seated {
-                    self.land(seat.call, seat.place, Err(why.clone()));
+                    land(queue, streams, model, seat.call, seat.place, Err(why.clone()));
                 }
             }
         }
-        let mut seated = seated;
         seated.clear();
         self.seated = seated;
     }
+}
 
-    /// After a failed turn that touched the state: the seated streams' lanes
-    /// are reset and marked lost (their state may be half-advanced); if even
-    /// that fails (or panics), the state is rebuilt and every stream is lost.
-    pub(super) fn recover(&mut self, seated: &[QSeat], lanes: &[LaneId], borrowed: &[LaneId], why: &str) {
-        let cleaned = catch_unwind(AssertUnwindSafe(|| self.clean(lanes))).unwrap_or(false);
-        if cleaned {
-            for seat in seated {
-                if !borrowed.contains(&seat.lane) {
-                    self.lost[seat.lane.0] = Some(why.to_string());
-                }
+/// After a failed turn that touched the state: the seated streams' lanes
+/// are reset and marked lost (their state may be half-advanced); if even
+/// that fails (or panics), the state is rebuilt and every stream is lost.
+fn recover(
+    streams: &mut Streams,
+    model: &mut Model,
+    seated: &[QSeat],
+    lanes: &[LaneId],
+    borrowed: &[LaneId],
+    why: &str,
+) {
+    if model.clean(lanes) {
+        for seat in seated {
+            if !borrowed.contains(&seat.lane) {
+                streams.lose(seat.lane, why.to_string());
             }
-            return;
         }
-        self.rebuild(why);
+        return;
     }
+    rebuild(streams, model, why);
+}
 
-    /// Clear what a failed run left in the state, and reset `lanes`: true
-    /// when the state is clean again.
-    pub(super) fn clean(&mut self, lanes: &[LaneId]) -> bool {
-        let Some(state) = self.state.as_mut() else {
-            return false;
-        };
-        let Some(simple) = state.downcast_mut::<TypedSimpleState>() else {
-            return false;
-        };
-        // A run cut short leaves the turn's values and symbols (the batch
-        // extent among them) in the state; the next turn must start clean.
-        // A state that failed before its first value was set has no value
-        // table yet, and tract's `reset_turn` would index the empty one:
-        // then there are only the symbols to clear.
-        if simple.turn_state.values.is_empty() {
-            simple.turn_state.resolved_symbols = SymbolValues::default();
-        } else if simple.reset_turn().is_err() {
-            return false;
-        }
-        if let Some(at_spawn) = &self.symbols_at_spawn {
-            simple.turn_state.resolved_symbols = at_spawn.clone();
-        }
-        let lane_ixs: Vec<usize> = lanes.iter().map(|l| l.0).collect();
-        reset_caught(&mut **state, lanes).is_ok() && self.explicit.reset(&lane_ixs).is_ok()
+/// A fresh state in place of the current one; the streams holding a lane
+/// lose their state (`why` says why). If even that fails, the current state
+/// is kept: its next turn fails too, and says so.
+fn rebuild(streams: &mut Streams, model: &mut Model, why: &str) {
+    if model.rebuild() {
+        streams.lose_all(why);
     }
+}
 
-    /// Stack the seats' inputs, run the state once, slice the outputs back.
-    fn run_seated(
-        &mut self,
-        seated: &[QSeat],
-        lanes: Vec<LaneId>,
-        borrowed: &[LaneId],
-    ) -> Result<TVec<TValue>, Failure> {
-        let occupancy = seated.len();
-        let group = seated[0].group.clone();
-        // Borrowed lanes are reset before anything reads them: the explicit
-        // state gathered below must be the initial one, not what the lane's
-        // last borrower left.
-        // A borrowed lane that fails to reset fails the turn before the
-        // state ran: its streams keep their state, and the lane is reset
-        // again at its next use.
-        if !borrowed.is_empty() {
-            let borrowed_ixs: Vec<usize> = borrowed.iter().map(|l| l.0).collect();
-            let state = self.state.as_mut().expect("open engine has a state");
-            reset_caught(&mut **state, borrowed)
-                .and_then(|_| self.explicit.reset(&borrowed_ixs).map_err(|e| format!("{e:#}")))
-                .map_err(|why| Failure::untouched(format!("resetting borrowed lanes: {why}")))?;
-        }
-        let mut inputs: TVec<TValue> = TVec::with_capacity(self.iface.inputs.len());
-        let mut batched_slot = 0;
-        let mut shared_slot = 0;
-        for ix in 0..self.iface.inputs.len() {
-            if let Some(gathered) = self.explicit.gather(ix, &lanes) {
-                inputs.push(gathered.map_err(|e| Failure::untouched(format!("gathering state input {ix}: {e:#}")))?);
-            } else if self.iface.inputs[ix].batched {
-                let k = batched_slot;
-                batched_slot += 1;
-                if occupancy == 1 {
-                    inputs.push(seated[0].inputs[k].clone());
-                } else {
-                    inputs.push(
-                        self.stacker
-                            .stack(ix, seated.iter().map(|s| &*s.inputs[k]))
-                            .map_err(|e| Failure::untouched(format!("stacking input {ix}: {e:#}")))?,
-                    );
-                }
-            } else {
-                inputs.push(group.shared()[shared_slot].clone());
-                shared_slot += 1;
+/// One seat of call `id` landed; answer the call once all have.
+fn land(
+    queue: &mut Queue,
+    streams: &mut Streams,
+    model: &Model,
+    id: u64,
+    place: usize,
+    outputs: Result<TVec<TValue>, String>,
+) {
+    match outputs {
+        Err(why) => {
+            // The call's seats still queued go with it.
+            let Some(pending) = queue.fail(id) else { return };
+            // Its row 0 ran in an earlier turn and advanced the stream's
+            // state, yet the call fails: the stream cannot go on as if it
+            // had not been made.
+            if pending.served[0].is_some() {
+                streams.lose(
+                    pending.lane,
+                    format!("part of a wide call ran before the rest failed: {why}"),
+                );
             }
+            pending.slot.fill(Err(RunError::new(RunErrorKind::Turn(why))));
         }
-        let state = self.state.as_mut().expect("open engine has a state");
-        let seating = Seating::new(self.table.max_lanes(), lanes.iter().map(|l| tract_lane(*l)))
-            .map_err(|e| Failure::untouched(format!("{e:#}")))?;
-        state.seat(seating).map_err(|e| Failure::touched(format!("{e:#}")))?;
-        let resolved = group.resolved();
-        if !resolved.is_empty() {
-            let simple = state.downcast_mut::<TypedSimpleState>().expect("checked at enqueue");
-            for (symbol, value) in resolved {
-                simple.turn_state.resolved_symbols.set(symbol, *value);
-            }
-        }
-        let ran = catch_unwind(AssertUnwindSafe(|| state.run(inputs)));
-        if !resolved.is_empty() {
-            if let (Some(simple), Some(at_spawn)) = (state.downcast_mut::<TypedSimpleState>(), &self.symbols_at_spawn) {
-                simple.turn_state.resolved_symbols = at_spawn.clone();
-            }
-        }
-        let outputs = match ran {
-            Ok(Ok(outputs)) => outputs,
-            Ok(Err(e)) => return Err(Failure::touched(format!("{e:#}"))),
-            Err(panic) => return Err(Failure::touched(format!("the model panicked: {}", panic_text(panic)))),
-        };
-        for (ix, output) in outputs.iter().enumerate() {
-            if self.iface.batch_out.get(ix).copied().unwrap_or(false)
-                && (output.rank() == 0 || output.shape()[0] != occupancy)
-            {
-                return Err(Failure::touched(format!(
-                    "the turn seats {occupancy}, output {ix} has shape {:?}",
-                    output.shape()
-                )));
-            }
-        }
-        // Explicit state goes back to its lanes; the caller gets the rest.
-        if self.iface.state.is_empty() {
-            return Ok(outputs);
-        }
-        self.explicit
-            .scatter(&outputs, &lanes)
-            .map_err(|e| Failure::touched(format!("{e:#}")))?;
-        Ok(self.iface.data_outputs.iter().map(|ix| outputs[*ix].clone()).collect())
-    }
-
-    /// One seat of call `id` landed; answer the call once all have.
-    pub(super) fn land(&mut self, id: u64, place: usize, outputs: Result<TVec<TValue>, String>) {
-        let Some(pending) = self.pending.get_mut(&id) else {
-            return;
-        };
-        match outputs {
-            Err(why) => {
-                let pending = self.pending.remove(&id).expect("present");
-                // Drop the call's seats still queued.
-                self.unqueue_where(|seat| seat.call == id);
-                // Its row 0 ran in an earlier turn and advanced the stream's
-                // state, yet the call fails: the stream cannot go on as if
-                // it had not been made.
-                if pending.served[0].is_some() {
-                    self.lost[pending.lane.0] = Some(format!("part of a wide call ran before the rest failed: {why}"));
-                }
-                pending.slot.fill(Err(RunError::new(RunErrorKind::Turn(why))));
-            }
-            Ok(outputs) => {
-                pending.served[place] = Some(outputs);
-                pending.remaining -= 1;
-                if pending.remaining == 0 {
-                    let pending = self.pending.remove(&id).expect("present");
-                    let answer = assemble(pending.served, &self.iface.data_batch_out);
-                    pending.slot.fill(answer.map(Answer::Outputs));
-                }
+        Ok(outputs) => {
+            if let Some(pending) = queue.land(id, place, outputs) {
+                let answer = assemble(pending.served, &model.iface().data_batch_out);
+                pending.slot.fill(answer.map(Answer::Outputs));
             }
         }
     }

@@ -165,7 +165,8 @@ impl Common {
         }
     }
 
-    /// Steps 5 to 8 of closing (the sequence in the `shard` module's doc):
+    /// Steps 7 to 10 of the runner's life (numbered in the `runner` module's
+    /// doc):
     /// the deadline thread stops, then every shard closes.
     pub(crate) fn close(&self) {
         self.end(ENDING_CLOSED);

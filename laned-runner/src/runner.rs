@@ -1,5 +1,63 @@
 //! The runner (tract's `Runnable`): its shards, admission across them, and
-//! the settings that change while serving.
+//! the settings that change while serving. It owns the runner's life; the
+//! steps below are numbered here only, and code elsewhere cites them.
+//!
+//! # A runner's life: start, serve, drain, close
+//!
+//! A soft drain ([`LanedRunner::drain`]) runs steps 3 to 10;
+//! [`LanedRunner::stop_admitting`] alone is step 3; the hard close
+//! ([`LanedRunner::close`]) runs step 3 and then 5 on (no wait); dropping
+//! the last `LanedRunner` starts at step 7. Steps 3 and 4 are this file's
+//! (on the admission queue every shard shares); 5 and 6 are `Shard::drain`'s,
+//! 7 to 10 `Shard::close`'s and `Common::close`'s (the deadline thread), each
+//! mode doing 6, 8 and 9 its own way (`shard/worker.rs`,
+//! `shard/combining.rs`).
+//!
+//! 1. **Start** ([`LanedRunner::new`]). Per shard, in order: the engine
+//!    spawns the state and resets every lane once, so an op state that
+//!    cannot serve several streams fails here, naming the op; then the
+//!    mode's thread starts (the worker, which builds the engine on itself,
+//!    or the combining helper). A shard that fails closes those already
+//!    started. Last, the deadline thread. No stream exists yet.
+//! 2. **Serve.** A spawn takes a free lane (reset) on the least loaded
+//!    shard, or waits in the admission queue, whose oldest waiter gets the
+//!    next lane freed on any shard. Each call queues its seats in its
+//!    shard's inbox; whoever holds the state (the worker, or a combining
+//!    caller) takes them in and runs turns as the policy says, answering
+//!    each seat. An idle stream is evicted; the last handle dropped gives
+//!    its lane back, to the oldest waiter first.
+//! 3. **Admission is refused** (`Draining`): every waiting spawner is
+//!    answered at once, and every engine refuses a spawn it takes in from
+//!    then on (it reads the admission queue's flag), whichever path the
+//!    spawn took. Live streams call as before.
+//! 4. **The drain waits**, woken by every freed lane, until no stream holds
+//!    a lane or its deadline passes; the streams left are the stragglers,
+//!    and the runner is marked drained, so that they are told `Draining`
+//!    (retry elsewhere), not `Closed`, from now on.
+//! 5. **Per shard, the inbox is marked draining** and its sleeper woken: a
+//!    turn policy waiting for more seats starts the turn at once (nothing
+//!    new can join).
+//! 6. **The engine takes the flag in** with the next requests it takes in,
+//!    whoever holds the state (the worker; in combining mode a caller, the
+//!    helper, or the closing thread, which waits for the state), and
+//!    refuses new calls (`Draining`); what is queued is served turn after
+//!    turn. A draining helper does not wait for more calls: it lets the
+//!    state go once nothing is queued. Once nothing is queued or waiting
+//!    for an answer, the runner closes every shard.
+//! 7. **The deadline thread stops.** Per shard, the inbox is marked closed
+//!    and everyone sleeping on it woken: from now on a push is refused and
+//!    answered `Closed` by the pusher itself.
+//! 8. **The mode's thread stops**: the worker (or the helper) sees the flag;
+//!    the closing thread joins it (never itself).
+//! 9. **The engine is closed on a live thread** (the worker in worker
+//!    mode, the closing thread otherwise): every pending call is answered
+//!    `Closed`, the queue dropped, and the state dropped with it.
+//! 10. **Late requests are answered**: those pushed between 7 and 9 are
+//!     taken in and answered by the same closed engine, so every request
+//!     ever pushed gets exactly one answer.
+//!
+//! Each step has its test, named after it, in the runner's
+//! `tests/runner/life.rs`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -91,6 +149,7 @@ impl LanedRunner {
     /// lane is reset once here, so a state that cannot serve several streams
     /// fails now, naming its op.
     pub fn new(inner: Arc<dyn Runnable>, config: RunnerConfig) -> Result<LanedRunner, NewRunnerError> {
+        // Step 1 of the runner's life (this module's doc).
         let state_spec = config.state.clone();
         let config = config.resolve()?;
         let iface = Arc::new(Interface::of(&*inner, &state_spec)?);
@@ -191,6 +250,8 @@ impl LanedRunner {
         self.spawn_with(Some(wait))
     }
 
+    /// A spawn, step 2 of the runner's life (this module's doc): a free
+    /// lane on the least loaded shard, or a place in the admission queue.
     fn spawn_with(&self, wait: Option<Duration>) -> Result<LanedStateHandle, SpawnError> {
         let core = &self.core;
         let (shard, grant) = match wait {
@@ -310,9 +371,8 @@ impl LanedRunner {
         }
     }
 
-    /// Stop admitting new streams, step 1 of draining (the sequence in
-    /// the `shard` module's doc): from
-    /// the instant this returns every spawn is refused with
+    /// Stop admitting new streams, step 3 of the runner's life (the
+    /// sequence in this module's doc): from the instant this returns every spawn is refused with
     /// [`SpawnError::Draining`], and every spawner waiting for a lane is
     /// answered so at once. Live streams keep calling as before. A
     /// readiness probe reading [`LanedRunner::capacity`] sees `accepting`
@@ -326,14 +386,14 @@ impl LanedRunner {
         !self.core.admission.is_refused()
     }
 
-    /// The soft drain, a rolling restart's steps in one call (the
-    /// `shard` module's doc numbers them all):
+    /// The soft drain, a rolling restart's steps in one call (this
+    /// module's doc numbers them all):
     ///
-    /// - step 1, stop admitting ([`LanedRunner::stop_admitting`]): new
+    /// - step 3, stop admitting ([`LanedRunner::stop_admitting`]): new
     ///   spawns are refused with `Draining`;
-    /// - step 2, let every live stream finish, calling as usual, until the
+    /// - step 4, let every live stream finish, calling as usual, until the
     ///   last one has dropped its handle or `deadline` passes;
-    /// - steps 3 to 8, close ([`LanedRunner::close`]): what is queued is
+    /// - steps 5 to 10, close ([`LanedRunner::close`]): what is queued is
     ///   served, and the streams still live past the deadline (the
     ///   stragglers) are told `Draining` at their next call
     ///   ([`RunError::end_reason`] says [`EndReason::Drained`]: retry
@@ -343,9 +403,9 @@ impl LanedRunner {
     /// [`EndReason::Drained`]: crate::EndReason::Drained
     pub fn drain(&self, deadline: Instant) -> Drained {
         let core = &self.core;
-        // Step 1.
+        // Step 3.
         self.stop_admitting();
-        // Step 2.
+        // Step 4.
         loop {
             // Read before looking: a lane freed after the look moves it.
             let seen = core.admission.freed();
@@ -373,13 +433,13 @@ impl LanedRunner {
         // First, before any stream is refused: every refusal from here on
         // says this end (see `Common::told`).
         self.core.end(crate::common::ENDING_CLOSED);
-        // Step 1 (again, for a close that is not a drain's end).
+        // Step 3 (again, for a close that is not a drain's end).
         self.core.admission.refuse(SpawnError::Draining);
-        // Steps 3 and 4, shard by shard.
+        // Steps 5 and 6, shard by shard.
         for shard in &self.core.shards {
             shard.drain();
         }
-        // Steps 5 to 8.
+        // Steps 7 to 10.
         self.core.close();
         self.metrics()
     }

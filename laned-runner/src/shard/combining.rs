@@ -209,7 +209,7 @@ impl Shard {
         !inbox.requests.is_empty() && !inbox.closed
     }
 
-    /// Draining, step 4 in combining mode: this thread holds the state and
+    /// Draining, step 6 in combining mode: this thread holds the state and
     /// serves the queue until it is empty.
     pub(super) fn drain_combining(&self) {
         let _wakes = Deferred::open();
@@ -225,7 +225,7 @@ impl Shard {
         }
     }
 
-    /// Closing, steps 7 and 8 in combining mode, on the closing thread.
+    /// Closing, steps 9 and 10 in combining mode, on the closing thread.
     pub(super) fn close_combining(&self) {
         let _wakes = Deferred::open();
         let mut engine = lock(&self.engine);

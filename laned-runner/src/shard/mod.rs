@@ -14,43 +14,9 @@
 //!
 //! # Draining and closing
 //!
-//! The whole life's end, in order. A soft drain (`LanedRunner::drain`)
-//! runs every step; `stop_admitting` alone is step 1; the hard close
-//! (`LanedRunner::close`) runs step 1 and then 3 on (no wait); dropping the
-//! last `LanedRunner` starts at step 5. Who does each: steps 1 and 2 are
-//! the runner's (`runner.rs`, on the admission queue every shard shares);
-//! 3 and 4 are [`Shard::drain`]'s, 5 to 8 [`Shard::close`]'s (and
-//! `Common::close`'s, for the deadline thread), each mode doing 4, 6 and 7
-//! its own way (`worker.rs`, `combining.rs`).
-//!
-//! 1. Admission is refused (`Draining`): every waiting spawner is answered
-//!    at once, and every engine refuses a spawn it takes in from then on
-//!    (it reads the admission queue's flag), whichever path the spawn took.
-//!    Live streams call as before.
-//! 2. The drain waits, woken by every freed lane, until no stream holds a
-//!    lane or its deadline passes; the streams left are the stragglers, and
-//!    the runner is marked drained, so that they are told `Draining` (retry
-//!    elsewhere), not `Closed`, from now on.
-//! 3. Per shard, the inbox is marked draining and its sleeper woken: a turn
-//!    policy waiting for more seats starts the turn at once (nothing new can
-//!    join).
-//! 4. The engine takes the flag in with the next requests it takes in,
-//!    whoever holds the state (the worker; in combining mode a caller, the
-//!    helper, or the closing thread, which waits for the state), and
-//!    refuses new calls (`Draining`); what is queued is served turn after
-//!    turn. A draining helper does not wait for more calls: it lets the
-//!    state go once nothing is queued. Once nothing is queued or
-//!    waiting for an answer, the runner closes every shard.
-//! 5. The deadline thread stops. Per shard, the inbox is marked closed and
-//!    everyone sleeping on it woken: from now on a push is refused and
-//!    answered `Closed` by the pusher itself.
-//! 6. The worker (or the helper) sees the flag and stops; the closing
-//!    thread joins it (never itself).
-//! 7. The engine is closed on a live thread (the worker in worker mode,
-//!    the closing thread otherwise): every pending call is answered
-//!    `Closed`, the queue dropped, and the state dropped with it.
-//! 8. Requests pushed between 5 and 7 are taken in and answered by the same
-//!    closed engine, so every request ever pushed gets exactly one answer.
+//! The runner's life is numbered once, in the `runner` module's doc; a
+//! shard does steps 5 and 6 ([`Shard::drain`]) and its part of 7 and
+//! then 8 to 10 ([`Shard::close`]), each mode doing 6, 8 and 9 its own way.
 
 mod combining;
 mod worker;
@@ -218,8 +184,8 @@ impl Shard {
     }
 
     /// Move every request of the inbox into the engine, and the draining
-    /// flag with them: whoever holds the state takes it in (step 4 of
-    /// draining), or a combining helper under steady load would serve new
+    /// flag with them: whoever holds the state takes it in (step 6 of
+    /// the runner's life), or a combining helper under steady load would serve new
     /// calls for as long as they came, the drain waiting on its lock. Idle
     /// streams are evicted as of the take (see `Engine::accept_batch`).
     fn take_inbox(&self, engine: &mut Engine) -> bool {
@@ -428,7 +394,8 @@ impl Shard {
     }
 
     /// Stop taking new calls, and return once everything queued has been
-    /// answered: steps 3 and 4 of the sequence above.
+    /// answered: steps 5 and 6 of the runner's life
+    /// (numbered in the `runner` module's doc).
     pub fn drain(&self) {
         self.inbox.lock().draining = true;
         self.inbox.notify_all();
@@ -439,9 +406,9 @@ impl Shard {
     }
 
     /// Refuse everything from now on, answer every waiting caller, and drop
-    /// the state on a live thread: steps 5 (the inbox, here), 6 (the join,
-    /// here), 7 and 8 (the worker's own, or `close_combining`) of the
-    /// sequence above.
+    /// the state on a live thread: steps 7 (the inbox, here), 8 (the join,
+    /// here), 9 and 10 (the worker's own, or `close_combining`) of the
+    /// runner's life.
     pub fn close(&self) {
         self.inbox.lock().closed = true;
         self.inbox.notify_all();
@@ -459,7 +426,7 @@ impl Shard {
         }
     }
 
-    /// Step 6: join the mode's thread (the worker, the helper), never the
+    /// Step 8: join the mode's thread (the worker, the helper), never the
     /// current one (joining oneself fails).
     fn join_thread(&self) {
         let thread = lock(&self.worker).take();

@@ -196,7 +196,7 @@ impl Shard {
         }
     }
 
-    /// Draining, step 4 in worker mode: the worker serves the queue and
+    /// Draining, step 6 in worker mode: the worker serves the queue and
     /// says when it is quiet; this waits for that.
     pub(super) fn drain_worker(&self, worker: &Worker) {
         let mut inbox = self.inbox.lock();

@@ -164,6 +164,28 @@ pub struct RealTime {
     pub cdf_at_capacity_us: Vec<u64>,
 }
 
+impl RealTime {
+    /// The probes at the reported capacity that kept p99 within the budget:
+    /// the only ones a capacity's latencies are read from (a count passed
+    /// two probes of three, say, has a failed one too).
+    pub fn passed_at_capacity(&self) -> Vec<&Probe> {
+        let budget_us = self.budget_ms * 1000.0;
+        self.probes
+            .iter()
+            .filter(|p| p.streams == self.capacity && p.p99_us as f64 <= budget_us)
+            .collect()
+    }
+
+    /// The median (by p99) of [`RealTime::passed_at_capacity`]; `None` when
+    /// no probe at the capacity passed (a capacity of 0, or a report that
+    /// predates this rule).
+    pub fn at_capacity(&self) -> Option<&Probe> {
+        let mut passed = self.passed_at_capacity();
+        passed.sort_by_key(|p| p.p99_us);
+        passed.get(passed.len().saturating_sub(1) / 2).copied()
+    }
+}
+
 /// One probe: `streams` streams at real-time cadence for a while.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Probe {
@@ -250,11 +272,11 @@ pub fn markdown(r: &Report) -> String {
     if let Some(first) = r.real_time.first() {
         let _ = writeln!(
             out,
-            "## real time ({})\n\nEach stream sends one pulse every {:.1} ms from a random phase; capacity = most streams with p99 latency within {:.1} ms (doubling, then bisecting; a count is refused only when two of three probes miss). capacity = the median search; searches = every search's capacity; disputed = counts whose probes disagreed (passed/run). Latencies at the median capacity; CPU = process CPU time (every thread) per 1000 pulses at 128 and 256 streams; runner threads = the runner's own threads only, at 256 streams.\n\n| system | capacity | searches | disputed | p50 ms | p99 ms | max ms | CPU ms/1k at 128 | at 256 | runner threads ms/1k at 256 |\n|---|---|---|---|---|---|---|---|---|---|",
+            "## real time ({})\n\nEach stream sends one pulse every {:.1} ms from a random phase; capacity = most streams with p99 latency within {:.1} ms (doubling, then bisecting; a count is refused only when two of three probes miss). capacity = the median search; searches = every search's capacity; disputed = counts whose probes disagreed (passed/run). Latencies at the median capacity, from the probes there that passed (the median of them by p99; never one over the budget); CPU = process CPU time (every thread) per 1000 pulses at 128 and 256 streams; runner threads = the runner's own threads only, at 256 streams.\n\n| system | capacity | searches | disputed | p50 ms | p99 ms | max ms | CPU ms/1k at 128 | at 256 | runner threads ms/1k at 256 |\n|---|---|---|---|---|---|---|---|---|---|",
             first.model, first.period_ms, first.budget_ms
         );
         for rt in &r.real_time {
-            let at = rt.probes.iter().rev().find(|p| p.streams == rt.capacity);
+            let at = rt.at_capacity();
             let all: Vec<String> = rt.capacities.iter().map(|c| c.to_string()).collect();
             let disputed: Vec<String> = rt
                 .disputed
@@ -294,10 +316,12 @@ pub fn markdown(r: &Report) -> String {
 }
 
 /// Every figure the two reports share, `b / a`: closed-loop medians by
-/// model, streams and system; real-time capacities by system. Machine
+/// model, streams and system; real-time capacities by system; each figure
+/// that fell by more than its spread marked, and listed at the end. Machine
 /// facts first, so a reader sees when the two ran on different ground.
-pub fn compare(a: &Report, b: &Report) -> String {
+pub fn compare(a: &Report, b: &Report) -> Comparison {
     let mut out = String::new();
+    let mut falls = vec![];
     let _ = writeln!(out, "| | A | B |\n|---|---|---|");
     let (ma, mb) = (&a.machine, &b.machine);
     for (what, x, y) in [
@@ -312,7 +336,7 @@ pub fn compare(a: &Report, b: &Report) -> String {
     let mut shared = 0;
     let _ = writeln!(
         out,
-        "\n## closed loop (pulses/s, median)\n\n| model | streams | system | A | B | B / A |\n|---|---|---|---|---|---|"
+        "\n## closed loop (pulses/s, median)\n\n| model | streams | system | A | B | B / A | |\n|---|---|---|---|---|---|---|"
     );
     for x in &a.closed_loop {
         if let Some(y) = b
@@ -321,40 +345,80 @@ pub fn compare(a: &Report, b: &Report) -> String {
             .find(|y| y.model == x.model && y.streams == x.streams && y.system == x.system)
         {
             shared += 1;
+            let spread = (x.max - x.min).max(y.max - y.min);
+            let fell = y.median < x.median - spread;
+            if fell {
+                falls.push(format!(
+                    "closed loop, {} at {} streams, {}: {:.0} to {:.0} pulses/s (spread {:.0})",
+                    x.model, x.streams, x.label, x.median, y.median, spread
+                ));
+            }
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {:.0} | {:.0} | {:.2} |",
+                "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {} |",
                 x.model,
                 x.streams,
                 x.label,
                 x.median,
                 y.median,
-                y.median / x.median
+                y.median / x.median,
+                if fell { "**fell**" } else { "" }
             );
         }
     }
     let _ = writeln!(
         out,
-        "\n## real time (capacity, streams)\n\n| model | system | A | B | B / A |\n|---|---|---|---|---|"
+        "\n## real time (capacity, streams)\n\n| model | system | A | B | B / A | |\n|---|---|---|---|---|---|"
     );
     for x in &a.real_time {
         if let Some(y) = b.real_time.iter().find(|y| y.model == x.model && y.short == x.short) {
             shared += 1;
+            let range = |r: &RealTime| {
+                let (lo, hi) = (r.capacities.iter().min(), r.capacities.iter().max());
+                lo.zip(hi).map_or(0, |(lo, hi)| hi - lo)
+            };
+            let spread = range(x).max(range(y));
+            let fell = y.capacity + spread < x.capacity;
+            if fell {
+                falls.push(format!(
+                    "real time, {}, {}: {} to {} streams (spread {spread})",
+                    x.model, x.system, x.capacity, y.capacity
+                ));
+            }
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {:.2} |",
+                "| {} | {} | {} | {} | {:.2} | {} |",
                 x.model,
                 x.system,
                 x.capacity,
                 y.capacity,
-                y.capacity as f64 / x.capacity.max(1) as f64
+                y.capacity as f64 / x.capacity.max(1) as f64,
+                if fell { "**fell**" } else { "" }
             );
         }
     }
     if shared == 0 {
         out += "\nThe two reports share no figure (other models, stream counts or systems).\n";
     }
-    out
+    if falls.is_empty() {
+        out += "\nNo figure fell by more than its spread.\n";
+    } else {
+        let _ = writeln!(out, "\n{} figures fell by more than their spread:", falls.len());
+        for fall in &falls {
+            let _ = writeln!(out, "- {fall}");
+        }
+    }
+    Comparison { text: out, falls }
+}
+
+/// Two reports side by side ([`compare`]).
+pub struct Comparison {
+    /// The tables, as markdown.
+    pub text: String,
+    /// Each figure that fell from A to B by more than its spread (the
+    /// larger of the two runs' ranges: closed loop, the repeats' min to
+    /// max; real time, the searches' capacities), as a line.
+    pub falls: Vec<String>,
 }
 
 #[cfg(test)]
@@ -391,10 +455,107 @@ mod tests {
             closed_loop: vec![row(median)],
             real_time: vec![],
         };
-        let text = compare(&report(100.0), &report(150.0));
-        assert!(text.contains("| m | 4 | ours (worker) | 100 | 150 | 1.50 |"), "{text}");
+        let text = compare(&report(100.0), &report(150.0)).text;
+        assert!(
+            text.contains("| m | 4 | ours (worker) | 100 | 150 | 1.50 |  |"),
+            "{text}"
+        );
         let mut other = report(1.0);
         other.closed_loop[0].streams = 8;
-        assert!(compare(&report(1.0), &other).contains("share no figure"));
+        assert!(compare(&report(1.0), &other).text.contains("share no figure"));
+    }
+
+    /// A figure is marked as fallen only when it fell by more than its
+    /// spread, closed loop and real time alike.
+    #[test]
+    fn compare_marks_what_fell_past_its_spread() {
+        let row = |median: f64, spread: f64| ClosedLoop {
+            model: "m".into(),
+            streams: 4,
+            system: "worker".into(),
+            label: "ours (worker)".into(),
+            runs: vec![median - spread / 2.0, median, median + spread / 2.0],
+            median,
+            min: median - spread / 2.0,
+            max: median + spread / 2.0,
+            mean_occupancy: None,
+            cpu_us_per_pulse: None,
+        };
+        let rt = |capacities: Vec<usize>| RealTime {
+            model: "m".into(),
+            short: "worker".into(),
+            system: "ours".into(),
+            period_ms: 10.0,
+            budget_ms: 5.0,
+            capacity: capacities[capacities.len() / 2],
+            capacities,
+            disputed: vec![],
+            probes: vec![],
+            cdf_at_capacity_us: vec![],
+        };
+        let report = |row: ClosedLoop, rt: RealTime| Report {
+            machine: Machine::default(),
+            quick: true,
+            seconds_per_run: 1.0,
+            repeats: 3,
+            closed_loop: vec![row],
+            real_time: vec![rt],
+        };
+        let a = report(row(100.0, 10.0), rt(vec![500, 512, 520]));
+        // Within the spread both ways: nothing fell.
+        let within = compare(&a, &report(row(92.0, 4.0), rt(vec![490, 496, 500])));
+        assert!(within.falls.is_empty(), "{}", within.text);
+        assert!(within.text.contains("No figure fell"));
+        // Past it: both marked and listed.
+        let fell = compare(&a, &report(row(80.0, 4.0), rt(vec![380, 400, 410])));
+        assert_eq!(fell.falls.len(), 2, "{}", fell.text);
+        assert!(fell.text.contains("| 100 | 80 | 0.80 | **fell** |"), "{}", fell.text);
+        assert!(fell.text.contains("| 512 | 400 | 0.78 | **fell** |"), "{}", fell.text);
+    }
+
+    /// A capacity's latencies come from its probes that passed: a failed
+    /// probe at the same count (two of three passed) is never the one shown.
+    #[test]
+    fn latencies_at_capacity_come_from_passing_probes_only() {
+        let probe = |streams: usize, p99_ms: f64| Probe {
+            streams,
+            p50_us: 1000,
+            p99_us: (p99_ms * 1000.0) as u64,
+            max_us: 20_000,
+            pulses: 100,
+            cpu_ms_per_1k: None,
+            runner_cpu_ms_per_1k: None,
+        };
+        let rt = RealTime {
+            model: "m".into(),
+            short: "worker".into(),
+            system: "ours".into(),
+            period_ms: 10.0,
+            budget_ms: 5.0,
+            capacity: 64,
+            capacities: vec![64],
+            disputed: vec![],
+            probes: vec![
+                probe(32, 1.0),
+                probe(64, 4.0),
+                probe(64, 9.3),
+                probe(64, 4.5),
+                probe(128, 12.0),
+            ],
+            cdf_at_capacity_us: vec![],
+        };
+        assert_eq!(rt.passed_at_capacity().len(), 2);
+        assert_eq!(rt.at_capacity().map(|p| p.p99_us), Some(4000));
+        let report = Report {
+            machine: Machine::default(),
+            quick: true,
+            seconds_per_run: 1.0,
+            repeats: 1,
+            closed_loop: vec![],
+            real_time: vec![rt],
+        };
+        let md = markdown(&report);
+        assert!(md.contains("| ours | 64 | 64 | - | 1.00 | 4.00 |"), "{md}");
+        assert!(!md.contains("9.30"), "{md}");
     }
 }

@@ -41,7 +41,8 @@ laned-bench --compare A.json B.json
   --skip-closed-loop
                  real time only
   --out          where the report goes (default: target/laned-bench)
-  --compare A B  print every figure two reports share, with its ratio B / A, and exit
+  --compare A B  print every figure two reports share, with its ratio B / A, each one that
+                 fell by more than its spread marked; exit 0, or 3 when one fell
 ";
 
 #[derive(Clone)]
@@ -169,8 +170,11 @@ fn args() -> Result<Args, String> {
                     let text = std::fs::read_to_string(p).map_err(|e| format!("--compare: reading {p}: {e}"))?;
                     serde_json::from_str(&text).map_err(|e| format!("--compare: {p} is not a report: {e}"))
                 };
-                print!("{}", report::compare(&read(&x)?, &read(&y)?));
-                std::process::exit(0);
+                let comparison = report::compare(&read(&x)?, &read(&y)?);
+                print!("{}", comparison.text);
+                // A guard: a script (or CI) comparing against a stored
+                // report fails when a figure fell past its spread.
+                std::process::exit(if comparison.falls.is_empty() { 0 } else { 3 });
             }
             "--help" | "-h" => {
                 print!("{HELP}");
@@ -805,7 +809,9 @@ fn capacity(
     let good = found.streams;
     let cdf = probes
         .iter()
-        .find(|(p, _)| p.streams == good)
+        // A probe at the capacity that passed: the curve shown is one the
+        // capacity was granted on.
+        .find(|(p, _)| p.streams == good && p.p99_us as u128 <= budget.as_micros())
         .map(|(_, lat)| {
             let step = (lat.sorted_us.len() / 200).max(1);
             lat.sorted_us.iter().step_by(step).copied().collect()

@@ -1,6 +1,9 @@
-//! The Prometheus text exposition of a [`Snapshot`], with the metric names
-//! tract's `LanedRunnable` reports under (`tract_autobatch_*`), plus ours for
-//! what tract does not count (admissions, failures).
+//! The Prometheus text exposition of a [`Snapshot`]: tract's names
+//! (`tract_autobatch_*`) for the six things tract-core's `LanedRunnable`
+//! counts itself (turns, seats, seats per turn, lanes taken, queue wait,
+//! turn time), ours (`laned_*`) for everything else (lanes, the queue,
+//! admissions, refusals, failures, policy waits, deadline misses), the same
+//! names the runner records through the `metrics` facade.
 
 use std::fmt::Write;
 
@@ -169,7 +172,7 @@ pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
     );
     scalar(
         &mut out,
-        "tract_autobatch_admissions_total",
+        "laned_admissions_total",
         "counter",
         "Streams given a lane",
         labels,
@@ -177,7 +180,7 @@ pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
     );
     scalar(
         &mut out,
-        "tract_autobatch_admissions_waited_total",
+        "laned_admissions_waited_total",
         "counter",
         "Streams given a lane after waiting for one",
         labels,
@@ -185,14 +188,14 @@ pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
     );
     durations(
         &mut out,
-        "tract_autobatch_admission_wait_seconds",
+        "laned_admission_wait_seconds",
         "How long admitted streams waited for a lane",
         labels,
         &s.admission_wait,
     );
     scalar(
         &mut out,
-        "tract_autobatch_admissions_refused_total",
+        "laned_admissions_refused_total",
         "counter",
         "Streams refused a lane",
         labels,
@@ -200,7 +203,7 @@ pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
     );
     scalar(
         &mut out,
-        "tract_autobatch_failed_seats_total",
+        "laned_failed_seats_total",
         "counter",
         "Seats answered with an error",
         labels,
@@ -208,7 +211,7 @@ pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
     );
     scalar(
         &mut out,
-        "tract_autobatch_failed_turns_total",
+        "laned_failed_turns_total",
         "counter",
         "Turns that failed as a whole",
         labels,
@@ -216,14 +219,14 @@ pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
     );
     durations(
         &mut out,
-        "tract_autobatch_policy_wait_seconds",
+        "laned_policy_wait_seconds",
         "Waits the turn policy chose before turns",
         labels,
         &s.policy_waits,
     );
     scalar(
         &mut out,
-        "tract_autobatch_deadline_misses_total",
+        "laned_deadline_misses_total",
         "counter",
         "Seats answered later than their latency budget",
         labels,
@@ -231,7 +234,7 @@ pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
     );
     scalar(
         &mut out,
-        "tract_autobatch_policy_changes_total",
+        "laned_policy_changes_total",
         "counter",
         "Changes of the turn policy or max_seats while serving",
         labels,
@@ -266,9 +269,42 @@ mod tests {
             format!("tract_autobatch_turn_seconds_count{{{l}}} 2"),
             format!("tract_autobatch_queue_wait_seconds_bucket{{{l},le=\"0.00001\"}} 0"),
             format!("tract_autobatch_queue_wait_seconds_bucket{{{l},le=\"0.000025\"}} 1"),
-            format!("tract_autobatch_failed_turns_total{{{l}}} 0"),
+            format!("laned_failed_turns_total{{{l}}} 0"),
         ] {
             assert!(text.lines().any(|x| x == line), "missing {line:?} in\n{text}");
+        }
+    }
+
+    /// tract's names carry only what tract's runner counts itself; every
+    /// other series is ours, under `laned_`.
+    #[test]
+    fn tracts_names_only_for_what_tract_counts() {
+        const TRACTS: [&str; 6] = [
+            "tract_autobatch_turns_total",
+            "tract_autobatch_seats_total",
+            "tract_autobatch_seats_per_turn",
+            "tract_autobatch_lanes_taken",
+            "tract_autobatch_queue_wait_seconds",
+            "tract_autobatch_turn_seconds",
+        ];
+        let text = Metrics::new(2).snapshot().to_prometheus(&[]);
+        let names: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        let (tract, ours): (Vec<&str>, Vec<&str>) = names.iter().partition(|n| n.starts_with("tract_autobatch_"));
+        assert_eq!(tract.len(), 6, "{tract:?}");
+        assert!(tract.iter().all(|n| TRACTS.contains(n)), "{tract:?}");
+        assert!(ours.iter().all(|n| n.starts_with("laned_")), "{ours:?}");
+        for name in [
+            "laned_admissions_refused_total",
+            "laned_failed_turns_total",
+            "laned_failed_seats_total",
+            "laned_deadline_misses_total",
+            "laned_policy_wait_seconds",
+        ] {
+            assert!(ours.contains(&name), "{name} missing: {ours:?}");
         }
     }
 

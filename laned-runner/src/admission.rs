@@ -61,6 +61,12 @@ pub(crate) struct Waiter {
 }
 
 impl Admission {
+    /// The runner-wide facade handles (refusals, policy changes are booked
+    /// through [`Common`](crate::common::Common), with its counters).
+    pub fn meters(&self) -> &crate::facade::AdmissionMeters {
+        &self.meters
+    }
+
     pub fn new(max_waiting: usize, meters: crate::facade::AdmissionMeters) -> Admission {
         Admission {
             state: Mutex::new(State {

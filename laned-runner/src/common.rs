@@ -51,6 +51,19 @@ pub(crate) struct Common {
 }
 
 impl Common {
+    /// A spawn refused a lane, booked once: in the runner's counters and
+    /// the facade together.
+    pub(crate) fn book_refusal(&self) {
+        self.events.record_admission_refused();
+        self.admission.meters().refused();
+    }
+
+    /// A change of the live settings, booked once, as a refusal is.
+    pub(crate) fn book_policy_change(&self) {
+        self.events.record_policy_change();
+        self.admission.meters().policy_change();
+    }
+
     /// Shards in placement order: most free lanes first, lowest index on ties.
     pub(crate) fn placement(&self) -> Vec<usize> {
         let mut order: Vec<(u64, usize)> = self

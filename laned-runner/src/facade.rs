@@ -10,8 +10,15 @@
 //!   `_seats_per_turn`, `_queue_wait_seconds`, `_turn_seconds`
 //!   (histograms), `_lanes_taken` (gauge), labelled `runnable` with the
 //!   model's `tract.name` where it has one;
-//! - ours: `laned_lanes_max`, `laned_lanes_free`, `laned_seats_queued`
-//!   (gauges per shard) and `laned_spawners_waiting` (runner-wide gauge).
+//! - ours, for everything tract does not count: `laned_lanes_max`,
+//!   `laned_lanes_free`, `laned_seats_queued` (gauges per shard),
+//!   `laned_spawners_waiting` (runner-wide gauge); the counters
+//!   `laned_admissions_total`, `laned_admissions_waited_total`,
+//!   `laned_admissions_refused_total`, `laned_failed_seats_total`,
+//!   `laned_failed_turns_total`, `laned_deadline_misses_total`,
+//!   `laned_policy_changes_total`; the histograms
+//!   `laned_admission_wait_seconds`, `laned_policy_wait_seconds`. The same
+//!   names `laned_metrics::Snapshot::to_prometheus` renders.
 //!
 //! Counters and histograms carry the `runnable` label only, so every
 //! shard adds into one series, as tract's one worker does; gauges are
@@ -57,6 +64,32 @@ mod on {
             metrics::describe_gauge!("laned_lanes_free", "Lanes of a shard free for a new stream");
             metrics::describe_gauge!("laned_seats_queued", "Seats queued on a shard for a turn");
             metrics::describe_gauge!("laned_spawners_waiting", "Spawners waiting for a lane of the runner");
+            metrics::describe_counter!("laned_admissions_total", "Streams given a lane");
+            metrics::describe_counter!(
+                "laned_admissions_waited_total",
+                "Streams given a lane after waiting for one"
+            );
+            metrics::describe_histogram!(
+                "laned_admission_wait_seconds",
+                Unit::Seconds,
+                "How long admitted streams waited for a lane"
+            );
+            metrics::describe_counter!("laned_admissions_refused_total", "Streams refused a lane");
+            metrics::describe_counter!("laned_failed_seats_total", "Seats answered with an error");
+            metrics::describe_counter!("laned_failed_turns_total", "Turns that failed as a whole");
+            metrics::describe_counter!(
+                "laned_deadline_misses_total",
+                "Seats answered later than their latency budget"
+            );
+            metrics::describe_histogram!(
+                "laned_policy_wait_seconds",
+                Unit::Seconds,
+                "Waits the turn policy chose before turns"
+            );
+            metrics::describe_counter!(
+                "laned_policy_changes_total",
+                "Changes of the turn policy or max_seats while serving"
+            );
         });
     }
 
@@ -77,6 +110,13 @@ mod on {
         lanes_max: usize,
         lanes_free: Gauge,
         seats_queued: Gauge,
+        admissions: Counter,
+        admissions_waited: Counter,
+        admission_wait: Histogram,
+        failed_seats: Counter,
+        failed_turns: Counter,
+        deadline_misses: Counter,
+        policy_wait: Histogram,
     }
 
     impl Meters {
@@ -90,11 +130,18 @@ mod on {
                 seats: metrics::counter!("tract_autobatch_seats_total", labels.clone()),
                 seats_per_turn: metrics::histogram!("tract_autobatch_seats_per_turn", labels.clone()),
                 queue_wait: metrics::histogram!("tract_autobatch_queue_wait_seconds", labels.clone()),
-                turn: metrics::histogram!("tract_autobatch_turn_seconds", labels),
+                turn: metrics::histogram!("tract_autobatch_turn_seconds", labels.clone()),
                 lanes_taken: metrics::gauge!("tract_autobatch_lanes_taken", per_shard.clone()),
                 lanes_max,
                 lanes_free: metrics::gauge!("laned_lanes_free", per_shard.clone()),
                 seats_queued: metrics::gauge!("laned_seats_queued", per_shard.clone()),
+                admissions: metrics::counter!("laned_admissions_total", labels.clone()),
+                admissions_waited: metrics::counter!("laned_admissions_waited_total", labels.clone()),
+                admission_wait: metrics::histogram!("laned_admission_wait_seconds", labels.clone()),
+                failed_seats: metrics::counter!("laned_failed_seats_total", labels.clone()),
+                failed_turns: metrics::counter!("laned_failed_turns_total", labels.clone()),
+                deadline_misses: metrics::counter!("laned_deadline_misses_total", labels.clone()),
+                policy_wait: metrics::histogram!("laned_policy_wait_seconds", labels.clone()),
             };
             metrics::gauge!("laned_lanes_max", per_shard).set(lanes_max as f64);
             meters.lanes(0);
@@ -121,11 +168,38 @@ mod on {
         pub fn seats_queued(&self, seats: usize) {
             self.seats_queued.set(seats as f64);
         }
+
+        pub fn admission(&self, waited: Option<Duration>) {
+            self.admissions.increment(1);
+            if let Some(wait) = waited {
+                self.admissions_waited.increment(1);
+                self.admission_wait.record(wait);
+            }
+        }
+
+        pub fn failed_seats(&self, seats: usize) {
+            self.failed_seats.increment(seats as u64);
+        }
+
+        pub fn failed_turn(&self) {
+            self.failed_turns.increment(1);
+        }
+
+        pub fn deadline_misses(&self, seats: usize) {
+            self.deadline_misses.increment(seats as u64);
+        }
+
+        pub fn policy_wait(&self, wait: Duration) {
+            self.policy_wait.record(wait);
+        }
     }
 
-    /// The runner's admission queue's gauge.
+    /// The runner-wide handles: the admission queue's gauge, refusals,
+    /// policy changes.
     pub(crate) struct AdmissionMeters {
         waiting: Gauge,
+        refused: Counter,
+        policy_changes: Counter,
     }
 
     impl AdmissionMeters {
@@ -133,6 +207,8 @@ mod on {
             describe();
             let meters = AdmissionMeters {
                 waiting: metrics::gauge!("laned_spawners_waiting", runnable(name)),
+                refused: metrics::counter!("laned_admissions_refused_total", runnable(name)),
+                policy_changes: metrics::counter!("laned_policy_changes_total", runnable(name)),
             };
             meters.waiting(0);
             meters
@@ -140,6 +216,14 @@ mod on {
 
         pub fn waiting(&self, spawners: usize) {
             self.waiting.set(spawners as f64);
+        }
+
+        pub fn refused(&self) {
+            self.refused.increment(1);
+        }
+
+        pub fn policy_change(&self) {
+            self.policy_changes.increment(1);
         }
     }
 }
@@ -159,6 +243,11 @@ mod on {
         pub fn queue_wait(&self, _wait: Duration) {}
         pub fn lanes(&self, _taken: usize) {}
         pub fn seats_queued(&self, _seats: usize) {}
+        pub fn admission(&self, _waited: Option<Duration>) {}
+        pub fn failed_seats(&self, _seats: usize) {}
+        pub fn failed_turn(&self) {}
+        pub fn deadline_misses(&self, _seats: usize) {}
+        pub fn policy_wait(&self, _wait: Duration) {}
     }
 
     /// Nothing: the feature is off.
@@ -169,6 +258,8 @@ mod on {
             AdmissionMeters
         }
         pub fn waiting(&self, _spawners: usize) {}
+        pub fn refused(&self) {}
+        pub fn policy_change(&self) {}
     }
 }
 

@@ -261,7 +261,7 @@ impl LanedRunner {
             // is free).
             None => crate::drive::block(core.try_shards(None, &mut crate::drive::Thread)).inspect_err(|e| {
                 if matches!(e, SpawnError::Full { .. }) {
-                    core.events.record_admission_refused();
+                    core.book_refusal();
                 }
             })?,
             // The same admission as a task's, driven by this thread: it
@@ -270,7 +270,7 @@ impl LanedRunner {
             Some(wait) => match crate::drive::on(self.admit(), Instant::now().checked_add(wait)) {
                 Some(placed) => placed?,
                 None => {
-                    core.events.record_admission_refused();
+                    core.book_refusal();
                     return Err(SpawnError::TimedOut {
                         waited: wait,
                         total_lanes: core.total_lanes(),
@@ -308,7 +308,7 @@ impl LanedRunner {
         let core = &self.core;
         let refused = |e: &SpawnError| {
             if matches!(e, SpawnError::Busy { .. }) {
-                core.events.record_admission_refused();
+                core.book_refusal();
             }
         };
         // Nobody may wait: a free lane now, or busy.
@@ -594,7 +594,7 @@ impl LanedRunner {
         for shard in &self.core.shards {
             shard.live_changed();
         }
-        self.core.events.record_policy_change();
+        self.core.book_policy_change();
     }
 
     /// The turn time learned per occupancy, per shard (each shard learns

@@ -55,21 +55,26 @@ impl Records {
     pub fn failed_turn(&self, occupancy: usize) {
         self.metrics.record_failed_turn();
         self.metrics.record_failed_seats(occupancy);
+        self.meters.failed_turn();
+        self.meters.failed_seats(occupancy);
     }
 
     /// Seats refused without a turn (their stream's lane was lost).
     pub fn failed_seats(&self, seats: usize) {
         self.metrics.record_failed_seats(seats);
+        self.meters.failed_seats(seats);
     }
 
     /// Seats a turn ran past the latency budget.
     pub fn deadline_misses(&self, seats: usize) {
         self.metrics.record_deadline_misses(seats);
+        self.meters.deadline_misses(seats);
     }
 
     /// A wait the turn policy imposed.
     pub fn policy_wait(&self, wait: Duration) {
         self.metrics.record_policy_wait(wait);
+        self.meters.policy_wait(wait);
     }
 
     /// A stream admitted, after waiting `waited` for its lane (`None`: at
@@ -79,5 +84,6 @@ impl Records {
             Some(wait) => self.metrics.record_admission_waited(wait),
             None => self.metrics.record_admission(),
         }
+        self.meters.admission(waited);
     }
 }

@@ -128,3 +128,68 @@ fn an_unnamed_model_is_reported_without_a_runnable_label() {
         Some(&DebugValue::Counter(1))
     );
 }
+
+/// What goes wrong is on the facade too, under `laned_*` names and equal
+/// to the runner's own counters: admissions, a refusal (a full runner), a
+/// failed turn and its seats (a panicking model), a seat after its lost
+/// state, a policy change.
+#[test]
+fn refusals_and_failures_reach_the_recorder_under_laned_names() {
+    for mode in [Mode::Worker, Mode::Combining] {
+        let f = fixtures::panicking().unwrap();
+        let mut model = f.model.clone();
+        model.set_name("poisonable");
+        let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(model).unwrap().into();
+        let recorder = DebuggingRecorder::new();
+        let runner = metrics::with_local_recorder(&recorder, || {
+            LanedRunner::new(plan, RunnerConfig::builder().mode(mode).shards(1).max_lanes(2).build()).unwrap()
+        });
+        let (mut a, mut b) = (runner.try_spawn().unwrap(), runner.try_spawn().unwrap());
+        assert!(runner.try_spawn().is_err(), "full: refused");
+        b.call(f.inputs(1, 1)).unwrap();
+        let mut poisoned = f.inputs(1, 1);
+        poisoned[0] = Tensor::from_shape(&[1, 40, 4], &[fixtures::POISON; 160])
+            .unwrap()
+            .into_tvalue();
+        assert!(a.call(poisoned).is_err(), "the turn panics");
+        assert!(a.call(f.inputs(1, 2)).is_err(), "its state is lost");
+        runner.set_max_seats(1);
+
+        let snapshot = runner.metrics();
+        assert_eq!(
+            (snapshot.admissions, snapshot.admissions_refused, snapshot.failed_turns),
+            (2, 1, 1)
+        );
+        assert_eq!(snapshot.failed_seats, 2, "the poisoned seat and the lost one");
+        let got = reported(&recorder);
+        let runnable = label(&[("runnable", "poisonable")]);
+        let counter = |name: &str| match got.get(&(MetricKind::Counter, name.to_string(), runnable.clone())) {
+            Some(DebugValue::Counter(n)) => *n,
+            other => panic!("{name}: {other:?} in {:?}", got.keys().collect::<Vec<_>>()),
+        };
+        assert_eq!(counter("laned_admissions_total"), snapshot.admissions, "{mode:?}");
+        assert_eq!(counter("laned_admissions_waited_total"), snapshot.admissions_waited);
+        assert_eq!(counter("laned_admissions_refused_total"), snapshot.admissions_refused);
+        assert_eq!(counter("laned_failed_turns_total"), snapshot.failed_turns);
+        assert_eq!(counter("laned_failed_seats_total"), snapshot.failed_seats);
+        assert_eq!(counter("laned_deadline_misses_total"), snapshot.deadline_misses);
+        assert_eq!(counter("laned_policy_changes_total"), snapshot.policy_changes);
+        assert_eq!(snapshot.policy_changes, 1);
+        // tract's names carry nothing of ours.
+        assert!(
+            got.keys().all(|(_, name, _)| !name.starts_with("tract_autobatch_")
+                || [
+                    "turns_total",
+                    "seats_total",
+                    "seats_per_turn",
+                    "lanes_taken",
+                    "queue_wait_seconds",
+                    "turn_seconds"
+                ]
+                .iter()
+                .any(|n| name == &format!("tract_autobatch_{n}"))),
+            "{:?}",
+            got.keys().collect::<Vec<_>>()
+        );
+    }
+}

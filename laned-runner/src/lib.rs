@@ -62,6 +62,7 @@ mod shard;
 mod slot;
 mod stack;
 mod sync;
+mod trace;
 mod wake;
 mod wire;
 

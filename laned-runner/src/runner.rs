@@ -403,6 +403,12 @@ impl LanedRunner {
     /// [`EndReason::Drained`]: crate::EndReason::Drained
     pub fn drain(&self, deadline: Instant) -> Drained {
         let core = &self.core;
+        crate::trace::event!(
+            info,
+            streams = core.streams(),
+            "a drain started, {:?} to its deadline",
+            deadline.saturating_duration_since(Instant::now())
+        );
         // Step 3.
         self.stop_admitting();
         // Step 4.
@@ -418,6 +424,7 @@ impl LanedRunner {
                 .wait_freed(seen, deadline.min(Instant::now() + Duration::from_millis(20)));
         }
         let stragglers = core.streams();
+        crate::trace::event!(info, stragglers, "a drain's wait ended; closing");
         core.end(crate::common::ENDING_DRAINED);
         Drained {
             stragglers,

@@ -35,6 +35,7 @@ use crate::iface::Interface;
 use crate::policy::{decide, recheck_after, Decision, LearnedTurnTimes, QueueState};
 use crate::protocol::{Call, CallResult, Grant, Live, Request, SpawnResult};
 use crate::slot::Slot;
+use crate::trace::event;
 use arc_swap::ArcSwap;
 use lane_table::LaneId;
 use model::Model;
@@ -358,6 +359,13 @@ impl Engine {
     /// stream is told.
     fn evict(&mut self, lane: LaneId, stream: u64) -> String {
         let why = self.streams.mark_evicted(stream);
+        event!(
+            info,
+            shard = self.index,
+            lane = lane.0,
+            stream,
+            "a stream was evicted: {why}"
+        );
         // A reset that fails here is not the evicted stream's concern: the
         // lane's next holder resets it again first.
         let _ = self.model.reset(lane);
@@ -407,6 +415,7 @@ impl Engine {
             records: &self.records,
             times: &self.times,
             live: &live,
+            shard: self.index,
         });
     }
 

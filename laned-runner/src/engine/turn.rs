@@ -14,6 +14,7 @@ use crate::err::{RunError, RunErrorKind};
 use crate::policy::{LearnedTurnTimes, TurnPolicy};
 use crate::protocol::{Answer, CallResult, Live};
 use crate::slot::Slot;
+use crate::trace::event;
 
 use super::model::{Failure, Model};
 use super::queue::{QSeat, Queue};
@@ -28,6 +29,8 @@ pub(super) struct Parts<'a> {
     pub(super) records: &'a Records,
     pub(super) times: &'a LearnedTurnTimes,
     pub(super) live: &'a Live,
+    /// The shard's index, for the events.
+    pub(super) shard: usize,
 }
 
 /// Seats served per second lately: in steady state, the arrival rate the
@@ -98,6 +101,7 @@ impl Turn {
             records,
             times,
             live,
+            shard,
         } = on;
         queue.sweep();
         if !queue.has_seats() || !model.is_open() {
@@ -203,8 +207,9 @@ impl Turn {
             }
             Err(Failure { why, touched }) => {
                 records.failed_turn(occupancy);
+                event!(warn, shard, seats = occupancy, touched, "a turn failed: {why}");
                 if touched {
-                    recover(streams, model, &seated, &lanes, &borrowed, &why);
+                    recover(streams, model, &seated, &lanes, &borrowed, &why, shard);
                 }
                 for seat in &seated {
                     land(queue, streams, model, seat.call, seat.place, Err(why.clone()));
@@ -226,6 +231,7 @@ fn recover(
     lanes: &[LaneId],
     borrowed: &[LaneId],
     why: &str,
+    shard: usize,
 ) {
     if model.clean(lanes) {
         for seat in seated {
@@ -235,15 +241,25 @@ fn recover(
         }
         return;
     }
-    rebuild(streams, model, why);
+    rebuild(streams, model, why, shard);
 }
 
 /// A fresh state in place of the current one; the streams holding a lane
 /// lose their state (`why` says why). If even that fails, the current state
 /// is kept: its next turn fails too, and says so.
-fn rebuild(streams: &mut Streams, model: &mut Model, why: &str) {
+// `shard` only names the shard in the events.
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+fn rebuild(streams: &mut Streams, model: &mut Model, why: &str, shard: usize) {
     if model.rebuild() {
         streams.lose_all(why);
+        event!(
+            error,
+            shard,
+            streams = streams.taken(),
+            "the state was rebuilt, every stream on the shard lost its state: {why}"
+        );
+    } else {
+        event!(error, shard, "the state could not be rebuilt, it is kept: {why}");
     }
 }
 

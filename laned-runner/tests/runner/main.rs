@@ -1,6 +1,6 @@
 //! laned-runner's integration tests, one binary (so tract is linked once
-//! for all of them), a module per topic. The facade's is behind its
-//! feature; the real models' tests are laned-models' own.
+//! for all of them), a module per topic. The facade's and the tracing
+//! events' are behind their features; the real models' tests are laned-models' own.
 
 mod async_streams;
 mod common;
@@ -16,3 +16,4 @@ mod operations;
 mod policy;
 mod rules;
 mod shards;
+mod tracing_events;

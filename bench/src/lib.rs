@@ -29,3 +29,9 @@ pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod tasks;
+
+/// The workspace README's examples, compiled and run as doc tests here
+/// (this crate has the testkit and tokio they use).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct WorkspaceReadme;

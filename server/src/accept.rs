@@ -77,15 +77,17 @@ impl Said {
 
 /// Serve `app` on `listener` within `limits`; `probes` answers the
 /// connections of the reserve. `sessions` counts the live WebSocket
-/// sessions (upgraded connections leave the accept's count).
+/// sessions (upgraded connections leave the accept's count), `reading`
+/// the connections still reading their request (a shutdown waits for
+/// both).
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     probes: Router,
     limits: Limits,
     sessions: Arc<AtomicUsize>,
+    reading: Arc<AtomicUsize>,
 ) {
-    let reading = Arc::new(AtomicUsize::new(0));
     let reserve = Arc::new(AtomicUsize::new(0));
     let (at_cap, out_of_files) = (Said::new(), Said::new());
     loop {

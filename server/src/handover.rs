@@ -240,22 +240,36 @@ pub(crate) struct Tally {
     pub handed_over: u64,
     pub failed: u64,
     pub bytes: u64,
-    /// The slowest hand-over (the export and the write).
-    pub max_time: Duration,
-    /// All of them, summed.
-    pub total_time: Duration,
+    /// The exports from the runner, summed, and the slowest.
+    pub export: Duration,
+    pub max_export: Duration,
+    /// The writes to the store, summed, and the slowest.
+    pub write: Duration,
+    pub max_write: Duration,
 }
 
 impl Tally {
+    pub(crate) fn add(&mut self, bytes: usize, export: Duration, write: Duration) {
+        self.handed_over += 1;
+        self.bytes += bytes as u64;
+        self.export += export;
+        self.max_export = self.max_export.max(export);
+        self.write += write;
+        self.max_write = self.max_write.max(write);
+    }
+
     pub(crate) fn summary(&self) -> String {
-        let n = self.handed_over.max(1);
+        let n = self.handed_over.max(1) as u128;
         format!(
-            "handed over {} streams ({} failed): {} bytes each on average, {} us each on average, {} us at most",
+            "handed over {} streams ({} failed): {} bytes each on average; export {} us on average, {} us at most; \
+             write {} us on average, {} us at most",
             self.handed_over,
             self.failed,
-            self.bytes / n,
-            self.total_time.as_micros() / n as u128,
-            self.max_time.as_micros()
+            self.bytes as u128 / n,
+            self.export.as_micros() / n,
+            self.max_export.as_micros(),
+            self.write.as_micros() / n,
+            self.max_write.as_micros()
         )
     }
 }

@@ -398,6 +398,8 @@ struct Shared {
     closing: watch::Receiver<bool>,
     /// Live WebSocket sessions (the accept loop's cap counts them).
     live: Arc<AtomicUsize>,
+    /// Connections reading their request (not yet sessions).
+    reading: Arc<AtomicUsize>,
     /// The hand-over store, if one is configured.
     store: Option<Store>,
     /// The model's identity as its states carry it (a record of another
@@ -466,6 +468,7 @@ pub async fn start(
         prometheus,
         closing: closing_rx,
         live: Arc::new(AtomicUsize::new(0)),
+        reading: Arc::new(AtomicUsize::new(0)),
         store,
         identity,
         handing_over: handing_over_rx,
@@ -500,7 +503,14 @@ pub async fn start(
             );
         }
     }
-    let task = tokio::spawn(accept::serve(listener, app, probes, limits, shared.live.clone()));
+    let task = tokio::spawn(accept::serve(
+        listener,
+        app,
+        probes,
+        limits,
+        shared.live.clone(),
+        shared.reading.clone(),
+    ));
     Ok(Server {
         addr,
         shared,
@@ -561,12 +571,24 @@ impl Server {
             .map(|d| d.stragglers)
             .unwrap_or(0);
         let _ = self.closing.send(true);
-        // The close frames out, bounded.
+        // No new connection from here (a proxy retries it elsewhere): one
+        // accepted now would be cut by the exit without a close frame.
+        self.task.abort();
+        // The close frames out, bounded: every session ended, and every
+        // connection still reading its request answered (it becomes a
+        // session that closes at once); checked twice, 50 ms apart, for a
+        // connection between the two counts.
         let until = Instant::now() + Duration::from_secs(3);
-        while self.shared.live.load(Ordering::Acquire) > 0 && Instant::now() < until {
+        let busy = |s: &Shared| s.live.load(Ordering::Acquire) + s.reading.load(Ordering::Acquire) > 0;
+        while Instant::now() < until {
+            if !busy(&self.shared) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if !busy(&self.shared) {
+                    break;
+                }
+            }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        self.task.abort();
         if self.shared.store.is_some() {
             let tally = self.shared.tally.lock().unwrap_or_else(|e| e.into_inner());
             println!("vad-server: {}", tally.summary());
@@ -729,9 +751,9 @@ struct Opening {
     resume: Resume,
 }
 
-/// A drained stream's state to the store: `Ok` with its bytes and the
-/// time the export and the write took.
-async fn hand_over(store: &Store, id: &str, stream: &Stream) -> Result<(usize, Duration), String> {
+/// A stream's state to the store: `Ok` with its bytes and the times the
+/// export (from the runner) and the write (to the store) took.
+async fn hand_over(store: &Store, id: &str, stream: &Stream) -> Result<(usize, Duration, Duration), String> {
     let started = Instant::now();
     let state = stream
         .handle
@@ -739,23 +761,21 @@ async fn hand_over(store: &Store, id: &str, stream: &Stream) -> Result<(usize, D
         .await
         .map_err(|e| format!("exporting the state: {e}"))?;
     let bytes = Record::of(stream.chunk, &stream.context, &stream.hysteresis, state).to_bytes();
-    let n = bytes.len();
+    let (n, exported) = (bytes.len(), Instant::now());
     store.put(id, bytes).await.map_err(|e| e.to_string())?;
-    Ok((n, started.elapsed()))
+    Ok((n, exported - started, exported.elapsed()))
 }
 
 /// Hands the stream over and closes it 1012 (`true`: the session ends), or
 /// says why it could not (`false`: it drains as without a store).
 async fn try_hand_over(socket: &mut WebSocket, shared: &Shared, store: &Store, id: &str, stream: &Stream) -> bool {
     match hand_over(store, id, stream).await {
-        Ok((bytes, took)) => {
-            {
-                let mut tally = shared.tally.lock().unwrap_or_else(|e| e.into_inner());
-                tally.handed_over += 1;
-                tally.bytes += bytes as u64;
-                tally.total_time += took;
-                tally.max_time = tally.max_time.max(took);
-            }
+        Ok((bytes, export, write)) => {
+            shared
+                .tally
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .add(bytes, export, write);
             handover::count("laned_handover_total", "ok");
             let why = format!("restarting: resume at chunk {}", stream.chunk);
             close_with(socket, close::RESTART, &why).await;

@@ -44,14 +44,27 @@ impl Redis {
     /// Started and answering, or `None` after `SKIPPED` where Debian's
     /// `redis-server` is not installed.
     async fn start() -> Option<Redis> {
-        if std::process::Command::new("redis-server").arg("--version").output().is_err() {
+        if std::process::Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
             eprintln!("SKIPPED: redis-server is not installed (Debian's `redis-server`; .ci/run installs it)");
             return None;
         }
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(dir.path())
             .stdout(Stdio::null())
@@ -196,8 +209,8 @@ async fn haproxy(front: SocketAddr, replicas: [SocketAddr; 2]) -> Option<(Child,
 /// Audio with speech in it where espeak-ng speaks (else generated sound
 /// only): `chunks` whole chunks and a few samples more, seeded by `s`.
 fn voice(s: usize, chunks: usize) -> Vec<f32> {
-    let mut samples = laned_models::sound::speak(&format!("stream {s} says hello, then it keeps talking"))
-        .unwrap_or_default();
+    let mut samples =
+        laned_models::sound::speak(&format!("stream {s} says hello, then it keeps talking")).unwrap_or_default();
     samples.truncate(chunks * CHUNK / 2);
     let rest = chunks * CHUNK + 100 - samples.len();
     let filler = audio(s, rest / CHUNK + 1);
@@ -265,9 +278,8 @@ async fn reconnecting(front: SocketAddr, id: String, samples: Vec<f32>, pace: Du
         // A first connection may resume a record from an earlier client
         // of the id; a reconnect never past what it got answered.
         if !seen.resumed_from.is_empty() && from as usize > answered {
-            seen.wrong.push(format!(
-                "resumed from chunk {from}, only {answered} answered"
-            ));
+            seen.wrong
+                .push(format!("resumed from chunk {from}, only {answered} answered"));
         }
         if !seen.resumed_from.is_empty() || from > 0 {
             seen.answered_before.push(answered);
@@ -291,7 +303,11 @@ async fn reconnecting(front: SocketAddr, id: String, samples: Vec<f32>, pace: Du
                     let v: serde_json::Value = serde_json::from_str(&t).unwrap();
                     if let Some(r) = v.get("resume") {
                         assert!(!hello, "{id}: two resume messages");
-                        assert_eq!(r.as_u64(), Some(from), "{id}: the resume message disagrees with the header");
+                        assert_eq!(
+                            r.as_u64(),
+                            Some(from),
+                            "{id}: the resume message disagrees with the header"
+                        );
                         hello = true;
                         continue;
                     }
@@ -348,8 +364,13 @@ async fn counter(addr: SocketAddr, name: &str, label: &str) -> f64 {
 fn check_from(id: &str, seen: &Seen, solo: &[f32], from: usize) {
     assert!(seen.wrong.is_empty(), "{id}: {:?}", seen.wrong);
     for (c, want) in solo.iter().enumerate().skip(from) {
-        let got = seen.answers[c].unwrap_or_else(|| panic!("{id}: chunk {c} never answered (resumed from {:?})", seen.resumed_from));
-        assert_eq!(got.to_bits(), want.to_bits(), "{id}: chunk {c}: {got} where the solo run says {want}");
+        let got = seen.answers[c]
+            .unwrap_or_else(|| panic!("{id}: chunk {c} never answered (resumed from {:?})", seen.resumed_from));
+        assert_eq!(
+            got.to_bits(),
+            want.to_bits(),
+            "{id}: chunk {c}: {got} where the solo run says {want}"
+        );
     }
 }
 
@@ -370,7 +391,9 @@ fn silero_handover_a_rolling_restart_of_two_replicas_loses_no_stream() {
         let mut a = Replica::start(&model, "replica-a", listen[0], &args).await;
         let mut b = Replica::start(&model, "replica-b", listen[1], &args).await;
         let front = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let Some(_proxy) = haproxy(front, listen).await else { return };
+        let Some(_proxy) = haproxy(front, listen).await else {
+            return;
+        };
 
         let (streams, chunks, pace) = (32, 700, Duration::from_millis(12));
         let samples: Vec<Vec<f32>> = (0..streams).map(|s| voice(s, chunks)).collect();
@@ -405,7 +428,10 @@ fn silero_handover_a_rolling_restart_of_two_replicas_loses_no_stream() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let on_a = lanes(a.addr).await;
-        assert!(on_a > 0.0 && on_a < streams as f64, "the hash put {on_a} of {streams} on A");
+        assert!(
+            on_a > 0.0 && on_a < streams as f64,
+            "the hash put {on_a} of {streams} on A"
+        );
         let started = Instant::now();
         sigterm(a.child.id().unwrap());
         assert_eq!(a.exit(Duration::from_secs(15)).await, Some(0));
@@ -468,7 +494,9 @@ fn silero_handover_after_kill_9_resumes_from_the_last_checkpoint() {
         let mut a = Replica::start(&model, "replica-a", listen[0], &args).await;
         let b = Replica::start(&model, "replica-b", listen[1], &args).await;
         let front = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let Some(_proxy) = haproxy(front, listen).await else { return };
+        let Some(_proxy) = haproxy(front, listen).await else {
+            return;
+        };
 
         let (streams, chunks, pace) = (32, 300, Duration::from_millis(10));
         let samples: Vec<Vec<f32>> = (0..streams).map(|s| voice(s + 100, chunks)).collect();
@@ -524,7 +552,11 @@ fn silero_handover_after_kill_9_resumes_from_the_last_checkpoint() {
             check_from(&id, &seen, &solo, from);
             // What was answered before the crash was right too.
             for c in 0..before {
-                assert_eq!(seen.answers[c].map(f32::to_bits), Some(solo[c].to_bits()), "{id}: chunk {c}");
+                assert_eq!(
+                    seen.answers[c].map(f32::to_bits),
+                    Some(solo[c].to_bits()),
+                    "{id}: chunk {c}"
+                );
             }
             resumed += 1;
         }
@@ -571,7 +603,9 @@ fn silero_handover_with_redis_killed_mid_drain_still_ends_by_the_deadline() {
                 let samples = voice(s + 200, 400);
                 tokio::spawn(async move {
                     let mut request = format!("ws://{addr}/v1/vad").into_client_request().unwrap();
-                    request.headers_mut().insert("x-stream-id", format!("drain-{s}").parse().unwrap());
+                    request
+                        .headers_mut()
+                        .insert("x-stream-id", format!("drain-{s}").parse().unwrap());
                     let (ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
                     let (mut tx, mut rx) = ws.split();
                     let audio = samples.clone();
@@ -619,7 +653,10 @@ fn silero_handover_with_redis_killed_mid_drain_still_ends_by_the_deadline() {
             if failed == 8.0 {
                 break;
             }
-            assert!(Instant::now() < until, "{failed} hand-over failures counted, 8 expected");
+            assert!(
+                Instant::now() < until,
+                "{failed} hand-over failures counted, 8 expected"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(counter(addr, "laned_handover_total", "outcome=\"ok\"").await, 0.0);
@@ -708,7 +745,11 @@ fn silero_handover_refuses_corrupt_and_foreign_records_and_starts_fresh() {
             .iter()
             .enumerate()
             .map(|(s, id)| {
-                let samples = if *id == "donor" { donor.clone() } else { voice(310 + s, 40) };
+                let samples = if *id == "donor" {
+                    donor.clone()
+                } else {
+                    voice(310 + s, 40)
+                };
                 let id = id.to_string();
                 tokio::spawn(async move {
                     let seen = reconnecting(addr, id, samples.clone(), Duration::ZERO, Duration::from_secs(30)).await;

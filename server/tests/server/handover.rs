@@ -774,3 +774,78 @@ fn silero_handover_refuses_corrupt_and_foreign_records_and_starts_fresh() {
         assert_eq!(counter(addr, "laned_resume_total", "outcome=\"resumed\"").await, 1.0);
     });
 }
+
+/// `samples` as a plain 16 kHz mono 16-bit PCM WAV.
+fn wav(samples: &[f32]) -> Vec<u8> {
+    let data = encode(samples, true);
+    let mut w = b"RIFF".to_vec();
+    w.extend(((4 + 8 + 16 + 8 + data.len()) as u32).to_le_bytes());
+    w.extend(b"WAVEfmt ");
+    w.extend(16u32.to_le_bytes());
+    w.extend(1u16.to_le_bytes()); // PCM
+    w.extend(1u16.to_le_bytes()); // mono
+    w.extend(16_000u32.to_le_bytes());
+    w.extend(32_000u32.to_le_bytes());
+    w.extend(2u16.to_le_bytes());
+    w.extend(16u16.to_le_bytes());
+    w.extend(b"data");
+    w.extend((data.len() as u32).to_le_bytes());
+    w.extend(data);
+    w
+}
+
+/// `vad-client`, the binary, in real time through a restart: SIGTERM its
+/// replica mid-stream (1012), a new replica on the same address a moment
+/// later; the client reconnects with its `--stream-id`, resends from the
+/// chunk named, and prints every probability once, equal to the solo
+/// run's; it exits 0 saying it resumed.
+#[test]
+fn silero_handover_vad_client_resumes_through_a_restart() {
+    let Some(model) = model_path() else { return };
+    let Some(plan) = plan() else { return };
+    bounded(120, async move {
+        let Some(redis) = Redis::start().await else { return };
+        let url = redis.url();
+        let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let args = ["--lanes", "4", "--store", &url];
+        let mut a = Replica::start(&model, "replica-a", listen, &args).await;
+        let samples = voice(400, 100);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("speech.wav");
+        std::fs::write(&file, wav(&samples)).unwrap();
+        let client = Command::new(env!("CARGO_BIN_EXE_vad-client"))
+            .args(["--verbose", "--frame", "800", "--stream-id", "client-7", "--url"])
+            .arg(format!("ws://{listen}/v1/vad"))
+            .arg(&file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // A second of the 3.2 s in, the replica restarts.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        sigterm(a.child.id().unwrap());
+        assert_eq!(a.exit(Duration::from_secs(10)).await, Some(0));
+        let _b = Replica::start(&model, "replica-b", listen, &args).await;
+        let out = tokio::time::timeout(Duration::from_secs(30), client.wait_with_output())
+            .await
+            .expect("vad-client ended")
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        assert!(stderr.contains("resumed 1 times"), "{stderr}");
+        let got: Vec<f32> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("probability"))
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["probability"].as_f64().unwrap() as f32
+            })
+            .collect();
+        let want = solo(&plan, &through_i16(&samples));
+        assert_eq!(got.len(), want.len(), "{stderr}");
+        for (c, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "chunk {c}: {g} where the solo run says {w}");
+        }
+    });
+}

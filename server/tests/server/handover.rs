@@ -849,3 +849,57 @@ fn silero_handover_vad_client_resumes_through_a_restart() {
         }
     });
 }
+
+/// A store configured but down from the start: the server starts and
+/// says so, a stream with an id is served from chunk 0 (its answers its
+/// solo run's), every checkpoint skipped and counted, nothing waits past
+/// the store timeout.
+#[test]
+fn silero_handover_with_the_store_down_serves_as_without_one() {
+    let Some(model) = model_path() else { return };
+    let Some(plan) = plan() else { return };
+    bounded(60, async move {
+        let dead = format!("redis://127.0.0.1:{}/", free_port());
+        let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let server = Replica::start(
+            &model,
+            "replica",
+            listen,
+            &[
+                "--lanes",
+                "2",
+                "--checkpoint-every",
+                "4",
+                "--store-timeout-ms",
+                "200",
+                "--store",
+                &dead,
+            ],
+        )
+        .await;
+        assert_eq!(server.said("does not answer").len(), 1);
+        let samples = voice(500, 40);
+        let started = Instant::now();
+        let seen = reconnecting(
+            server.addr,
+            "alone".into(),
+            samples.clone(),
+            Duration::ZERO,
+            Duration::from_secs(20),
+        )
+        .await;
+        assert!(seen.closes.is_empty(), "{:?}", seen.closes);
+        assert_eq!(seen.resumed_from, vec![0]);
+        check_from("alone", &seen, &solo(&plan, &samples), 0);
+        // Ten checkpoints refused at once (nothing listens), not waited out.
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        assert_eq!(
+            counter(server.addr, "laned_checkpoint_total", "outcome=\"failed\"").await,
+            10.0
+        );
+        assert_eq!(
+            counter(server.addr, "laned_resume_total", "outcome=\"failed\"").await,
+            1.0
+        );
+    });
+}

@@ -185,7 +185,7 @@ async fn haproxy(front: SocketAddr, replicas: [SocketAddr; 2]) -> Option<(Child,
     let shipped =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/haproxy/haproxy.cfg")).unwrap();
     let cfg = shipped
-        .replace("127.0.0.1:8080", &front.to_string())
+        .replace("127.0.0.1:8000", &front.to_string())
         .replace("127.0.0.1:9001", &replicas[0].to_string())
         .replace("127.0.0.1:9002", &replicas[1].to_string());
     let dir = tempfile::tempdir().unwrap();

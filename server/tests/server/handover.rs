@@ -551,10 +551,10 @@ fn silero_handover_after_kill_9_resumes_from_the_last_checkpoint() {
             );
             check_from(&id, &seen, &solo, from);
             // What was answered before the crash was right too.
-            for c in 0..before {
+            for (c, want) in solo.iter().enumerate().take(before) {
                 assert_eq!(
                     seen.answers[c].map(f32::to_bits),
-                    Some(solo[c].to_bits()),
+                    Some(want.to_bits()),
                     "{id}: chunk {c}"
                 );
             }

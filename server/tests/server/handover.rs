@@ -525,8 +525,22 @@ fn silero_handover_after_kill_9_resumes_from_the_last_checkpoint() {
             assert!(Instant::now() < until, "not every stream live");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        // Far enough in that every stream has checkpoints behind it.
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        // Far enough in that every stream has a checkpoint behind it (its
+        // key in Redis), and a few chunks past it.
+        let mut c = redis.connection().unwrap();
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{}crash-*", laned_server::handover::KEY_PREFIX))
+                .query(&mut c)
+                .unwrap();
+            if keys.len() == streams {
+                break;
+            }
+            assert!(Instant::now() < until, "{} of {streams} streams checkpointed", keys.len());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let on_a = lanes(a.addr).await;
         assert!(on_a > 0.0, "no stream on A to kill");
         a.child.start_kill().unwrap();

@@ -45,6 +45,7 @@ async fn stream_once(
     from: usize,
     how: Connection,
     answered: &mut usize,
+    lost: &mut usize,
     expected: usize,
 ) -> (Ending, usize) {
     let (mut tx, mut rx) = ws.split();
@@ -101,7 +102,11 @@ async fn stream_once(
                     if replaying {
                         continue;
                     }
-                    *answered += 1;
+                    // Past the next one expected: the answers between were
+                    // lost with a crashed replica (the checkpoint it
+                    // resumed from is later than what reached us).
+                    *lost += chunk.saturating_sub(*answered);
+                    *answered = chunk.max(*answered) + 1;
                     if how.verbose {
                         println!("{t}");
                     }
@@ -322,6 +327,7 @@ async fn main() {
     // The chunks answered and printed (the next one to print), and the
     // most chunks sent on any connection.
     let mut answered = 0;
+    let mut lost = 0;
     let mut chunks_sent = 0;
     let mut resumes = 0;
     // Whether the server hands streams over (it said x-resume-chunk).
@@ -385,6 +391,7 @@ async fn main() {
                 started,
             },
             &mut answered,
+            &mut lost,
             expected,
         )
         .await;
@@ -409,16 +416,20 @@ async fn main() {
         Ending::Closed(None, _) | Ending::Done => (Exit::Done, "closed".to_string()),
         Ending::Dropped(e) => (Exit::Transport, format!("dropped: {e}")),
     };
-    let exit = if exit == Exit::Done && answered < expected {
+    let exit = if exit == Exit::Done && (answered < expected || lost > 0) {
         Exit::Unanswered
     } else {
         exit
     };
-    let how = if resumes > 0 {
-        format!("{} (stream {id}, resumed {resumes} times)", how.trim_end())
-    } else {
-        how
+    let how = match (resumes, lost) {
+        (0, _) => how,
+        (_, 0) => format!("{} (stream {id}, resumed {resumes} times)", how.trim_end()),
+        _ => format!(
+            "{} (stream {id}, resumed {resumes} times, {lost} answers lost with a crashed replica)",
+            how.trim_end()
+        ),
     };
+    let answered = answered - lost;
     eprintln!(
         "vad-client: sent {chunks_sent} chunks, answered {answered} of {expected}, {}, exit {}",
         how.trim_end(),

@@ -537,7 +537,11 @@ fn silero_handover_after_kill_9_resumes_from_the_last_checkpoint() {
             if keys.len() == streams {
                 break;
             }
-            assert!(Instant::now() < until, "{} of {streams} streams checkpointed", keys.len());
+            assert!(
+                Instant::now() < until,
+                "{} of {streams} streams checkpointed",
+                keys.len()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

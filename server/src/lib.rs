@@ -853,11 +853,8 @@ fn message_bytes(m: &Message) -> usize {
     payload + std::mem::size_of::<Message>()
 }
 
+/// Until the flag is set (or its sender is gone).
 async fn closed(mut rx: watch::Receiver<bool>) {
-    let _ = rx.wait_for(|c| *c).await;
-}
-
-async fn flagged(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|c| *c).await;
 }
 
@@ -987,8 +984,12 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
                 _ = closed(shared.closing.clone()) => {
                     return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;
                 }
-                // Handed over at the loop's top.
-                _ = flagged(shared.handing_over.clone()), if handing.is_some() && !hand_over_failed => continue,
+                // Handed over at the loop's top (a flag dropped unset, the
+                // server gone, is not waited on again).
+                _ = closed(shared.handing_over.clone()), if handing.is_some() && !hand_over_failed => {
+                    hand_over_failed |= !*shared.handing_over.borrow();
+                    continue;
+                }
             },
         };
         let bytes = match msg {

@@ -865,9 +865,12 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
         Ok(f) => f,
         Err(why) => return close_with(&mut socket, close::UNSUPPORTED, &why).await,
     };
+    // An id is only read with a store (without one, today's behaviour:
+    // any header is let through unread).
     let id = match opening.id {
         Ok(id) => id,
-        Err(why) => return close_with(&mut socket, close::IDLE, &why).await,
+        Err(why) if shared.store.is_some() => return close_with(&mut socket, close::IDLE, &why).await,
+        Err(_) => None,
     };
     // The store and the id, where this stream hands over and checkpoints.
     let handing = match (&shared.store, &id) {

@@ -871,7 +871,7 @@ fn silero_handover_vad_client_resumes_through_a_restart() {
 /// A store configured but down from the start: the server starts and
 /// says so, a stream with an id is served from chunk 0 (its answers its
 /// solo run's), every checkpoint skipped and counted, nothing waits past
-/// the store timeout.
+/// the store timeout; an id that is not one is refused (1008).
 #[test]
 fn silero_handover_with_the_store_down_serves_as_without_one() {
     let Some(model) = model_path() else { return };
@@ -919,5 +919,14 @@ fn silero_handover_with_the_store_down_serves_as_without_one() {
             counter(server.addr, "laned_resume_total", "outcome=\"failed\"").await,
             1.0
         );
+        // An id that is not one is refused, naming why.
+        let mut request = format!("ws://{}/v1/vad", server.addr).into_client_request().unwrap();
+        request
+            .headers_mut()
+            .insert("x-stream-id", "not an id!".parse().unwrap());
+        let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+        let (code, reason) = expect_close(&mut ws).await;
+        assert_eq!(code, laned_server::close::IDLE, "{reason}");
+        assert!(reason.contains("stream id"), "{reason}");
     });
 }

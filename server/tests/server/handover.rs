@@ -395,7 +395,7 @@ fn silero_handover_a_rolling_restart_of_two_replicas_loses_no_stream() {
             return;
         };
 
-        let (streams, chunks, pace) = (32, 700, Duration::from_millis(12));
+        let (streams, chunks, pace) = (32, 400, Duration::from_millis(12));
         let samples: Vec<Vec<f32>> = (0..streams).map(|s| voice(s, chunks)).collect();
         let solos: Vec<_> = samples
             .iter()

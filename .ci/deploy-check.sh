@@ -41,5 +41,23 @@ need = (150 << 20) + conns * (8 * frame + (512 << 10))
 assert need <= limit_bytes, f"memory limit {limit} under the bound {need >> 20} MiB for {conns} connections of {frame}-byte frames"
 lanes = setting("lanes") * setting("shards")
 assert conns >= lanes, f"max_connections {conns} under the {lanes} lanes"
-print(f"deploy: haproxy.cfg valid; envoy.yaml as described; grace {grace}s >= preStop {pre_stop}s + drain {drain_ms / 1000}s + probe {period}s; memory {need >> 20} MiB <= {limit} for {conns} connections")
+# The ring needs an endpoint per pod: Envoy's STRICT_DNS address is the
+# headless Service's name.
+service = docs["Service"]
+assert service["spec"].get("clusterIP") == "None", "the vad-server Service must be headless (clusterIP: None)"
+endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+assert endpoint["address"] == service["metadata"]["name"], (endpoint, service["metadata"]["name"])
+assert endpoint["port_value"] == service["spec"]["ports"][0]["port"]
+# The model baked into the image, checked against laned-models' pin.
+import re
+pin = re.search(r'sha256: "([0-9a-f]{64})"', open("laned-models/src/silero.rs").read()).group(1)
+text = lambda name: [l for l in config.splitlines() if l.strip().startswith(name)][0].split("=", 1)[1].split("#")[0].strip().strip('"')
+assert text("model_sha256") == pin, f"model_sha256 in the ConfigMap is not laned-models' pin {pin}"
+# The store the ConfigMap names is redis.yaml's Service.
+redis = {d["kind"]: d for d in yaml.safe_load_all(open("deploy/k8s/redis.yaml"))}
+host = text("store").split("//")[1].split(":")[0]
+assert host == redis["Service"]["metadata"]["name"], (host, redis["Service"]["metadata"]["name"])
+proxy = {d["kind"]: d for d in yaml.safe_load_all(open("deploy/k8s/envoy.yaml"))}
+assert proxy["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "/etc/envoy/envoy.yaml"
+print(f"deploy: haproxy.cfg valid; envoy.yaml as described (on the headless Service); model pinned; store {host}; grace {grace}s >= preStop {pre_stop}s + drain {drain_ms / 1000}s + probe {period}s; memory {need >> 20} MiB <= {limit} for {conns} connections")
 PY

@@ -82,6 +82,18 @@ impl Default for Context {
 }
 
 impl Context {
+    /// The [`CONTEXT`] samples kept from the last chunk (zeros before the
+    /// first): what the next chunk's inputs start with.
+    pub fn samples(&self) -> &[f32] {
+        &self.0
+    }
+
+    /// A context holding `samples` (as [`Context::samples`] gave them), to
+    /// continue a stream elsewhere; `None` unless they are [`CONTEXT`].
+    pub fn from_samples(samples: Vec<f32>) -> Option<Context> {
+        (samples.len() == CONTEXT).then_some(Context(samples))
+    }
+
     /// The data inputs for one chunk (`input`, `sr`), the context moved on.
     ///
     /// Panics unless `chunk` holds [`CHUNK`] samples.
@@ -105,4 +117,22 @@ pub fn audio(sound: Sound, seed: u64, chunks: usize) -> Vec<Vec<f32>> {
         .chunks(CHUNK)
         .map(|c| c.to_vec())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A context rebuilt from its samples feeds the next chunk exactly as
+    /// the original would; a wrong length is refused.
+    #[test]
+    fn a_context_travels_as_its_samples() {
+        let chunks = audio(Sound::Noise, 3, 2);
+        let mut a = Context::default();
+        a.inputs(&chunks[0]);
+        let mut b = Context::from_samples(a.samples().to_vec()).unwrap();
+        let (x, y) = (a.inputs(&chunks[1]), b.inputs(&chunks[1]));
+        assert_eq!(x[0].as_bytes(), y[0].as_bytes());
+        assert!(Context::from_samples(vec![0.0; CONTEXT - 1]).is_none());
+    }
 }

@@ -59,10 +59,14 @@ impl Drop for Place {
 
 /// A log line at most once a second per kind, so a flood does not flood
 /// the log too.
-struct Said(Mutex<Option<Instant>>);
+pub(crate) struct Said(Mutex<Option<Instant>>);
 
 impl Said {
-    fn say(&self, line: impl FnOnce() -> String) {
+    pub(crate) fn new() -> Said {
+        Said(Mutex::new(None))
+    }
+
+    pub(crate) fn say(&self, line: impl FnOnce() -> String) {
         let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if last.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
             *last = Some(Instant::now());
@@ -73,17 +77,19 @@ impl Said {
 
 /// Serve `app` on `listener` within `limits`; `probes` answers the
 /// connections of the reserve. `sessions` counts the live WebSocket
-/// sessions (upgraded connections leave the accept's count).
+/// sessions (upgraded connections leave the accept's count), `reading`
+/// the connections still reading their request (a shutdown waits for
+/// both).
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     probes: Router,
     limits: Limits,
     sessions: Arc<AtomicUsize>,
+    reading: Arc<AtomicUsize>,
 ) {
-    let reading = Arc::new(AtomicUsize::new(0));
     let reserve = Arc::new(AtomicUsize::new(0));
-    let (at_cap, out_of_files) = (Said(Mutex::new(None)), Said(Mutex::new(None)));
+    let (at_cap, out_of_files) = (Said::new(), Said::new());
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,

@@ -30,12 +30,18 @@ use tokio::sync::watch;
 use tract_core::internal::*;
 
 mod accept;
+pub mod handover;
 pub use accept::{open_files_limit, PROBE_RESERVE};
+use handover::{Record, Store};
 
 /// Close codes the server uses (RFC 6455).
 pub mod close {
     /// The server is going away (SIGTERM, past the drain deadline).
     pub const GOING_AWAY: u16 = 1001;
+    /// The server restarts: the stream's state is handed over, reconnect
+    /// with the same stream id (to any replica) and resend from the chunk
+    /// the reason names.
+    pub const RESTART: u16 = 1012;
     /// A text frame, an odd `i16` byte count, an unknown format.
     pub const UNSUPPORTED: u16 = 1003;
     /// A frame over the maximum size.
@@ -110,6 +116,25 @@ pub struct Settings {
     /// How long a new connection may take to send its request head, in
     /// milliseconds: idle TCP and slowloris requests are closed then.
     pub header_timeout_ms: u64,
+    /// The hand-over store, a Redis URL (`redis://127.0.0.1:6379/`);
+    /// `None`: no hand-over (a drained stream is closed 1001, a stream
+    /// always starts fresh). See [`handover`].
+    pub store: Option<String>,
+    /// How long a stream's record lives in the store, in seconds.
+    pub handover_ttl_s: u64,
+    /// A checkpoint of each stream (with an id) every this many chunks, so
+    /// that a replica killed outright loses at most that many; 0: none.
+    pub checkpoint_every: u64,
+    /// How long one store operation may take (connecting included), in
+    /// milliseconds: past it, it is given up (a log line, a counter).
+    pub store_timeout_ms: u64,
+    /// Where a fetched model is cached; `None`: `LANED_CACHE_DIR`, else the
+    /// user's cache directory (laned-models' rule), read at run time.
+    pub cache_dir: Option<PathBuf>,
+    /// The SHA-256 the file at `model` must have (lowercase hex); `None`:
+    /// the file is read as it is. (A fetched model is always checked
+    /// against laned-models' pin.)
+    pub model_sha256: Option<String>,
 }
 
 impl Default for Settings {
@@ -127,6 +152,12 @@ impl Default for Settings {
             idle_ms: 30_000,
             max_connections: None,
             header_timeout_ms: 5_000,
+            store: None,
+            handover_ttl_s: 600,
+            checkpoint_every: 0,
+            store_timeout_ms: 500,
+            cache_dir: None,
+            model_sha256: None,
         }
     }
 }
@@ -163,6 +194,20 @@ impl Settings {
         if self.max_connections == Some(0) {
             return Err("max_connections is 0: no client could connect (at least 1)".into());
         }
+        if let Some(url) = &self.store {
+            redis::Client::open(url.as_str()).map_err(|e| format!("store {url:?} is not a Redis URL: {e}"))?;
+        }
+        if self.handover_ttl_s == 0 {
+            return Err("handover_ttl_s is 0: every record would expire at once (at least 1)".into());
+        }
+        if self.store_timeout_ms == 0 {
+            return Err("store_timeout_ms is 0: no store operation could finish (at least 1)".into());
+        }
+        if let Some(sha) = &self.model_sha256 {
+            if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+                return Err(format!("model_sha256 {sha:?} is not 64 lowercase hex digits"));
+            }
+        }
         self.turn_policy().map(|_| ())
     }
 
@@ -193,15 +238,22 @@ impl Settings {
 
 impl std::fmt::Display for Settings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let model = match &self.model {
-            Some(p) => p.display().to_string(),
-            None => "fetched (silero-vad from PyPI, checked, cached in LANED_CACHE_DIR or the user's cache)".into(),
+        let model = match (&self.model, &self.cache_dir) {
+            (Some(p), _) => match &self.model_sha256 {
+                Some(sha) => format!("{} (checked: sha256 {sha})", p.display()),
+                None => p.display().to_string(),
+            },
+            (None, Some(dir)) => format!("fetched (silero-vad from PyPI, checked, cached in {})", dir.display()),
+            (None, None) => {
+                "fetched (silero-vad from PyPI, checked, cached in LANED_CACHE_DIR or the user's cache)".into()
+            }
         };
         write!(
             f,
             "listen {}\nmodel {model}\nlanes {} per shard\nshards {}\nmode {:?}\npolicy {}\n\
              drain deadline {} ms\nadmission wait {} ms\nmax frame {} bytes\nidle {} ms\n\
-             connections {} at most\nheader timeout {} ms",
+             connections {} at most\nheader timeout {} ms\nstore {}\ncheckpoint every {} chunks\n\
+             handover ttl {} s\nstore timeout {} ms",
             self.listen,
             self.lanes,
             self.shards,
@@ -212,7 +264,11 @@ impl std::fmt::Display for Settings {
             self.max_frame_bytes,
             self.idle_ms,
             self.connection_cap(),
-            self.header_timeout_ms
+            self.header_timeout_ms,
+            self.store.as_deref().unwrap_or("none (no hand-over)"),
+            self.checkpoint_every,
+            self.handover_ttl_s,
+            self.store_timeout_ms
         )
     }
 }
@@ -221,6 +277,26 @@ impl std::fmt::Display for Settings {
 /// one policy syntax ([`TurnPolicy`]'s `FromStr`).
 pub fn parse_policy(s: &str) -> Result<TurnPolicy, String> {
     s.parse().map_err(|e: laned_runner::ParsePolicyError| e.to_string())
+}
+
+/// The model file the settings name: `model` (checked against
+/// `model_sha256` when given), else fetched and checked into `cache_dir`
+/// (else `LANED_CACHE_DIR`, else the user's cache directory). `Err` says
+/// why it is unavailable.
+pub fn model_file(settings: &Settings) -> Result<PathBuf, String> {
+    match (&settings.model, &settings.cache_dir) {
+        (Some(path), _) => {
+            if let Some(want) = &settings.model_sha256 {
+                let got = laned_models::fetch::sha256_of(path).map_err(|e| e.to_string())?;
+                if &got != want {
+                    return Err(format!("{} has sha256 {got}, model_sha256 says {want}", path.display()));
+                }
+            }
+            Ok(path.clone())
+        }
+        (None, Some(dir)) => silero::fetch_in(dir).map_err(|e| e.to_string()),
+        (None, None) => silero::fetch().map_err(|e| e.to_string()),
+    }
 }
 
 /// The model prepared for tract's default runtime: from `model`, else
@@ -279,8 +355,8 @@ impl Format {
 /// Speech start / end with hysteresis, over per-chunk probabilities.
 #[derive(Debug, Clone, Default)]
 pub struct Hysteresis {
-    speaking: bool,
-    silence_from: Option<u64>,
+    pub(crate) speaking: bool,
+    pub(crate) silence_from: Option<u64>,
 }
 
 /// A speech event.
@@ -322,6 +398,19 @@ struct Shared {
     closing: watch::Receiver<bool>,
     /// Live WebSocket sessions (the accept loop's cap counts them).
     live: Arc<AtomicUsize>,
+    /// Connections reading their request (not yet sessions).
+    reading: Arc<AtomicUsize>,
+    /// The hand-over store, if one is configured.
+    store: Option<Store>,
+    /// The model's identity as its states carry it (a record of another
+    /// model is refused before its stream is admitted).
+    identity: String,
+    /// Set when the drain starts: streams with an id hand over.
+    handing_over: watch::Receiver<bool>,
+    /// The drain's hand-overs.
+    tally: std::sync::Mutex<handover::Tally>,
+    /// Checkpoint failures, logged once a second at most.
+    checkpoint_said: accept::Said,
 }
 
 /// A running server.
@@ -330,6 +419,7 @@ pub struct Server {
     pub addr: SocketAddr,
     shared: Arc<Shared>,
     closing: watch::Sender<bool>,
+    handing_over: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -348,12 +438,42 @@ pub async fn start(
         .map_err(|e| format!("binding {}: {e}", settings.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let (closing, closing_rx) = watch::channel(false);
+    let (handing_over, handing_over_rx) = watch::channel(false);
+    let timeout = Duration::from_millis(settings.store_timeout_ms);
+    let store = match &settings.store {
+        Some(url) => {
+            let store = Store::open(url, timeout, settings.handover_ttl_s)?;
+            // Said at start, not fatal: the store may come up later.
+            if let Err(e) = store.get("-").await {
+                eprintln!("vad-server: the store at {url} does not answer ({e}): streams start fresh and hand-overs are skipped until it does");
+            }
+            Some(store)
+        }
+        None => None,
+    };
+    // The identity records carry, read from a stream's export (the runner
+    // computes it); only needed with a store.
+    let identity = match store {
+        Some(_) => {
+            let probe = runner.spawn_async().await.map_err(|e| e.to_string())?;
+            let identity = probe.export_state_async().await.map_err(|e| e.to_string())?.model;
+            drop(probe);
+            identity
+        }
+        None => String::new(),
+    };
     let shared = Arc::new(Shared {
         runner,
         settings,
         prometheus,
         closing: closing_rx,
         live: Arc::new(AtomicUsize::new(0)),
+        reading: Arc::new(AtomicUsize::new(0)),
+        store,
+        identity,
+        handing_over: handing_over_rx,
+        tally: std::sync::Mutex::new(handover::Tally::default()),
+        checkpoint_said: accept::Said::new(),
     });
     let probes = Router::new()
         .route("/ready", get(ready))
@@ -383,11 +503,19 @@ pub async fn start(
             );
         }
     }
-    let task = tokio::spawn(accept::serve(listener, app, probes, limits, shared.live.clone()));
+    let task = tokio::spawn(accept::serve(
+        listener,
+        app,
+        probes,
+        limits,
+        shared.live.clone(),
+        shared.reading.clone(),
+    ));
     Ok(Server {
         addr,
         shared,
         closing,
+        handing_over,
         task,
     })
 }
@@ -417,6 +545,9 @@ impl Server {
     pub async fn shutdown_or(self, now: impl std::future::Future<Output = ()>) -> usize {
         let runner = self.shared.runner.clone();
         runner.stop_admitting();
+        // Streams with an id hand over (each after its call in flight) and
+        // close 1012; the others drain as before.
+        let _ = self.handing_over.send(self.shared.store.is_some());
         let mut deadline = Instant::now() + Duration::from_millis(self.shared.settings.drain_deadline_ms);
         let mut now = std::pin::pin!(now);
         // The drain's wait, here where a second signal can cut it: until no
@@ -440,12 +571,28 @@ impl Server {
             .map(|d| d.stragglers)
             .unwrap_or(0);
         let _ = self.closing.send(true);
-        // The close frames out, bounded.
+        // No new connection from here (a proxy retries it elsewhere): one
+        // accepted now would be cut by the exit without a close frame.
+        self.task.abort();
+        // The close frames out, bounded: every session ended, and every
+        // connection still reading its request answered (it becomes a
+        // session that closes at once); checked twice, 50 ms apart, for a
+        // connection between the two counts.
         let until = Instant::now() + Duration::from_secs(3);
-        while self.shared.live.load(Ordering::Acquire) > 0 && Instant::now() < until {
+        let busy = |s: &Shared| s.live.load(Ordering::Acquire) + s.reading.load(Ordering::Acquire) > 0;
+        while Instant::now() < until {
+            if !busy(&self.shared) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if !busy(&self.shared) {
+                    break;
+                }
+            }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        self.task.abort();
+        if self.shared.store.is_some() {
+            let tally = self.shared.tally.lock().unwrap_or_else(|e| e.into_inner());
+            println!("vad-server: {}", tally.summary());
+        }
         drained
     }
 }
@@ -495,19 +642,152 @@ fn format_of_query(query: Option<&str>) -> Result<Format, String> {
     Format::parse(first)
 }
 
-async fn vad(ws: WebSocketUpgrade, RawQuery(query): RawQuery, State(shared): State<Arc<Shared>>) -> Response {
+/// The stream id a connection gives: its `x-stream-id` header, else its
+/// `stream` URL parameter (browsers cannot set a WebSocket's headers);
+/// `Err` for one that is not an id ([`handover::check_id`]).
+fn stream_id_of(headers: &axum::http::HeaderMap, query: Option<&str>) -> Result<Option<String>, String> {
+    let id = match headers.get("x-stream-id") {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| "the x-stream-id header is not ASCII".to_string())?
+                .to_string(),
+        ),
+        None => query
+            .unwrap_or("")
+            .split('&')
+            .filter_map(|pair| pair.split_once('='))
+            .find(|(key, _)| *key == "stream")
+            .map(|(_, value)| value.to_string()),
+    };
+    match id {
+        Some(id) => handover::check_id(&id).map(|()| Some(id)),
+        None => Ok(None),
+    }
+}
+
+/// What a connection resumes from: `None` without a store or an id.
+enum Resume {
+    None,
+    /// Chunk 0, nothing held (or nothing usable).
+    Fresh,
+    From(Box<Record>),
+}
+
+/// The record under `id`, if it is one this server may continue: every
+/// other outcome starts the stream fresh, with a log line where something
+/// was wrong (the store failing, a record unreadable or of another model).
+async fn look_up(shared: &Shared, store: &Store, id: &str) -> Resume {
+    let bytes = match store.get(id).await {
+        Ok(Some(b)) => b,
+        Ok(None) => {
+            handover::count("laned_resume_total", "fresh");
+            return Resume::Fresh;
+        }
+        Err(e) => {
+            eprintln!("vad-server: stream {id}: no record read ({e}): it starts fresh");
+            handover::count("laned_resume_total", "failed");
+            return Resume::Fresh;
+        }
+    };
+    let refused = |why: String| {
+        eprintln!("vad-server: stream {id}: the record held for it is refused ({why}): it starts fresh");
+        handover::count("laned_resume_total", "refused");
+        Resume::Fresh
+    };
+    match Record::from_bytes(&bytes) {
+        Ok(r) if r.state.model != shared.identity => refused(format!(
+            "written by model {:?}, this server serves {:?}",
+            r.state.model, shared.identity
+        )),
+        Ok(r) => Resume::From(Box::new(r)),
+        Err(why) => refused(format!("{} bytes, {why}", bytes.len())),
+    }
+}
+
+async fn vad(
+    ws: WebSocketUpgrade,
+    RawQuery(query): RawQuery,
+    headers: axum::http::HeaderMap,
+    State(shared): State<Arc<Shared>>,
+) -> Response {
     let format = format_of_query(query.as_deref());
+    let id = stream_id_of(&headers, query.as_deref());
+    let resume = match (&shared.store, &id) {
+        (Some(store), Ok(Some(id))) => look_up(&shared, store, id).await,
+        _ => Resume::None,
+    };
+    let resume_chunk = match &resume {
+        Resume::None => None,
+        Resume::Fresh => Some(0),
+        Resume::From(r) => Some(r.chunk),
+    };
+    let opening = Opening { format, id, resume };
     // Oversized frames are refused by the session with 1009: the transport
     // itself takes frames up to twice the limit.
     let cap = shared.settings.max_frame_bytes.saturating_mul(2).max(1 << 16);
     // The write buffer is bounded: a client that does not read (pongs to a
     // ping flood, replies it never takes) fills it and is dropped, rather
     // than growing the server's memory without end.
-    ws.max_message_size(cap)
+    let mut response = ws
+        .max_message_size(cap)
         .max_frame_size(cap)
         .write_buffer_size(WRITE_BUFFER)
         .max_write_buffer_size(MAX_WRITE_BUFFER)
-        .on_upgrade(move |socket| session(socket, shared, format))
+        .on_upgrade(move |socket| session(socket, shared, opening));
+    // Where the client resends from, before any frame: a client reads it
+    // off the upgrade (the first message says it too, for browsers).
+    if let Some(chunk) = resume_chunk {
+        response
+            .headers_mut()
+            .insert("x-resume-chunk", axum::http::HeaderValue::from(chunk));
+    }
+    response
+}
+
+/// What the upgrade learnt of a connection.
+struct Opening {
+    format: Result<Format, String>,
+    id: Result<Option<String>, String>,
+    resume: Resume,
+}
+
+/// A stream's state to the store: `Ok` with its bytes and the times the
+/// export (from the runner) and the write (to the store) took.
+async fn hand_over(store: &Store, id: &str, stream: &Stream) -> Result<(usize, Duration, Duration), String> {
+    let started = Instant::now();
+    let state = stream
+        .handle
+        .export_state_async()
+        .await
+        .map_err(|e| format!("exporting the state: {e}"))?;
+    let bytes = Record::of(stream.chunk, &stream.context, &stream.hysteresis, state).to_bytes();
+    let (n, exported) = (bytes.len(), Instant::now());
+    store.put(id, bytes).await.map_err(|e| e.to_string())?;
+    Ok((n, exported - started, exported.elapsed()))
+}
+
+/// Hands the stream over and closes it 1012 (`true`: the session ends), or
+/// says why it could not (`false`: it drains as without a store).
+async fn try_hand_over(socket: &mut WebSocket, shared: &Shared, store: &Store, id: &str, stream: &Stream) -> bool {
+    match hand_over(store, id, stream).await {
+        Ok((bytes, export, write)) => {
+            shared
+                .tally
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .add(bytes, export, write);
+            handover::count("laned_handover_total", "ok");
+            let why = format!("restarting: resume at chunk {}", stream.chunk);
+            close_with(socket, close::RESTART, &why).await;
+            true
+        }
+        Err(why) => {
+            shared.tally.lock().unwrap_or_else(|e| e.into_inner()).failed += 1;
+            handover::count("laned_handover_total", "failed");
+            eprintln!("vad-server: stream {id}: hand-over skipped ({why}): it drains as without a store");
+            false
+        }
+    }
 }
 
 struct LiveGuard(Arc<Shared>);
@@ -573,17 +853,35 @@ fn message_bytes(m: &Message) -> usize {
     payload + std::mem::size_of::<Message>()
 }
 
+/// Until the flag is set (or its sender is gone).
 async fn closed(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|c| *c).await;
 }
 
-async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Format, String>) {
+async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
     shared.live.fetch_add(1, Ordering::AcqRel);
     let _guard = LiveGuard(shared.clone());
-    let format = match format {
+    let format = match opening.format {
         Ok(f) => f,
         Err(why) => return close_with(&mut socket, close::UNSUPPORTED, &why).await,
     };
+    // An id is only read with a store (without one, today's behaviour:
+    // any header is let through unread).
+    let id = match opening.id {
+        Ok(id) => id,
+        Err(why) if shared.store.is_some() => return close_with(&mut socket, close::IDLE, &why).await,
+        Err(_) => None,
+    };
+    // The store and the id, where this stream hands over and checkpoints.
+    let handing = match (&shared.store, &id) {
+        (Some(store), Some(id)) => Some((store, id.as_str())),
+        _ => None,
+    };
+    // Draining already: a stream with an id is told to go elsewhere with
+    // its record untouched.
+    if handing.is_some() && *shared.handing_over.borrow() {
+        return close_with(&mut socket, close::RESTART, "restarting: resume elsewhere").await;
+    }
     let wait = Duration::from_millis(shared.settings.admission_wait_ms);
     let spawned = tokio::select! {
         r = tokio::time::timeout(wait, shared.runner.spawn_async()) => r,
@@ -595,6 +893,9 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
             let code = match e {
+                laned_runner::SpawnError::Draining | laned_runner::SpawnError::Closed if handing.is_some() => {
+                    close::RESTART
+                }
                 laned_runner::SpawnError::Draining | laned_runner::SpawnError::Closed => close::GOING_AWAY,
                 _ => close::TRY_AGAIN_LATER,
             };
@@ -616,6 +917,36 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
         chunk: 0,
         hysteresis: Hysteresis::default(),
     };
+    if let (Resume::From(record), Some((store, id))) = (&opening.resume, handing) {
+        // The identity was checked before the upgrade; the runner checks it
+        // again, and each tensor against the model's facts.
+        if let Err(e) = stream.handle.import_state_async(&record.state).await {
+            eprintln!(
+                "vad-server: stream {id}: its record is refused on import ({e}): removed; reconnect to start fresh"
+            );
+            handover::count("laned_resume_total", "refused");
+            let _ = store.remove(id).await;
+            return close_with(
+                &mut socket,
+                close::INTERNAL,
+                "the stream's record was refused: reconnect",
+            )
+            .await;
+        }
+        stream.chunk = record.chunk;
+        stream.context = record.context();
+        stream.hysteresis = record.hysteresis();
+        handover::count("laned_resume_total", "resumed");
+    }
+    if handing.is_some() {
+        let hello = format!("{{\"resume\":{}}}", stream.chunk);
+        if socket.send(Message::Text(hello.into())).await.is_err() {
+            return;
+        }
+    }
+    let checkpoint_every = shared.settings.checkpoint_every;
+    // A hand-over that failed is not tried again: the stream drains.
+    let mut hand_over_failed = false;
     let max = shared.settings.max_frame_bytes;
     let idle = Duration::from_millis(shared.settings.idle_ms);
     // Frames read while a call was in flight, handled in order after it.
@@ -625,6 +956,14 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
     // Only audio moves this on: pings, pongs and empty frames keep no lane.
     let mut idle_until = tokio::time::Instant::now() + idle;
     loop {
+        if let Some((store, id)) = handing {
+            if !hand_over_failed && *shared.handing_over.borrow() {
+                if try_hand_over(&mut socket, &shared, store, id, &stream).await {
+                    return;
+                }
+                hand_over_failed = true;
+            }
+        }
         // Checked here too, not only by the read's timeout: a timeout
         // looks at its clock only when the read is pending, and a flood of
         // pings keeps the read ready.
@@ -648,6 +987,12 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
                 _ = closed(shared.closing.clone()) => {
                     return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;
                 }
+                // Handed over at the loop's top (a flag dropped unset, the
+                // server gone, is not waited on again).
+                _ = closed(shared.handing_over.clone()), if handing.is_some() && !hand_over_failed => {
+                    hand_over_failed |= !*shared.handing_over.borrow();
+                    continue;
+                }
             },
         };
         let bytes = match msg {
@@ -657,6 +1002,11 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
             Some(Ok(Message::Close(_))) => {
                 // Flushes the close reply tungstenite queued.
                 let _ = futures_util::SinkExt::close(&mut socket).await;
+                // The stream ended: its record goes (a later stream of the
+                // same id starts fresh).
+                if let Some((store, id)) = handing {
+                    let _ = store.remove(id).await;
+                }
                 return;
             }
             Some(Ok(Message::Ping(_))) | Some(Ok(Message::Pong(_))) => continue,
@@ -683,29 +1033,44 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
         }
         format.decode(&bytes, &mut stream.pending);
         while stream.pending.len() >= CHUNK {
+            // Between calls: a drain hands over here (the client resends
+            // what is left from the chunk the close names).
+            if let Some((store, id)) = handing {
+                if !hand_over_failed && *shared.handing_over.borrow() {
+                    if try_hand_over(&mut socket, &shared, store, id, &stream).await {
+                        return;
+                    }
+                    hand_over_failed = true;
+                }
+            }
             let chunk: Vec<f32> = stream.pending.drain(..CHUNK).collect();
             let inputs = stream.context.inputs(&chunk);
             // The socket is read while the call is in flight: a client gone
             // meanwhile drops the call (cancelled) and frees its lane at once.
-            let call = stream.handle.call_async(inputs);
-            tokio::pin!(call);
-            let out = loop {
-                tokio::select! {
-                    r = &mut call => break r,
-                    m = socket.recv(), if backlog_bytes < READ_AHEAD_BYTES => match m {
-                        None => return,
-                        Some(Err(e)) => return refuse_transport_error(&mut socket, e, max).await,
-                        Some(Ok(Message::Close(_))) => {
-                            let _ = futures_util::SinkExt::close(&mut socket).await;
-                            return;
+            let out = {
+                let call = stream.handle.call_async(inputs);
+                tokio::pin!(call);
+                loop {
+                    tokio::select! {
+                        r = &mut call => break r,
+                        m = socket.recv(), if backlog_bytes < READ_AHEAD_BYTES => match m {
+                            None => return,
+                            Some(Err(e)) => return refuse_transport_error(&mut socket, e, max).await,
+                            Some(Ok(Message::Close(_))) => {
+                                let _ = futures_util::SinkExt::close(&mut socket).await;
+                                if let Some((store, id)) = handing {
+                                    let _ = store.remove(id).await;
+                                }
+                                return;
+                            }
+                            Some(Ok(m)) => {
+                                backlog_bytes += message_bytes(&m);
+                                backlog.push_back(m);
+                            }
+                        },
+                        _ = closed(shared.closing.clone()) => {
+                            return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;
                         }
-                        Some(Ok(m)) => {
-                            backlog_bytes += message_bytes(&m);
-                            backlog.push_back(m);
-                        }
-                    },
-                    _ = closed(shared.closing.clone()) => {
-                        return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;
                     }
                 }
             };
@@ -740,6 +1105,19 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, format: Result<Form
                 match tokio::time::timeout(idle, socket.send(Message::Text(r.into()))).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) | Err(_) => return,
+                }
+            }
+            if let Some((store, id)) = handing {
+                if checkpoint_every > 0 && stream.chunk.is_multiple_of(checkpoint_every) {
+                    match hand_over(store, id, &stream).await {
+                        Ok(_) => handover::count("laned_checkpoint_total", "ok"),
+                        Err(why) => {
+                            handover::count("laned_checkpoint_total", "failed");
+                            shared
+                                .checkpoint_said
+                                .say(|| format!("stream {id}: a checkpoint skipped ({why})"));
+                        }
+                    }
                 }
             }
         }

@@ -4,6 +4,13 @@
 //! `--verbose`, every probability). Ends with a one-line summary on stderr
 //! (chunks sent, chunks answered, the close) and an exit status per class
 //! of ending: see [`Exit`].
+//!
+//! Each run is one stream with an id (`--stream-id`, else a random one)
+//! sent as `x-stream-id`. Where the server hands streams over (it says
+//! `x-resume-chunk` on the upgrade), a close 1012 or a dropped connection
+//! is not the end: the client reconnects with the same id, to whichever
+//! replica the proxy picks, and resends its audio from the chunk the new
+//! connection names; answers it already printed are not printed again.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,7 +19,129 @@ use std::time::Duration;
 
 use clap::Parser;
 use futures_util::{SinkExt, StreamExt};
+use laned_models::silero::CHUNK;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// How a connection sends.
+#[derive(Clone, Copy)]
+struct Connection {
+    frame: usize,
+    fast: bool,
+    i16_format: bool,
+    verbose: bool,
+    /// When the run started (real time is kept from it across reconnects).
+    started: tokio::time::Instant,
+}
+
+/// One connection: sends `audio` from chunk `from` on and prints the
+/// answers not printed yet (`answered` counts them); how it ended and the
+/// chunks sent up to then (counted from the stream's start).
+async fn stream_once(
+    ws: Ws,
+    audio: &Arc<Vec<f32>>,
+    from: usize,
+    how: Connection,
+    answered: &mut usize,
+    lost: &mut usize,
+    expected: usize,
+) -> (Ending, usize) {
+    let (mut tx, mut rx) = ws.split();
+    // The server answers every whole 512-sample chunk; closing before the
+    // last answer came would lose it (a close ends the server's sending).
+    let (all_in, all_in_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut all_in = (expected > *answered).then_some(all_in);
+    let samples_sent = Arc::new(AtomicUsize::new(from * CHUNK));
+    let sent = samples_sent.clone();
+    let audio = audio.clone();
+    let last = expected > 0;
+    let sender = tokio::spawn(async move {
+        let base = from * CHUNK;
+        for (i, f) in audio[base..].chunks(how.frame).enumerate() {
+            if !how.fast {
+                let at = (base + i * how.frame) as f64 / 16_000.0;
+                tokio::time::sleep_until(how.started + Duration::from_secs_f64(at)).await;
+            }
+            let bytes: Vec<u8> = if how.i16_format {
+                f.iter()
+                    .flat_map(|s| ((s * 32768.0).round().clamp(-32768.0, 32767.0) as i16).to_le_bytes())
+                    .collect()
+            } else {
+                f.iter().flat_map(|s| s.to_le_bytes()).collect()
+            };
+            if tx.send(Message::Binary(bytes.into())).await.is_err() {
+                return;
+            }
+            sent.fetch_add(f.len(), Ordering::Relaxed);
+        }
+        // Every answer in (or the connection gone, or 30 s), then close.
+        if last {
+            let _ = tokio::time::timeout(Duration::from_secs(30), all_in_rx).await;
+        }
+        let _ = tx.send(Message::Close(None)).await;
+    });
+    // Answers to chunks already printed (a resume from a checkpoint
+    // answers them again), and the events that follow them, are not
+    // printed twice.
+    let mut replaying = false;
+    let mut ending = Ending::Dropped("the connection ended".into());
+    while let Some(msg) = rx.next().await {
+        match msg {
+            Ok(Message::Text(t)) => {
+                if t.contains("\"resume\"") {
+                    continue;
+                }
+                if t.contains("\"probability\"") {
+                    let chunk = serde_json::from_str::<serde_json::Value>(&t)
+                        .ok()
+                        .and_then(|v| v["chunk"].as_u64())
+                        .unwrap_or(u64::MAX) as usize;
+                    replaying = chunk < *answered;
+                    if replaying {
+                        continue;
+                    }
+                    // Past the next one expected: the answers between were
+                    // lost with a crashed replica (the checkpoint it
+                    // resumed from is later than what reached us).
+                    *lost += chunk.saturating_sub(*answered);
+                    *answered = chunk.max(*answered) + 1;
+                    if how.verbose {
+                        println!("{t}");
+                    }
+                    if *answered == expected {
+                        if let Some(all_in) = all_in.take() {
+                            let _ = all_in.send(());
+                        }
+                    }
+                } else if t.contains("\"event\"") && !replaying {
+                    println!("{t}");
+                }
+            }
+            Ok(Message::Close(Some(f))) => {
+                println!("closed: {} {}", u16::from(f.code), f.reason);
+                ending = Ending::Closed(Some(u16::from(f.code)), f.reason.to_string());
+                break;
+            }
+            Ok(Message::Close(None)) => {
+                ending = if *answered == expected {
+                    Ending::Done
+                } else {
+                    Ending::Closed(None, String::new())
+                };
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                ending = Ending::Dropped(e.to_string());
+                break;
+            }
+        }
+    }
+    sender.abort();
+    (ending, samples_sent.load(Ordering::Relaxed) / CHUNK)
+}
 
 /// How a run ended, as the process's exit status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +206,42 @@ struct Args {
     /// Print every chunk's probability too.
     #[arg(long)]
     verbose: bool,
+    /// The stream's id, sent as `x-stream-id` (what a proxy hashes, and
+    /// what a hand-over is stored under) [default: a random one].
+    #[arg(long)]
+    stream_id: Option<String>,
+    /// How long to keep reconnecting after a 1012 or a dropped connection
+    /// (where the server hands streams over), in milliseconds; 0: never.
+    #[arg(long, default_value_t = 30_000)]
+    resume_for_ms: u64,
+}
+
+/// A random stream id: 128 bits from std's randomly keyed hasher (no
+/// dependency for it).
+fn random_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let half = || {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        h.write_u32(std::process::id());
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(), half())
+}
+
+/// How one connection ended.
+enum Ending {
+    /// Every chunk answered (the client closed).
+    Done,
+    /// A close frame: its code (`None`: none) and reason.
+    Closed(Option<u16>, String),
+    /// Dropped without a close frame.
+    Dropped(String),
 }
 
 fn read_wav(path: &PathBuf) -> Result<Vec<f32>, String> {
@@ -153,96 +318,118 @@ async fn main() {
         (true, false) => format!("{}?format=i16", args.url),
         (true, true) => format!("{}&format=i16", args.url),
     };
-    let (ws, _) = tokio_tungstenite::connect_async(url.as_str())
-        .await
-        .unwrap_or_else(|e| {
-            eprintln!("vad-client: connecting to {url}: {e}");
-            std::process::exit(Exit::Transport as i32)
-        });
-    let (mut tx, mut rx) = ws.split();
-    // The server answers every whole 512-sample chunk; closing before the
-    // last answer came would lose it (a close ends the server's sending).
-    let expected = audio.len() / laned_models::silero::CHUNK;
-    let (all_in, all_in_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut all_in = (expected > 0).then_some(all_in);
+    let id = args.stream_id.clone().unwrap_or_else(random_id);
+    let expected = audio.len() / CHUNK;
+    let audio = Arc::new(audio);
     let frame = args.frame.max(1);
-    let fast = args.fast;
-    let i16_format = args.i16;
-    let samples_sent = Arc::new(AtomicUsize::new(0));
-    let sent = samples_sent.clone();
-    let sender = tokio::spawn(async move {
-        let start = tokio::time::Instant::now();
-        for (i, f) in audio.chunks(frame).enumerate() {
-            if !fast {
-                tokio::time::sleep_until(start + Duration::from_secs_f64((i * frame) as f64 / 16_000.0)).await;
-            }
-            let bytes: Vec<u8> = if i16_format {
-                f.iter()
-                    .flat_map(|s| ((s * 32768.0).round().clamp(-32768.0, 32767.0) as i16).to_le_bytes())
-                    .collect()
-            } else {
-                f.iter().flat_map(|s| s.to_le_bytes()).collect()
-            };
-            if tx.send(Message::Binary(bytes.into())).await.is_err() {
-                return;
-            }
-            sent.fetch_add(f.len(), Ordering::Relaxed);
-        }
-        // Every answer in (or the connection gone, or 30 s), then close.
-        if expected > 0 {
-            let _ = tokio::time::timeout(Duration::from_secs(30), all_in_rx).await;
-        }
-        let _ = tx.send(Message::Close(None)).await;
-    });
+    let (fast, i16_format, verbose) = (args.fast, args.i16, args.verbose);
+    let started = tokio::time::Instant::now();
+    // The chunks answered and printed (the next one to print), and the
+    // most chunks sent on any connection.
     let mut answered = 0;
-    // `None` until the connection ends: then the close's code (`Some(None)`
-    // for a close frame without one), or a transport error.
-    let mut closed: Option<Option<(u16, String)>> = None;
-    let mut transport: Option<String> = None;
-    while let Some(msg) = rx.next().await {
-        match msg {
-            Ok(Message::Text(t)) => {
-                if t.contains("\"event\"") || args.verbose {
-                    println!("{t}");
-                }
-                if t.contains("\"probability\"") {
-                    answered += 1;
-                    if answered == expected {
-                        if let Some(all_in) = all_in.take() {
-                            let _ = all_in.send(());
-                        }
-                    }
-                }
-            }
-            Ok(Message::Close(Some(f))) => {
-                println!("closed: {} {}", u16::from(f.code), f.reason);
-                closed = Some(Some((u16::from(f.code), f.reason.to_string())));
-                break;
-            }
-            Ok(Message::Close(None)) => {
-                closed = Some(None);
-                break;
-            }
-            Ok(_) => {}
+    let mut lost = 0;
+    let mut chunks_sent = 0;
+    let mut resumes = 0;
+    // Whether the server hands streams over (it said x-resume-chunk).
+    let mut resumable = false;
+    let mut resuming_until: Option<tokio::time::Instant> = None;
+    let ending = loop {
+        let mut request = match url.as_str().into_client_request() {
+            Ok(r) => r,
             Err(e) => {
-                transport = Some(e.to_string());
-                break;
+                eprintln!("vad-client: {url}: {e}");
+                std::process::exit(Exit::Input as i32)
             }
+        };
+        match id.parse() {
+            Ok(v) => request.headers_mut().insert("x-stream-id", v),
+            Err(_) => {
+                eprintln!("vad-client: the stream id {id:?} cannot be a header");
+                std::process::exit(Exit::Input as i32)
+            }
+        };
+        let (ws, response) = match tokio_tungstenite::connect_async(request).await {
+            Ok(c) => c,
+            Err(e) => match resuming_until {
+                Some(until) if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                _ => {
+                    eprintln!("vad-client: connecting to {url}: {e}");
+                    std::process::exit(Exit::Transport as i32)
+                }
+            },
+        };
+        let from = response
+            .headers()
+            .get("x-resume-chunk")
+            .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+        let from = match (from, resuming_until.is_some()) {
+            (Some(f), _) => {
+                resumable = true;
+                f.min(expected)
+            }
+            (None, false) => 0,
+            // Reconnected to a server that keeps no state: a fresh stream
+            // would answer other probabilities, so the run ends here.
+            (None, true) => break Ending::Dropped("reconnected to a server that resumes no stream".into()),
+        };
+        if resuming_until.is_some() {
+            resumes += 1;
+            eprintln!("vad-client: stream {id} resumed at chunk {from}");
         }
-    }
-    sender.abort();
-    let chunks_sent = samples_sent.load(Ordering::Relaxed) / laned_models::silero::CHUNK;
-    let (exit, how) = match (&closed, &transport) {
-        (Some(Some((code, reason))), _) => (Exit::of_close(Some(*code)), format!("closed {code} {reason}")),
-        (Some(None), _) => (Exit::Done, "closed".to_string()),
-        (None, Some(e)) => (Exit::Transport, format!("dropped: {e}")),
-        (None, None) => (Exit::Transport, "dropped without a close frame".to_string()),
+        let ending = stream_once(
+            ws,
+            &audio,
+            from,
+            Connection {
+                frame,
+                fast,
+                i16_format,
+                verbose,
+                started,
+            },
+            &mut answered,
+            &mut lost,
+            expected,
+        )
+        .await;
+        chunks_sent = chunks_sent.max(ending.1);
+        match ending.0 {
+            Ending::Closed(Some(1012), _) | Ending::Dropped(_)
+                if resumable && args.resume_for_ms > 0 && answered < expected =>
+            {
+                let until = *resuming_until
+                    .get_or_insert_with(|| tokio::time::Instant::now() + Duration::from_millis(args.resume_for_ms));
+                if tokio::time::Instant::now() >= until {
+                    break ending.0;
+                }
+                resuming_until = Some(until);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break other,
+        }
     };
-    let exit = if exit == Exit::Done && answered < expected {
+    let (exit, how) = match &ending {
+        Ending::Closed(Some(code), reason) => (Exit::of_close(Some(*code)), format!("closed {code} {reason}")),
+        Ending::Closed(None, _) | Ending::Done => (Exit::Done, "closed".to_string()),
+        Ending::Dropped(e) => (Exit::Transport, format!("dropped: {e}")),
+    };
+    let exit = if exit == Exit::Done && (answered < expected || lost > 0) {
         Exit::Unanswered
     } else {
         exit
     };
+    let how = match (resumes, lost) {
+        (0, _) => how,
+        (_, 0) => format!("{} (stream {id}, resumed {resumes} times)", how.trim_end()),
+        _ => format!(
+            "{} (stream {id}, resumed {resumes} times, {lost} answers lost with a crashed replica)",
+            how.trim_end()
+        ),
+    };
+    let answered = answered - lost;
     eprintln!(
         "vad-client: sent {chunks_sent} chunks, answered {answered} of {expected}, {}, exit {}",
         how.trim_end(),

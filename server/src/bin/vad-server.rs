@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use laned_runner::Mode;
-use laned_server::{load_plan, start, Settings};
+use laned_server::{load_plan, model_file, start, Settings};
 
 /// Silero VAD over WebSocket, served through one laned runner.
 #[derive(Debug, Parser)]
@@ -54,9 +54,34 @@ struct Args {
     /// [default: 5000].
     #[arg(long, env = "VAD_HEADER_TIMEOUT_MS")]
     header_timeout_ms: Option<u64>,
+    /// The hand-over store, a Redis URL (`redis://127.0.0.1:6379/`)
+    /// [default: none, no hand-over].
+    #[arg(long, env = "VAD_STORE")]
+    store: Option<String>,
+    /// Seconds a stream's record lives in the store [default: 600].
+    #[arg(long, env = "VAD_HANDOVER_TTL_S")]
+    handover_ttl_s: Option<u64>,
+    /// A checkpoint of each stream every this many chunks; 0: none
+    /// [default: 0].
+    #[arg(long, env = "VAD_CHECKPOINT_EVERY")]
+    checkpoint_every: Option<u64>,
+    /// Milliseconds one store operation may take [default: 500].
+    #[arg(long, env = "VAD_STORE_TIMEOUT_MS")]
+    store_timeout_ms: Option<u64>,
+    /// Where a fetched model is cached [default: LANED_CACHE_DIR, else the
+    /// user's cache directory].
+    #[arg(long, env = "VAD_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// The SHA-256 the `--model` file must have.
+    #[arg(long, env = "VAD_MODEL_SHA256")]
+    model_sha256: Option<String>,
+    /// Fetch (or check) the model, print its path and exit: for an image's
+    /// build, so that a pod starts without pip.
+    #[arg(long)]
+    fetch_model: bool,
 }
 
-fn settings(args: Args) -> Result<Settings, String> {
+fn settings(args: &Args) -> Result<Settings, String> {
     let mut s = match &args.config {
         Some(path) => Settings::from_toml_file(path)?,
         None => Settings::default(),
@@ -64,7 +89,7 @@ fn settings(args: Args) -> Result<Settings, String> {
     if let Some(v) = args.listen {
         s.listen = v;
     }
-    if let Some(v) = args.model {
+    if let Some(v) = args.model.clone() {
         s.model = Some(v);
     }
     if let Some(v) = args.lanes {
@@ -73,14 +98,14 @@ fn settings(args: Args) -> Result<Settings, String> {
     if let Some(v) = args.shards {
         s.shards = v;
     }
-    if let Some(v) = args.mode {
+    if let Some(v) = args.mode.clone() {
         s.mode = match v.as_str() {
             "worker" => Mode::Worker,
             "combining" => Mode::Combining,
             _ => return Err(format!("unknown mode {v:?}: worker or combining")),
         };
     }
-    if let Some(v) = args.policy {
+    if let Some(v) = args.policy.clone() {
         s.policy = v;
     }
     if let Some(v) = args.drain_deadline_ms {
@@ -101,19 +126,50 @@ fn settings(args: Args) -> Result<Settings, String> {
     if let Some(v) = args.header_timeout_ms {
         s.header_timeout_ms = v;
     }
+    if let Some(v) = args.store.clone() {
+        s.store = Some(v);
+    }
+    if let Some(v) = args.handover_ttl_s {
+        s.handover_ttl_s = v;
+    }
+    if let Some(v) = args.checkpoint_every {
+        s.checkpoint_every = v;
+    }
+    if let Some(v) = args.store_timeout_ms {
+        s.store_timeout_ms = v;
+    }
+    if let Some(v) = args.cache_dir.clone() {
+        s.cache_dir = Some(v);
+    }
+    if let Some(v) = args.model_sha256.clone() {
+        s.model_sha256 = Some(v);
+    }
     s.validate()?;
     Ok(s)
 }
 
 #[tokio::main]
 async fn main() {
-    let settings = match settings(Args::parse()) {
+    let args = Args::parse();
+    let settings = match settings(&args) {
         Ok(s) => s,
         Err(why) => {
             eprintln!("vad-server: {why}");
             std::process::exit(2);
         }
     };
+    if args.fetch_model {
+        match model_file(&settings) {
+            Ok(path) => {
+                println!("{}", path.display());
+                return;
+            }
+            Err(why) => {
+                eprintln!("vad-server: the Silero model is unavailable: {why}");
+                std::process::exit(1);
+            }
+        }
+    }
     // Before the runner: it binds its metrics handles when built.
     let prometheus = match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
         Ok(h) => {
@@ -139,7 +195,7 @@ async fn main() {
         Some(path) => eprintln!("vad-server: loading {}", path.display()),
         None => eprintln!("vad-server: fetching the Silero model (checked, cached after the first time)"),
     }
-    let plan = match load_plan(settings.model.as_deref()) {
+    let plan = match model_file(&settings).and_then(|path| load_plan(Some(&path))) {
         Ok(p) => p,
         Err(why) => {
             eprintln!("vad-server: the Silero model is unavailable: {why}");

@@ -161,9 +161,9 @@ fn silero_replicas_behind_haproxy_stay_sticky_and_drain_without_losing_a_call() 
             .unwrap();
         let shipped =
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/haproxy/haproxy.cfg")).unwrap();
-        assert!(shipped.contains("127.0.0.1:9001") && shipped.contains("127.0.0.1:8080"));
+        assert!(shipped.contains("127.0.0.1:9001") && shipped.contains("127.0.0.1:8000"));
         let cfg = shipped
-            .replace("127.0.0.1:8080", &front.to_string())
+            .replace("127.0.0.1:8000", &front.to_string())
             .replace("127.0.0.1:9001", &a.addr.to_string())
             .replace("127.0.0.1:9002", &b.addr.to_string());
         let dir = std::env::temp_dir().join(format!("laned-haproxy-{}", std::process::id()));

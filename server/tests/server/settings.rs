@@ -36,6 +36,41 @@ fn impossible_settings_are_refused_before_the_model() {
     refused(&["--max-frame-bytes", "3"], "max_frame_bytes is 3");
     refused(&["--idle-ms", "0"], "idle_ms is 0");
     refused(&["--policy", "soon"], "unknown policy");
+    refused(&["--store", "http://127.0.0.1:1/"], "not a Redis URL");
+    refused(&["--handover-ttl-s", "0"], "handover_ttl_s is 0");
+    refused(&["--store-timeout-ms", "0"], "store_timeout_ms is 0");
+    refused(&["--model-sha256", "abc"], "model_sha256");
+}
+
+/// A `--model` file whose SHA-256 is not the one given is refused (exit
+/// 1, both digests named); `--fetch-model` prints the checked path and
+/// exits 0 without serving.
+#[test]
+fn silero_the_model_file_is_checked_against_its_sha256() {
+    let Some(model) = model_path() else { return };
+    let pin = laned_models::silero::PIN.sha256;
+    let run = |sha: &str| {
+        Command::new(env!("CARGO_BIN_EXE_vad-server"))
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--fetch-model",
+                "--model-sha256",
+                sha,
+                "--model",
+            ])
+            .arg(&model)
+            .output()
+            .unwrap()
+    };
+    let out = run(pin);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), model.display().to_string());
+    let wrong = "0".repeat(64);
+    let out = run(&wrong);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(pin) && stderr.contains(&wrong), "{stderr}");
 }
 
 /// `/metrics` is served as Prometheus' text format, version 0.0.4.

@@ -257,9 +257,14 @@ impl Queue {
 
     /// Take call `id` out, its seats still queued with it: it failed.
     pub(super) fn fail(&mut self, id: u64) -> Option<Pending> {
-        let pending = self.pending.remove(&id)?;
+        if !self.pending.contains_key(&id) {
+            return None;
+        }
+        // Its seats out first, the call still pending: the sweep that
+        // `unqueue_where` starts with keeps them, so the counts forget them
+        // here and only here.
         self.unqueue_where(|seat| seat.call == id);
-        Some(pending)
+        self.pending.remove(&id)
     }
 
     /// Land seat `place` of call `id`; hand the call back once every seat

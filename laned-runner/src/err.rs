@@ -3,7 +3,9 @@
 
 use std::fmt;
 
-use tract_core::internal::{TValue, TVec};
+use std::sync::Arc;
+
+use tract_core::internal::{TValue, TVec, TractError};
 
 /// [`LanedRunner::new`](crate::LanedRunner::new) refused the model or the
 /// configuration.
@@ -219,25 +221,48 @@ pub enum RunErrorKind {
 #[derive(Debug, Clone)]
 pub struct RunError {
     /// Boxed: errors are rare, and a small `Result` keeps the hot path lean.
-    inner: Box<(RunErrorKind, Option<TVec<TValue>>)>,
+    inner: Box<Inner>,
+}
+
+#[derive(Debug, Clone)]
+struct Inner {
+    kind: RunErrorKind,
+    inputs: Option<TVec<TValue>>,
+    /// tract's own error, where tract raised one (a failed turn): the
+    /// error's `source()`.
+    cause: Option<Arc<TractError>>,
 }
 
 impl RunError {
     pub(crate) fn new(kind: RunErrorKind) -> RunError {
         RunError {
-            inner: Box::new((kind, None)),
+            inner: Box::new(Inner {
+                kind,
+                inputs: None,
+                cause: None,
+            }),
         }
     }
 
     pub(crate) fn with_inputs(kind: RunErrorKind, inputs: TVec<TValue>) -> RunError {
         RunError {
-            inner: Box::new((kind, Some(inputs))),
+            inner: Box::new(Inner {
+                kind,
+                inputs: Some(inputs),
+                cause: None,
+            }),
         }
+    }
+
+    /// The same error, carrying tract's error that caused it.
+    pub(crate) fn caused_by(mut self, cause: Option<Arc<TractError>>) -> RunError {
+        self.inner.cause = cause;
+        self
     }
 
     /// Why the call failed.
     pub fn kind(&self) -> &RunErrorKind {
-        &self.inner.0
+        &self.inner.kind
     }
 
     /// Whether the stream is gone for good: it lost its state in a failed
@@ -282,7 +307,7 @@ impl RunError {
 
     /// The inputs of a call refused before it was queued.
     pub fn into_inputs(self) -> Option<TVec<TValue>> {
-        self.inner.1
+        self.inner.inputs
     }
 }
 
@@ -342,8 +367,13 @@ impl fmt::Display for RunError {
 
 impl std::error::Error for RunError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self.kind() {
-            RunErrorKind::Spawn(why) => Some(why),
+        match (self.kind(), &self.inner.cause) {
+            (RunErrorKind::Spawn(why), _) => Some(why),
+            // tract's error chain, whole (`anyhow`'s `chain()` walks it).
+            (_, Some(cause)) => {
+                let cause: &(dyn std::error::Error + Send + Sync + 'static) = (**cause).as_ref();
+                Some(cause)
+            }
             _ => None,
         }
     }

@@ -645,8 +645,13 @@ fn random_tensor(shape: &[usize], rng: &mut Lcg) -> Tensor {
 /// The value that makes [`panicking`]'s model panic.
 pub const POISON: f32 = 666.0;
 
-/// Identity, except that it panics when its input holds [`POISON`]: what a
-/// turn hitting a bug in an op looks like.
+/// The value that makes [`panicking`]'s model fail with an error (tract's
+/// `TractError`, not a panic): "refused input".
+pub const REFUSED: f32 = 667.0;
+
+/// Identity, except that it panics when its input holds [`POISON`] (what a
+/// turn hitting a bug in an op looks like) and errs when it holds
+/// [`REFUSED`] (an op refusing its input).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PanicOnPoison;
 
@@ -661,9 +666,14 @@ impl EvalOp for PanicOnPoison {
     op_out_of_plan!();
 
     fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        if inputs[0].to_plain_array_view::<f32>()?.iter().any(|v| *v == POISON) {
+        let values = inputs[0].to_plain_array_view::<f32>()?;
+        if values.iter().any(|v| *v == POISON) {
             panic!("poisoned input");
         }
+        if values.iter().any(|v| *v == REFUSED) {
+            bail!("refused input");
+        }
+        drop(values);
         Ok(inputs)
     }
 }

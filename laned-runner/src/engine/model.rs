@@ -88,15 +88,35 @@ fn resettable(state: &mut Box<dyn State>, inner: &dyn Runnable, lanes: &[LaneId]
 pub(super) struct Failure {
     pub(super) why: String,
     pub(super) touched: bool,
+    /// tract's own error, where tract raised one (the callers' errors
+    /// carry it as their `source()`).
+    pub(super) cause: Option<Arc<TractError>>,
 }
 
 impl Failure {
     pub(super) fn untouched(why: String) -> Failure {
-        Failure { why, touched: false }
+        Failure {
+            why,
+            touched: false,
+            cause: None,
+        }
     }
 
     pub(super) fn touched(why: String) -> Failure {
-        Failure { why, touched: true }
+        Failure {
+            why,
+            touched: true,
+            cause: None,
+        }
+    }
+
+    /// tract raised `e` once the state was touched: its text, and `e` kept.
+    fn raised(e: TractError) -> Failure {
+        Failure {
+            why: format!("{e:#}"),
+            touched: true,
+            cause: Some(Arc::new(e)),
+        }
     }
 }
 
@@ -282,7 +302,7 @@ impl Model {
         let state = self.state.as_mut().expect("open engine has a state");
         let seating = Seating::new(self.lanes, lanes.iter().map(|l| tract_lane(*l)))
             .map_err(|e| Failure::untouched(format!("{e:#}")))?;
-        state.seat(seating).map_err(|e| Failure::touched(format!("{e:#}")))?;
+        state.seat(seating).map_err(Failure::raised)?;
         let resolved = group.resolved();
         if !resolved.is_empty() {
             let simple = state.downcast_mut::<TypedSimpleState>().expect("checked at enqueue");
@@ -298,7 +318,7 @@ impl Model {
         }
         let outputs = match ran {
             Ok(Ok(outputs)) => outputs,
-            Ok(Err(e)) => return Err(Failure::touched(format!("{e:#}"))),
+            Ok(Err(e)) => return Err(Failure::raised(e)),
             Err(panic) => return Err(Failure::touched(format!("the model panicked: {}", panic_text(panic)))),
         };
         for (ix, output) in outputs.iter().enumerate() {

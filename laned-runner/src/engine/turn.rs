@@ -191,28 +191,23 @@ impl Turn {
                         }
                     } else {
                         let row = answer.into_outputs(&model.iface().data_batch_out);
-                        land(
-                            queue,
-                            streams,
-                            model,
-                            seat.call,
-                            seat.place,
-                            row.map_err(|e| e.to_string()),
-                        );
+                        let row = row.map_err(|e| (e.to_string(), None));
+                        land(queue, streams, model, seat.call, seat.place, row);
                     }
                 }
                 // One wake per sleeping caller would cost this thread a
                 // system call each: wake them as a tree instead.
                 crate::slot::wake_all(&mut self.wakes);
             }
-            Err(Failure { why, touched }) => {
+            Err(Failure { why, touched, cause }) => {
                 records.failed_turn(occupancy);
                 event!(warn, shard, seats = occupancy, touched, "a turn failed: {why}");
                 if touched {
                     recover(streams, model, &seated, &lanes, &borrowed, &why, shard);
                 }
                 for seat in &seated {
-                    land(queue, streams, model, seat.call, seat.place, Err(why.clone()));
+                    let failed = Err((why.clone(), cause.clone()));
+                    land(queue, streams, model, seat.call, seat.place, failed);
                 }
             }
         }
@@ -270,10 +265,10 @@ fn land(
     model: &Model,
     id: u64,
     place: usize,
-    outputs: Result<TVec<TValue>, String>,
+    outputs: Result<TVec<TValue>, (String, Option<Arc<TractError>>)>,
 ) {
     match outputs {
-        Err(why) => {
+        Err((why, cause)) => {
             // The call's seats still queued go with it.
             let Some(pending) = queue.fail(id) else { return };
             // Its row 0 ran in an earlier turn and advanced the stream's
@@ -285,7 +280,9 @@ fn land(
                     format!("part of a wide call ran before the rest failed: {why}"),
                 );
             }
-            pending.slot.fill(Err(RunError::new(RunErrorKind::Turn(why))));
+            pending
+                .slot
+                .fill(Err(RunError::new(RunErrorKind::Turn(why)).caused_by(cause)));
         }
         Ok(outputs) => {
             if let Some(pending) = queue.land(id, place, outputs) {

@@ -212,6 +212,35 @@ fn batched_inputs_must_agree_on_rows() {
     );
 }
 
+/// A turn tract fails with an error (not a panic) hands its callers that
+/// error as the `source()` of theirs, its text in their message too.
+#[test]
+fn a_failed_turn_carries_tracts_error_as_its_source() {
+    let f = fixtures::panicking().unwrap();
+    for mode in MODES {
+        let r = runner(&f, 2, mode, Duration::from_secs(3600));
+        let mut a = r.try_spawn().unwrap();
+        let mut refused = f.inputs(1, 1);
+        refused[0] = Tensor::from_shape(&[1, 40, 4], &[fixtures::REFUSED; 160])
+            .unwrap()
+            .into_tvalue();
+        let err = a.call(refused).unwrap_err();
+        assert!(
+            matches!(err.kind(), laned_runner::RunErrorKind::Turn(_)),
+            "{mode:?}: {err}"
+        );
+        assert!(err.to_string().contains("refused input"), "{err}");
+        let source = std::error::Error::source(&err).expect("tract's error as the source");
+        let chain: Vec<String> = std::iter::successors(Some(source), |e| e.source())
+            .map(|e| e.to_string())
+            .collect();
+        assert!(chain.iter().any(|e| e.contains("refused input")), "{chain:?}");
+        // A refusal of ours (bad input) has no tract error behind it.
+        let bad = a.call(tvec!()).unwrap_err();
+        assert!(std::error::Error::source(&bad).is_none(), "{bad}");
+    }
+}
+
 /// A panic inside a turn fails that turn's callers only: their streams are
 /// told their state is lost, every other stream and new ones are served.
 #[test]

@@ -1,0 +1,178 @@
+//! `laned check` as a user runs it: the built binary on model files
+//! written here (tract's NNEF), one that can be laned and ones that cannot,
+//! each verdict and its exit status.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use laned_testkit::fixtures::{self, Layout, TdnnConfig};
+use tract_core::internal::*;
+use tract_pulse::internal::tract_nnef;
+
+fn laned(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_laned")).args(args).output().unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn save(model: &TypedModel, dir: &Path, name: &str) -> String {
+    let path = dir.join(name);
+    tract_nnef::nnef()
+        .write_to_tar(model, std::fs::File::create(&path).unwrap())
+        .unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// A streaming TDNN, pulsified by the tool: it can be laned; the facts
+/// name the batch symbol, the pulse and delay (the testkit's own figures),
+/// the batched input and output; the config printed is one the runner reads.
+#[test]
+fn a_streaming_tdnn_can_be_laned_and_gets_a_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TdnnConfig {
+        width: 8,
+        pulse: 4,
+        layout: Layout::Nchw,
+    };
+    let path = save(&fixtures::tdnn_streaming(config).unwrap(), dir.path(), "tdnn.nnef.tar");
+    let out = laned(&["check", &path, "--pulse", "4", "--symbol", "S"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    let reference = fixtures::tdnn(config).unwrap();
+    assert!(said.contains("batch symbol: B (axis 0)"), "{said}");
+    assert!(
+        said.contains(&format!("pulse: 4 frames on S; delay {} frames", reference.delay)),
+        "{said}"
+    );
+    assert!(
+        said.contains("input 0") && said.contains("batched (a row per stream)"),
+        "{said}"
+    );
+    assert!(said.contains("can be laned"), "{said}");
+    let toml_text = said.split("(TOML):").nth(1).unwrap();
+    let parsed: laned_runner::RunnerConfig = toml::from_str(toml_text).unwrap();
+    assert_eq!(parsed.max_lanes, 64);
+}
+
+/// The same model left unpulsified has its streaming dim free: it is a
+/// fact, and the runner still lanes it (a whole utterance per call).
+#[test]
+fn without_a_pulse_the_free_dim_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TdnnConfig {
+        width: 8,
+        pulse: 4,
+        layout: Layout::Nchw,
+    };
+    let path = save(&fixtures::tdnn_streaming(config).unwrap(), dir.path(), "tdnn.nnef.tar");
+    let out = laned(&["check", &path]);
+    let said = text(&out);
+    assert!(said.contains("free dims S"), "{said}");
+}
+
+/// A sum over the batch mixes the streams: its output has no row per
+/// stream, and the runner refuses it, saying so; exit status 1.
+#[test]
+fn an_output_mixing_streams_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = TypedModel::default();
+    let b = model.symbols.sym("B");
+    let x = model.add_source("x", f32::fact(dims!(b, 3))).unwrap();
+    let reduce = tract_core::ops::nn::Reduce::new(tvec![0], tract_core::ops::nn::Reducer::Sum);
+    let y = model.wire_node("sum_over_streams", reduce, &[x]).unwrap();
+    model.select_output_outlets(&y).unwrap();
+    let path = save(&model, dir.path(), "mixing.nnef.tar");
+    let out = laned(&["check", &path]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("batch symbol: B (axis 0)"), "{said}");
+    assert!(
+        said.contains("output 0 \"sum_over_streams\"") && said.contains("shared"),
+        "{said}"
+    );
+    assert!(said.contains("cannot be laned: "), "{said}");
+    assert!(said.contains("output"), "{said}");
+}
+
+/// A model whose outputs carry no batch symbol cannot be laned: the runner's
+/// reason, exit 1.
+#[test]
+fn a_model_without_a_batch_symbol_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = TypedModel::default();
+    let x = model.add_source("x", f32::fact([1, 3])).unwrap();
+    let two = model.add_const("two", tensor2(&[[2f32]])).unwrap();
+    let y = model.wire_node("y", tract_core::ops::math::mul(), &[x, two]).unwrap();
+    model.select_output_outlets(&y).unwrap();
+    let path = save(&model, dir.path(), "fixed.nnef.tar");
+    let out = laned(&["check", &path]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("batch symbol: none"), "{said}");
+    assert!(said.contains("cannot be laned: "), "{said}");
+}
+
+/// A file that is no model, and a bad pulse: exit status 2, the file named.
+#[test]
+fn unreadable_input_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nothing.onnx");
+    std::fs::write(&path, b"not a model").unwrap();
+    let path = path.to_string_lossy().into_owned();
+    let out = laned(&["check", &path]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("nothing.onnx"), "{}", text(&out));
+    let config = TdnnConfig {
+        width: 8,
+        pulse: 4,
+        layout: Layout::Nchw,
+    };
+    let tdnn = save(&fixtures::tdnn_streaming(config).unwrap(), dir.path(), "tdnn.nnef.tar");
+    let out = laned(&["check", &tdnn, "--pulse", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--pulse: got 0"), "{}", text(&out));
+}
+
+/// Silero VAD's ONNX, as its registry package ships it: its state output
+/// is not named after its input, so detection finds no pair and the runner
+/// refuses (the state output would mix streams); the facts point at the
+/// state (the batch symbol on axis 1), and with `--state 2=1` it can be
+/// laned, the config carrying the pair.
+#[test]
+fn silero_vad_needs_its_state_pair_and_then_can_be_laned() {
+    let path = match laned_models::silero::fetch() {
+        Ok(path) => path,
+        Err(e) if e.is_unavailable() => {
+            eprintln!("SKIPPED: Silero VAD is unavailable here: {e}");
+            return;
+        }
+        Err(e) => panic!("Silero VAD: {e}"),
+    };
+    let path = path.to_string_lossy().into_owned();
+    let out = laned(&["check", &path]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("input 2 \"state\"") && said.contains("the batch symbol on axis 1"),
+        "{said}"
+    );
+    assert!(said.contains("cannot be laned: output 1"), "{said}");
+    let out = laned(&["check", &path, "--state", "2=1"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    let toml_text = said.split("(TOML):").nth(1).unwrap();
+    let parsed: laned_runner::RunnerConfig = toml::from_str(toml_text).unwrap();
+    assert_eq!(
+        parsed.state,
+        laned_runner::StateSpec::Pairs(vec![laned_runner::StatePair::new(2, 1)])
+    );
+    let out = laned(&["check", &path, "--state", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("wanted IN=OUT"), "{}", text(&out));
+}

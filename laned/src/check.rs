@@ -24,6 +24,25 @@ pub struct Args {
     pub symbol: String,
     /// `IN=OUT` pairs of explicit state, by index or name.
     pub states: Vec<String>,
+    /// `IX=DIMS` facts of ONNX inputs (f32).
+    pub inputs: Vec<String>,
+}
+
+/// `IX=d0,d1,...` as an input index and its dims (numbers or symbols).
+fn input_fact(text: &str) -> TractResult<(usize, Vec<String>)> {
+    let (ix, dims) = text
+        .split_once('=')
+        .with_context(|| format!("--input: got {text:?}, wanted IX=DIMS (0=batch,1,257)"))?;
+    let ix = ix
+        .trim()
+        .parse()
+        .with_context(|| format!("--input: got {ix:?} for the input's index, wanted a number"))?;
+    let dims: Vec<String> = dims.split(',').map(|d| d.trim().to_string()).collect();
+    ensure!(
+        dims.iter().all(|d| !d.is_empty()),
+        "--input: got {text:?}, a dim is empty"
+    );
+    Ok((ix, dims))
 }
 
 /// `IN=OUT` as a state pair: a number is an index, anything else a name.
@@ -83,17 +102,33 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
-/// Load `path` as ONNX or NNEF, typed.
-fn load(path: &std::path::Path) -> TractResult<TypedModel> {
+/// Load `path` as ONNX (its inputs' facts set from `inputs`) or NNEF, typed.
+fn load(path: &std::path::Path, inputs: &[(usize, Vec<String>)]) -> TractResult<TypedModel> {
     use tract_core::framework::Framework;
     let name = path.to_string_lossy();
     if name.ends_with(".onnx") {
-        tract_onnx::onnx()
+        let mut model = tract_onnx::onnx()
+            .with_ignore_output_shapes(!inputs.is_empty())
             .model_for_path(path)
-            .with_context(|| format!("reading {name} as ONNX"))?
-            .into_typed()
-            .with_context(|| format!("typing {name}"))
+            .with_context(|| format!("reading {name} as ONNX"))?;
+        for (ix, dims) in inputs {
+            let dims: TVec<TDim> = dims
+                .iter()
+                .map(|d| match d.parse::<i64>() {
+                    Ok(n) => TDim::Val(n),
+                    Err(_) => TDim::Sym(model.symbols.sym(d)),
+                })
+                .collect();
+            model
+                .set_input_fact(*ix, f32::fact(dims).into())
+                .with_context(|| format!("--input {ix}: the model has {} inputs", model.inputs.len()))?;
+        }
+        model.into_typed().with_context(|| format!("typing {name}"))
     } else {
+        ensure!(
+            inputs.is_empty(),
+            "--input sets an ONNX file's inputs; {name} is read as NNEF"
+        );
         tract_nnef::nnef()
             .model_for_path(path)
             .with_context(|| format!("reading {name} as NNEF (a .nnef.tgz, .nnef.tar or directory)"))
@@ -103,7 +138,12 @@ fn load(path: &std::path::Path) -> TractResult<TypedModel> {
 /// The check, printed by [`run`].
 pub fn check(args: &Args) -> TractResult<Report> {
     let pairs = args.states.iter().map(|s| pair(s)).collect::<TractResult<Vec<_>>>()?;
-    let model = load(&args.model)?.into_decluttered()?;
+    let inputs = args
+        .inputs
+        .iter()
+        .map(|s| input_fact(s))
+        .collect::<TractResult<Vec<_>>>()?;
+    let model = load(&args.model, &inputs)?.into_decluttered()?;
     let mut facts = vec![format!("model: {}", args.model.display())];
     let model = match args.pulse {
         None => model,

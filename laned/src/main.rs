@@ -42,6 +42,12 @@ enum Command {
         /// detected by name where they can be.
         #[arg(long = "state", value_name = "IN=OUT")]
         states: Vec<String>,
+        /// An ONNX input's fact, f32: `0=batch,1,257` (each dim a number or
+        /// a symbol); repeat for several. For files whose inputs say a
+        /// fixed batch of 1, or nothing; their output shapes are then
+        /// ignored and inferred.
+        #[arg(long = "input", value_name = "IX=DIMS")]
+        inputs: Vec<String>,
     },
 }
 
@@ -52,11 +58,13 @@ fn main() -> ExitCode {
             pulse,
             symbol,
             states,
+            inputs,
         } => check::run(&check::Args {
             model,
             pulse,
             symbol,
             states,
+            inputs,
         }),
     }
 }

@@ -176,3 +176,42 @@ fn silero_vad_needs_its_state_pair_and_then_can_be_laned() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("wanted IN=OUT"), "{}", text(&out));
 }
+
+/// DTLN's two ONNX files as published (their batch fixed at 1): as they
+/// are, no batch symbol (refused); model 1 with its inputs' facts given a
+/// batch symbol and its LSTM state paired can be laned; model 2 cannot,
+/// and the reason names the Reshape whose constant shape spells the batch
+/// as 1 (what `laned_models::dtln::load_model_2` patches).
+#[test]
+fn dtln_model_1_can_be_laned_and_model_2_names_its_fixed_reshape() {
+    let files = match laned_models::dtln::fetch() {
+        Ok(files) => files,
+        Err(e) if e.is_unavailable() => {
+            eprintln!("SKIPPED: DTLN is unavailable here: {e}");
+            return;
+        }
+        Err(e) => panic!("DTLN: {e}"),
+    };
+    let (one, two) = (
+        files.model_1.to_string_lossy().into_owned(),
+        files.model_2.to_string_lossy().into_owned(),
+    );
+    let out = laned(&["check", &one]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("no usable batch axis"), "{}", text(&out));
+    let state = ["--input", "1=batch,2,128,2", "--state", "1=1"];
+    let out = laned(&[&["check", &one, "--input", "0=batch,1,257"][..], &state[..]].concat());
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("batch symbol: batch (axis 0)") && said.contains("1 pairs as given"),
+        "{said}"
+    );
+    let out = laned(&[&["check", &two, "--input", "0=batch,1,512"][..], &state[..]].concat());
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("Reshape") && said.contains("volume mismatch"), "{said}");
+    let out = laned(&["check", &one, "--input", "zero=batch"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("wanted a number"), "{}", text(&out));
+}

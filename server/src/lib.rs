@@ -813,6 +813,15 @@ async fn refuse_transport_error(socket: &mut WebSocket, error: axum::Error, max:
     }
 }
 
+/// The client closed: flush the close reply tungstenite queued, and drop
+/// the stream's record (a later stream of the same id starts fresh).
+async fn closed_by_client(socket: &mut WebSocket, handing: Option<(&handover::Store, &str)>) {
+    let _ = futures_util::SinkExt::close(socket).await;
+    if let Some((store, id)) = handing {
+        let _ = store.remove(id).await;
+    }
+}
+
 async fn close_with(socket: &mut WebSocket, code: u16, reason: &str) {
     // A control frame holds 125 bytes: a longer reason (one quoting the
     // client's own input, say) is cut at a character boundary, or the
@@ -999,16 +1008,7 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
             // Gone: dropping the handle frees the lane.
             None => return,
             Some(Err(e)) => return refuse_transport_error(&mut socket, e, max).await,
-            Some(Ok(Message::Close(_))) => {
-                // Flushes the close reply tungstenite queued.
-                let _ = futures_util::SinkExt::close(&mut socket).await;
-                // The stream ended: its record goes (a later stream of the
-                // same id starts fresh).
-                if let Some((store, id)) = handing {
-                    let _ = store.remove(id).await;
-                }
-                return;
-            }
+            Some(Ok(Message::Close(_))) => return closed_by_client(&mut socket, handing).await,
             Some(Ok(Message::Ping(_))) | Some(Ok(Message::Pong(_))) => continue,
             Some(Ok(Message::Text(_))) => {
                 return close_with(
@@ -1056,13 +1056,7 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
                         m = socket.recv(), if backlog_bytes < READ_AHEAD_BYTES => match m {
                             None => return,
                             Some(Err(e)) => return refuse_transport_error(&mut socket, e, max).await,
-                            Some(Ok(Message::Close(_))) => {
-                                let _ = futures_util::SinkExt::close(&mut socket).await;
-                                if let Some((store, id)) = handing {
-                                    let _ = store.remove(id).await;
-                                }
-                                return;
-                            }
+                            Some(Ok(Message::Close(_))) => return closed_by_client(&mut socket, handing).await,
                             Some(Ok(m)) => {
                                 backlog_bytes += message_bytes(&m);
                                 backlog.push_back(m);

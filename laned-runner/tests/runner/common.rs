@@ -2,6 +2,8 @@
 //! over a fixture.
 #![allow(dead_code)]
 
+use std::time::{Duration, Instant};
+
 use laned_runner::{LanedRunner, Mode, RunnerConfig};
 use laned_testkit::fixtures::Fixture;
 
@@ -21,4 +23,14 @@ pub fn runner(f: &Fixture, mode: Mode, shards: usize, lanes: usize) -> LanedRunn
 /// A runner on `f`'s model with any other settings.
 pub fn runner_with(f: &Fixture, config: laned_runner::RunnerConfigBuilder) -> LanedRunner {
     LanedRunner::new(f.runnable().unwrap(), config.build()).unwrap()
+}
+
+/// Waits until `cond` holds, polling every millisecond; panics after 20 s
+/// (a hang is a failure, not a wait).
+pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }

@@ -2,6 +2,7 @@
 //! stream, idle eviction, cancellation, drain and shutdown, and the races
 //! between them.
 
+use super::common::eventually;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -14,15 +15,6 @@ const MODES: [Mode; 2] = [Mode::Worker, Mode::Combining];
 
 fn runner(f: &Fixture, config: laned_runner::RunnerConfigBuilder) -> LanedRunner {
     LanedRunner::new(f.runnable().unwrap(), config.build()).unwrap()
-}
-
-/// Waits until `cond` holds, polling; panics after 20 s (a hang is a failure).
-fn eventually(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// How many spawners wait, as the refusal of a non-waiting spawn reports it.

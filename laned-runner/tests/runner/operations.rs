@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use common::{runner, SETUPS};
+use common::{eventually, runner, SETUPS};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -32,15 +32,6 @@ fn bounded<T: Send + 'static>(what: &str, body: impl FnOnce() -> T + Send + 'sta
     });
     rx.recv_timeout(Duration::from_secs(60))
         .unwrap_or_else(|_| panic!("{what}: hung (or panicked) past 60 s"))
-}
-
-/// Polls `cond` for up to 5 s.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < Duration::from_secs(5), "{what}");
-        thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// A soft drain with 32 live streams: new spawns are refused with

@@ -397,36 +397,9 @@ fn silero_handover_a_rolling_restart_of_two_replicas_loses_no_stream() {
 
         let (streams, chunks, pace) = (32, 400, Duration::from_millis(12));
         let samples: Vec<Vec<f32>> = (0..streams).map(|s| voice(s, chunks)).collect();
-        let solos: Vec<_> = samples
-            .iter()
-            .map(|s| {
-                let (plan, s) = (plan.clone(), s.clone());
-                tokio::task::spawn_blocking(move || solo(&plan, &s))
-            })
-            .collect();
-        let clients: Vec<_> = samples
-            .iter()
-            .enumerate()
-            .map(|(s, samples)| {
-                tokio::spawn(reconnecting(
-                    front,
-                    format!("roll-{s}"),
-                    samples.clone(),
-                    pace,
-                    Duration::from_secs(150),
-                ))
-            })
-            .collect();
+        let (solos, clients) = solos_and_clients(&plan, front, "roll", &samples, pace, Duration::from_secs(150));
         // Every stream live before the first signal.
-        let until = Instant::now() + Duration::from_secs(30);
-        loop {
-            let taken = lanes(a.addr).await + lanes(b.addr).await;
-            if taken == streams as f64 {
-                break;
-            }
-            assert!(Instant::now() < until, "{taken} streams live of {streams}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        all_live([a.addr, b.addr], streams).await;
         let on_a = lanes(a.addr).await;
         assert!(
             on_a > 0.0 && on_a < streams as f64,
@@ -474,6 +447,56 @@ fn silero_handover_a_rolling_restart_of_two_replicas_loses_no_stream() {
 }
 
 /// Streams holding a lane on `addr` (0 once it is gone).
+/// Each stream's solo run (on blocking threads) and its reconnecting
+/// client through `front`, ids `{prefix}-{s}`.
+#[allow(clippy::type_complexity)]
+fn solos_and_clients(
+    plan: &Arc<dyn tract_core::internal::Runnable>,
+    front: SocketAddr,
+    prefix: &str,
+    samples: &[Vec<f32>],
+    pace: Duration,
+    within: Duration,
+) -> (
+    Vec<tokio::task::JoinHandle<Vec<f32>>>,
+    Vec<tokio::task::JoinHandle<Seen>>,
+) {
+    let solos = samples
+        .iter()
+        .map(|s| {
+            let (plan, s) = (plan.clone(), s.clone());
+            tokio::task::spawn_blocking(move || solo(&plan, &s))
+        })
+        .collect();
+    let clients = samples
+        .iter()
+        .enumerate()
+        .map(|(s, samples)| {
+            tokio::spawn(reconnecting(
+                front,
+                format!("{prefix}-{s}"),
+                samples.clone(),
+                pace,
+                within,
+            ))
+        })
+        .collect();
+    (solos, clients)
+}
+
+/// Wait (30 s at most) until the replicas hold `streams` lanes between them.
+async fn all_live(replicas: [SocketAddr; 2], streams: usize) {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let taken = lanes(replicas[0]).await + lanes(replicas[1]).await;
+        if taken == streams as f64 {
+            return;
+        }
+        assert!(Instant::now() < until, "{taken} streams live of {streams}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn lanes(addr: SocketAddr) -> f64 {
     counter(addr, "tract_autobatch_lanes_taken", "").await.max(0.0)
 }
@@ -500,31 +523,8 @@ fn silero_handover_after_kill_9_resumes_from_the_last_checkpoint() {
 
         let (streams, chunks, pace) = (32, 300, Duration::from_millis(10));
         let samples: Vec<Vec<f32>> = (0..streams).map(|s| voice(s + 100, chunks)).collect();
-        let solos: Vec<_> = samples
-            .iter()
-            .map(|s| {
-                let (plan, s) = (plan.clone(), s.clone());
-                tokio::task::spawn_blocking(move || solo(&plan, &s))
-            })
-            .collect();
-        let clients: Vec<_> = samples
-            .iter()
-            .enumerate()
-            .map(|(s, samples)| {
-                tokio::spawn(reconnecting(
-                    front,
-                    format!("crash-{s}"),
-                    samples.clone(),
-                    pace,
-                    Duration::from_secs(120),
-                ))
-            })
-            .collect();
-        let until = Instant::now() + Duration::from_secs(30);
-        while lanes(a.addr).await + lanes(b.addr).await != streams as f64 {
-            assert!(Instant::now() < until, "not every stream live");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (solos, clients) = solos_and_clients(&plan, front, "crash", &samples, pace, Duration::from_secs(120));
+        all_live([a.addr, b.addr], streams).await;
         // Far enough in that every stream has a checkpoint behind it (its
         // key in Redis), and a few chunks past it.
         let mut c = redis.connection().unwrap();

@@ -620,6 +620,15 @@ impl LanedRunner {
         &self.core.iface.batch
     }
 
+    /// The explicit state the runner keeps per lane, as the model's (input,
+    /// output) index pairs: the pairs configured, or those
+    /// [`StateSpec::Detect`](crate::StateSpec::Detect) found; empty for
+    /// none. The caller feeds every other input and gets every other
+    /// output, in the model's order.
+    pub fn explicit_state(&self) -> Vec<(usize, usize)> {
+        self.core.iface.state.iter().map(|s| (s.input, s.output)).collect()
+    }
+
     /// The model as prepared, serving one stream at a time.
     pub fn inner(&self) -> &Arc<dyn Runnable> {
         &self.core.inner

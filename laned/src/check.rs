@@ -1,60 +1,42 @@
-//! `laned check`: load, pulsify if asked, describe what the runner will
-//! see (the batch symbol, each input and output batched or shared, the
-//! pulse and delay), then build a runner of two lanes on it: the runner's
-//! own checks (one batch symbol on axis 0, outputs that keep streams
-//! apart, op states that take a lane reset, explicit-state pairs) either
-//! pass, and a config to start from is printed, or fail with the reason
-//! the runner gives, which names the input, op or shape.
+//! `laned check`: read the model (see [`crate::model`]), list what the
+//! runner will see, then ask the runner itself: a runner of two lanes is
+//! built on it, and its checks (one batch symbol on axis 0, outputs that
+//! keep streams apart, op states that take a lane reset, explicit-state
+//! pairs) pass or fail with the reason it gives, which names the input, op
+//! or shape. Where they pass, the model is run (see [`crate::probe`]) to
+//! see that a stream's row stays its own beside another's, and a config to
+//! start from is printed.
 
 use std::fmt::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use laned_runner::{LanedRunner, PortRef, RunnerConfig, StatePair, StateSpec};
+use laned_runner::{LanedRunner, RunnerConfig, StateSpec};
 use tract_core::internal::*;
-use tract_onnx::prelude::InferenceModelExt;
-use tract_pulse::internal::tract_nnef;
-use tract_pulse::model::{PulsedModel, PulsedModelExt};
+
+use crate::feed::{self, Feed};
+use crate::model::{self, Loaded, Source};
+use crate::probe::{self, Apart};
 
 /// What `laned check` was asked.
+#[derive(Debug, Clone, clap::Args)]
+#[group(skip)]
 pub struct Args {
-    pub model: PathBuf,
-    pub pulse: Option<usize>,
-    pub symbol: String,
-    /// `IN=OUT` pairs of explicit state, by index or name.
-    pub states: Vec<String>,
-    /// `IX=DIMS` facts of ONNX inputs (f32).
-    pub inputs: Vec<String>,
+    #[command(flatten)]
+    pub source: Source,
+    /// A model input's value for every call, for inputs noise would not
+    /// suit (Silero's sample rate: `--fill 1=16000`); repeat for several.
+    #[arg(long = "fill", value_name = "IX=VALUE")]
+    pub fills: Vec<String>,
 }
 
-/// `IX=d0,d1,...` as an input index and its dims (numbers or symbols).
-fn input_fact(text: &str) -> TractResult<(usize, Vec<String>)> {
-    let (ix, dims) = text
-        .split_once('=')
-        .with_context(|| format!("--input: got {text:?}, wanted IX=DIMS (0=batch,1,257)"))?;
-    let ix = ix
-        .trim()
-        .parse()
-        .with_context(|| format!("--input: got {ix:?} for the input's index, wanted a number"))?;
-    let dims: Vec<String> = dims.split(',').map(|d| d.trim().to_string()).collect();
-    ensure!(
-        dims.iter().all(|d| !d.is_empty()),
-        "--input: got {text:?}, a dim is empty"
-    );
-    Ok((ix, dims))
-}
-
-/// `IN=OUT` as a state pair: a number is an index, anything else a name.
-fn pair(text: &str) -> TractResult<StatePair> {
-    let (input, output) = text
-        .split_once('=')
-        .with_context(|| format!("--state: got {text:?}, wanted IN=OUT (indices or names)"))?;
-    let port = |p: &str| match p.trim().parse::<usize>() {
-        Ok(ix) => PortRef::Index(ix),
-        Err(_) => PortRef::Name(p.trim().to_string()),
-    };
-    Ok(StatePair::new(port(input), port(output)))
+/// How the runner will serve a model.
+#[derive(Debug, Clone)]
+pub struct Laned {
+    /// A config that starts a runner on it (two lanes, one shard).
+    pub config: RunnerConfig,
+    /// The explicit state the runner keeps: model (input, output) pairs.
+    pub state: Vec<(usize, usize)>,
 }
 
 /// What a check found.
@@ -102,154 +84,104 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
-/// Load `path` as ONNX (its inputs' facts set from `inputs`) or NNEF, typed.
-fn load(path: &std::path::Path, inputs: &[(usize, Vec<String>)]) -> TractResult<TypedModel> {
-    use tract_core::framework::Framework;
-    let name = path.to_string_lossy();
-    if name.ends_with(".onnx") {
-        let mut model = tract_onnx::onnx()
-            .with_ignore_output_shapes(!inputs.is_empty())
-            .model_for_path(path)
-            .with_context(|| format!("reading {name} as ONNX"))?;
-        for (ix, dims) in inputs {
-            let dims: TVec<TDim> = dims
-                .iter()
-                .map(|d| match d.parse::<i64>() {
-                    Ok(n) => TDim::Val(n),
-                    Err(_) => TDim::Sym(model.symbols.sym(d)),
-                })
-                .collect();
-            model
-                .set_input_fact(*ix, f32::fact(dims).into())
-                .with_context(|| format!("--input {ix}: the model has {} inputs", model.inputs.len()))?;
-        }
-        model.into_typed().with_context(|| format!("typing {name}"))
-    } else {
-        ensure!(
-            inputs.is_empty(),
-            "--input sets an ONNX file's inputs; {name} is read as NNEF"
-        );
-        tract_nnef::nnef()
-            .model_for_path(path)
-            .with_context(|| format!("reading {name} as NNEF (a .nnef.tgz, .nnef.tar or directory)"))
-    }
-}
-
-/// The check, printed by [`run`].
-pub fn check(args: &Args) -> TractResult<Report> {
-    let pairs = args.states.iter().map(|s| pair(s)).collect::<TractResult<Vec<_>>>()?;
-    let inputs = args
-        .inputs
-        .iter()
-        .map(|s| input_fact(s))
-        .collect::<TractResult<Vec<_>>>()?;
-    let model = load(&args.model, &inputs)?.into_decluttered()?;
-    let mut facts = vec![format!("model: {}", args.model.display())];
-    let model = match args.pulse {
-        None => model,
-        Some(pulse) => {
-            ensure!(pulse > 0, "--pulse: got 0, wanted a positive number of frames");
-            let stream = model.symbols.sym(&args.symbol);
-            let pulsed = PulsedModel::new(&model, stream, &pulse.to_dim())
-                .with_context(|| format!("pulsifying on {} by {pulse} frames", args.symbol))?;
-            let delay = pulsed.output_fact(0)?.stream.as_ref().map(|s| s.delay).unwrap_or(0);
-            facts.push(format!(
-                "pulse: {pulse} frames on {}; delay {delay} frames (the outputs lag the inputs so much)",
-                args.symbol
-            ));
-            pulsed.into_typed()?
-        }
-    };
-    let symbol_of = |fact: &TypedFact| match fact.shape.dims().first() {
-        Some(TDim::Sym(s)) => Some(s.clone()),
-        _ => None,
-    };
-    let batch = (0..model.inputs.len()).find_map(|ix| symbol_of(model.input_fact(ix).ok()?));
-    facts.push(match &batch {
-        Some(b) => format!("batch symbol: {b} (axis 0)"),
-        None => "batch symbol: none on axis 0 of any input".into(),
-    });
-    for (what, outlets) in [("input", &model.inputs), ("output", &model.outputs)] {
-        for (ix, outlet) in outlets.iter().enumerate() {
-            let fact = model.outlet_fact(*outlet)?;
-            let batched = batch.is_some() && symbol_of(fact) == batch;
-            // The batch symbol elsewhere than axis 0: the shape of an
-            // explicit state (`[2, B, 128]`), to be paired.
-            let state_axis = batch.as_ref().filter(|_| !batched).and_then(|b| {
-                fact.shape
-                    .dims()
-                    .iter()
-                    .position(|d| matches!(d, TDim::Sym(s) if s == b))
-            });
-            let free: Vec<String> = fact
-                .shape
-                .dims()
-                .iter()
-                .enumerate()
-                .filter(|(axis, _)| !(batched && *axis == 0) && Some(*axis) != state_axis)
-                .map(|(_, d)| d)
-                .filter(|d| d.to_i64().is_err())
-                .map(|d| d.to_string())
-                .collect();
-            facts.push(format!(
-                "{what} {ix} {:?}: {:?} {:?}, {}{}",
-                model.node(outlet.node).name,
-                fact.datum_type,
-                fact.shape,
-                match (batched, state_axis) {
-                    (true, _) => "batched (a row per stream)".to_string(),
-                    (false, Some(axis)) => {
-                        format!("the batch symbol on axis {axis}: an explicit state? (--state IN=OUT)")
-                    }
-                    (false, None) => "shared by a turn's streams".to_string(),
-                },
-                if free.is_empty() {
-                    String::new()
-                } else {
-                    format!("; free dims {} (resolved per call)", free.join(", "))
-                }
-            ));
-        }
-    }
-    let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(model)?.into();
-    // The runner's own checks decide: explicit state detected where the
-    // names say so, else none; it refuses what it cannot serve, naming why.
+/// The runner's verdict on `loaded`: explicit state as given, else
+/// detected by name, else none; the state found is added to `facts`.
+pub fn verdict(loaded: &Loaded, plan: &Arc<dyn Runnable>, facts: &mut Vec<String>) -> Result<Laned, String> {
     let attempt = |state: StateSpec| {
         let config = RunnerConfig::builder().shards(1).max_lanes(2).state(state).build();
-        LanedRunner::new(plan.clone(), config.clone()).map(|runner| {
-            drop(runner);
-            config
+        LanedRunner::new(plan.clone(), config.clone()).map(|runner| Laned {
+            config,
+            state: runner.explicit_state(),
         })
     };
-    let verdict = if !pairs.is_empty() {
-        let named = pairs.len();
-        attempt(StateSpec::Pairs(pairs))
+    if !loaded.pairs.is_empty() {
+        let named = loaded.pairs.len();
+        return attempt(StateSpec::Pairs(loaded.pairs.clone()))
             .inspect(|_| {
                 facts.push(format!(
                     "explicit state: {named} pairs as given (kept per lane by the runner)"
                 ))
             })
-            .map_err(|e| e.to_string())
-    } else {
-        match attempt(StateSpec::Detect) {
-            Ok(config) => {
-                facts.push("explicit state: pairs detected by name (kept per lane by the runner)".into());
-                Ok(config)
-            }
-            Err(detected) => match attempt(StateSpec::None) {
-                Ok(config) => {
-                    facts.push("explicit state: none (every input and output is the caller's)".into());
-                    Ok(config)
-                }
-                // Detection's own refusal is said only where it found pairs
-                // it could not serve (finding none is what `None` tried).
-                Err(plain) if detected.to_string().contains("no state pair detected") => Err(plain.to_string()),
-                Err(plain) => Err(format!("{plain} (with explicit state detected by name: {detected})")),
-            },
+            .map_err(|e| e.to_string());
+    }
+    match attempt(StateSpec::Detect) {
+        Ok(laned) => {
+            facts.push(format!(
+                "explicit state: pairs detected by name, (input, output) {:?} (kept per lane by the runner)",
+                laned.state
+            ));
+            Ok(laned)
         }
-    };
+        Err(detected) => match attempt(StateSpec::None) {
+            Ok(laned) => {
+                facts.push("explicit state: none (every input and output is the caller's)".into());
+                Ok(laned)
+            }
+            // Detection's own refusal is said only where it found pairs it
+            // could not serve (finding none is what `None` tried).
+            Err(plain) if detected.to_string().contains("no state pair detected") => Err(plain.to_string()),
+            Err(plain) => Err(format!("{plain} (with explicit state detected by name: {detected})")),
+        },
+    }
+}
+
+/// The fills `--fill` gave.
+pub fn fills(texts: &[String]) -> TractResult<Vec<(usize, f64)>> {
+    texts.iter().map(|t| feed::fill(t)).collect()
+}
+
+/// The verdict of [`verdict`], then, where the runner takes the model,
+/// the probe's (see [`crate::probe`]): what `laned check` says and what
+/// `laned bench` times only where it passes. Facts found are added.
+pub fn judge(
+    loaded: &Loaded,
+    plan: &Arc<dyn Runnable>,
+    fills: &[(usize, f64)],
+    facts: &mut Vec<String>,
+) -> Result<Laned, String> {
+    let laned = verdict(loaded, plan, facts)?;
+    // The runner's checks passed: run it, one stream and then two.
+    let found = Feed::of(loaded, &laned.state, fills).and_then(|feed| probe::probe(loaded, plan, &feed));
+    match found {
+        Ok(Apart::Exact) => {
+            facts.push("rows: a stream's rows are the same beside another stream's, bit for bit".into());
+            Ok(laned)
+        }
+        Ok(Apart::Rounding { output, diff, scale }) => {
+            facts.push(format!(
+                "rows: beside another stream's, a stream's row of output {output} moves by up to {diff:e} (values up to {scale:e}): float rounding of kernels chosen by batch size, so streams served together are close to, not bit for bit, what they get alone"
+            ));
+            Ok(laned)
+        }
+        Ok(Apart::Mixed { output, diff, scale }) => {
+            let suspects = probe::reducers_over_the_batch(loaded);
+            Err(format!(
+                "output {output} mixes the streams: a stream's row of it moves by up to {diff:e} (values up to {scale:e}) when another stream's row is beside it; an op reduces or normalises across axis 0 (the batch) and broadcasts back{}",
+                if suspects.is_empty() {
+                    String::new()
+                } else {
+                    format!("; reducing over the batch: {}", suspects.join(", "))
+                }
+            ))
+        }
+        Err(e) => {
+            facts.push(format!(
+                "rows: not probed: {e} (`--fill IX=VALUE` sets an input noise does not suit)"
+            ));
+            Ok(laned)
+        }
+    }
+}
+
+/// The check, printed by [`run`].
+pub fn check(args: &Args) -> TractResult<Report> {
+    let fills = fills(&args.fills)?;
+    let loaded = model::load(&args.source)?;
+    let plan = loaded.plan()?;
+    let mut facts = loaded.facts.clone();
+    let verdict = judge(&loaded, &plan, &fills, &mut facts);
     let verdict = match verdict {
-        Ok(mut config) => {
+        Ok(Laned { mut config, .. }) => {
             config.max_lanes = 64;
             config.shards = None;
             Ok(toml::to_string(&config).map_err(|e| format_err!("writing the config: {e}"))?)

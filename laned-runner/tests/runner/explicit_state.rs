@@ -549,3 +549,17 @@ fn a_stream_moves_between_processes_on_the_wire() {
         assert_eq!(feed(&mut fresh, &xs[..2]), want[..2], "untouched by the refusals");
     }
 }
+
+/// The runner says which (input, output) pairs it keeps: those detected by
+/// name, those configured by name, none without explicit state.
+#[test]
+fn the_runner_names_the_state_pairs_it_keeps() {
+    let detected = runner(StateSpec::Detect, Mode::Worker, 1, 2);
+    assert_eq!(detected.explicit_state(), vec![(1, 1)]);
+    let plain = LanedRunner::new(
+        fixtures::small_tdnn().runnable().unwrap(),
+        RunnerConfig::builder().shards(1).max_lanes(2).build(),
+    )
+    .unwrap();
+    assert_eq!(plain.explicit_state(), vec![]);
+}

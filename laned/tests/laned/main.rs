@@ -218,3 +218,162 @@ fn dtln_model_1_can_be_laned_and_model_2_names_its_fixed_reshape() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("wanted a number"), "{}", text(&out));
 }
+
+/// A model that keeps the batch axis yet mixes the streams (each row minus
+/// the maximum over the whole batch): the runner's static checks let it
+/// through, running it shows the mix; the verdict names the output and the
+/// reducing node, exit 1.
+#[test]
+fn a_reduction_over_the_batch_broadcast_back_is_refused_by_running_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = TypedModel::default();
+    let b = model.symbols.sym("B");
+    let x = model.add_source("x", f32::fact(dims!(b, 3))).unwrap();
+    let reduce = tract_core::ops::nn::Reduce::new(tvec![0], tract_core::ops::nn::Reducer::Max);
+    let max = model.wire_node("max_over_streams", reduce, &[x]).unwrap();
+    let y = model
+        .wire_node("minus_max", tract_core::ops::math::sub(), &[x, max[0]])
+        .unwrap();
+    model.select_output_outlets(&y).unwrap();
+    let path = save(&model, dir.path(), "max.nnef.tar");
+    let out = laned(&["check", &path]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("batched (a row per stream)"), "{said}");
+    assert!(
+        said.contains("cannot be laned: output 0 mixes the streams") && said.contains("\"max_over_streams\""),
+        "{said}"
+    );
+    let out = laned(&["bench", &path, "--streams", "1", "--seconds", "0.05", "--repeats", "1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        !text(&out).contains("| streams |"),
+        "timed a model it refuses: {}",
+        text(&out)
+    );
+}
+
+/// openWakeWord's three files: the mel spectrogram as published takes its
+/// decibel floor from the maximum over the whole batch: refused, the
+/// ReduceMax named; patched as `laned_models::oww` patches it (per row), it
+/// can be laned and its rows stay their own bit for bit; the embedding can
+/// be laned as it is; the classifier's `If` on its score cannot even be
+/// typed with a batch (exit 2), and patched (a per-row `Where`) can be laned.
+#[test]
+fn openwakeword_the_published_mel_mixes_streams_and_the_patched_one_does_not() {
+    let Some(files) = or_skip("openWakeWord", laned_models::oww::fetch()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mel = files.melspectrogram.to_string_lossy().into_owned();
+    let out = laned(&["check", &mel, "--input", "0=batch,1760"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("output 0 mixes the streams") && said.contains("ReduceMax"),
+        "{said}"
+    );
+    let patched = save(
+        &laned_models::oww::load_melspectrogram(&files.melspectrogram).unwrap(),
+        dir.path(),
+        "mel.nnef.tar",
+    );
+    let out = laned(&["check", &patched]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("bit for bit"), "{said}");
+    let embedding = files.embedding.to_string_lossy().into_owned();
+    let out = laned(&["check", &embedding, "--input", "0=batch,76,32,1"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("bit for bit"), "{said}");
+    let classifier = files.classifier.to_string_lossy().into_owned();
+    let out = laned(&["check", &classifier, "--input", "0=batch,16,96"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("If"), "{}", text(&out));
+    let patched = save(
+        &laned_models::oww::load_classifier(&files.classifier).unwrap(),
+        dir.path(),
+        "classifier.nnef.tar",
+    );
+    let out = laned(&["check", &patched]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+/// `laned bench` on a streaming TDNN: checked, ours found exact against a
+/// state per stream, a row per stream count asked with the three systems'
+/// figures, and a verdict either way.
+#[test]
+fn bench_measures_the_three_side_by_side_and_says_whether_laning_pays() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TdnnConfig {
+        width: 8,
+        pulse: 4,
+        layout: Layout::Nchw,
+    };
+    let path = save(&fixtures::tdnn_streaming(config).unwrap(), dir.path(), "tdnn.nnef.tar");
+    let out = laned(&[
+        "bench",
+        &path,
+        "--pulse",
+        "4",
+        "--streams",
+        "1,3",
+        "--seconds",
+        "0.1",
+        "--repeats",
+        "1",
+    ]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("exact: 3 streams through ours"), "{said}");
+    assert!(said.contains("cores: 1 (pinned to CPUs ["), "{said}");
+    for n in [1, 3] {
+        let row = said
+            .lines()
+            .find(|l| l.starts_with(&format!("| {n} |")))
+            .unwrap_or_else(|| panic!("no row for {n} streams: {said}"));
+        let figures: Vec<f64> = row.split('|').filter_map(|c| c.trim().parse().ok()).collect();
+        // The count, three rates and two ratios, every one positive.
+        assert_eq!(figures.len(), 6, "{row}");
+        assert!(figures.iter().all(|f| *f > 0.0), "{row}");
+    }
+    assert!(
+        said.contains("laning pays from") || said.contains("laning does not pay here"),
+        "{said}"
+    );
+    let out = laned(&["bench", &path, "--pulse", "4", "--streams", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--streams: got [0]"), "{}", text(&out));
+}
+
+/// `laned bench` on Silero VAD with its state pair, its sample rate filled
+/// in and its chunk's length given: ours is exact against the state fed
+/// back by hand, and it measures.
+#[test]
+fn bench_on_silero_vad_keeps_its_state_exact() {
+    let Some(path) = or_skip("Silero VAD", laned_models::silero::fetch()) else {
+        return;
+    };
+    let path = path.to_string_lossy().into_owned();
+    let out = laned(&[
+        "bench",
+        &path,
+        "--state",
+        "2=1",
+        "--fill",
+        "1=16000",
+        "--input",
+        "0=batch,576",
+        "--streams",
+        "4",
+        "--seconds",
+        "0.1",
+        "--repeats",
+        "1",
+    ]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("exact: 4 streams through ours"), "{said}");
+    assert!(said.lines().any(|l| l.starts_with("| 4 |")), "{said}");
+}

@@ -4,6 +4,7 @@
 //! in seconds and has no dependency.
 
 mod cpus;
+mod readme;
 
 use std::env;
 use std::path::PathBuf;

@@ -260,7 +260,7 @@ fn a_reduction_over_the_batch_broadcast_back_is_refused_by_running_it() {
 /// be laned as it is; the classifier's `If` on its score cannot even be
 /// typed with a batch (exit 2), and patched (a per-row `Where`) can be laned.
 #[test]
-fn openwakeword_the_published_mel_mixes_streams_and_the_patched_one_does_not() {
+fn oww_the_published_mel_spectrogram_mixes_streams_and_the_patched_one_does_not() {
     let Some(files) = or_skip("openWakeWord", laned_models::oww::fetch()) else {
         return;
     };

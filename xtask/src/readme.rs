@@ -1,0 +1,157 @@
+//! The README's figures carry their provenance: every `##` section of the
+//! front page that gives a measured figure (a decimal like `0.97` or a
+//! ratio like `9.5x`, outside code blocks) says in one line when, at which
+//! commit and on how quiet a machine it was measured:
+//!
+//! ```text
+//! Measured 2026-12-02 at commit 1a2b3c4, load average 0.31 at its start, ...
+//! ```
+//!
+//! A load average above [`QUIET`] is not a quiet machine (builds beside a
+//! bench move its figures). The unit tests run this on the workspace's
+//! README (CI runs them with the rest of the suite) and on pinned bad
+//! cases, so a figure pasted without its stamp fails CI.
+
+/// The most load average a front-page figure may have been measured at.
+pub const QUIET: f64 = 1.0;
+
+/// A word that is a figure: `0.97`, `12.5`, `9.5x`, `3x` (not a version
+/// like `0.23.9`, not a plain integer such as a port or a count).
+fn is_figure(word: &str) -> bool {
+    let w = word.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '.');
+    let w = w.trim_end_matches('.');
+    let (number, ratio) = match w.strip_suffix('x') {
+        Some(n) => (n, true),
+        None => (w, false),
+    };
+    let mut parts = number.split('.');
+    let whole = parts.next().unwrap_or("");
+    let frac = parts.next();
+    if parts.next().is_some() || whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
+        return false;
+    }
+    match frac {
+        Some(f) => !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()),
+        None => ratio,
+    }
+}
+
+/// The stamp on `line`, if it is one: its date, commit and load average.
+pub fn stamp(line: &str) -> Option<(String, String, f64)> {
+    let rest = line.trim().strip_prefix("Measured ")?;
+    let (date, rest) = rest.split_once(" at commit ")?;
+    let ok_date = date.len() == 10
+        && date
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| if i == 4 || i == 7 { b == b'-' } else { b.is_ascii_digit() });
+    let commit: String = rest.chars().take_while(|c| c.is_ascii_hexdigit()).collect();
+    let load = rest.split_once("load average ")?.1;
+    let load: String = load.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    let load = load.trim_end_matches('.').parse().ok()?;
+    (ok_date && commit.len() >= 7).then(|| (date.to_string(), commit, load))
+}
+
+/// What is wrong with `readme`'s figures, a line per section; empty when
+/// every figure is stamped by a quiet run.
+pub fn unstamped(readme: &str) -> Vec<String> {
+    let mut problems = vec![];
+    let mut sections: Vec<(String, Vec<&str>)> = vec![("(top)".into(), vec![])];
+    let mut in_code = false;
+    for line in readme.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        if line.starts_with("## ") || line.starts_with("# ") {
+            sections.push((line.to_string(), vec![]));
+        } else if let Some((_, lines)) = sections.last_mut() {
+            lines.push(line);
+        }
+    }
+    for (heading, lines) in sections {
+        let figures: Vec<&str> = lines
+            .iter()
+            .flat_map(|l| l.split(|c: char| c.is_whitespace() || c == '|' || c == '/'))
+            .filter(|w| is_figure(w))
+            .collect();
+        if figures.is_empty() {
+            continue;
+        }
+        let stamps: Vec<_> = lines.iter().filter_map(|l| stamp(l)).collect();
+        match stamps.as_slice() {
+            [] => problems.push(format!(
+                "{heading}: figures ({}) without a line \"Measured YYYY-MM-DD at commit HASH, load average L ...\"",
+                figures.join(", ")
+            )),
+            stamps => {
+                for (date, commit, load) in stamps {
+                    if *load > QUIET {
+                        problems.push(format!(
+                            "{heading}: measured {date} at {commit} at load average {load}, above {QUIET}: not a quiet machine"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// The commits the stamps of `readme` name.
+pub fn commits(readme: &str) -> Vec<String> {
+    readme.lines().filter_map(stamp).map(|(_, c, _)| c).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The workspace README: every figure stamped by a quiet run, and each
+    /// stamp's commit in this repository's history (where git can tell:
+    /// not in a shallow clone).
+    #[test]
+    fn the_readme_figures_carry_a_date_a_commit_and_a_quiet_load() {
+        let readme = include_str!("../../README.md");
+        let problems = unstamped(readme);
+        assert!(problems.is_empty(), "README.md:\n{}", problems.join("\n"));
+        let shallow = std::process::Command::new("git")
+            .args(["rev-parse", "--is-shallow-repository"])
+            .output();
+        match shallow {
+            Ok(out) if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "false" => {
+                for commit in commits(readme) {
+                    let known = std::process::Command::new("git")
+                        .args(["cat-file", "-e", &format!("{commit}^{{commit}}")])
+                        .status()
+                        .unwrap();
+                    assert!(known.success(), "README.md names commit {commit}, not in this history");
+                }
+            }
+            _ => eprintln!("not a full git clone here: the stamps' commits are not looked up"),
+        }
+    }
+
+    /// Pinned cases: a figure without a stamp, a stamp from a loaded
+    /// machine, and a stamped section, a version and a code block that are
+    /// not figures.
+    #[test]
+    fn figures_without_a_quiet_stamp_are_found() {
+        let bad = "# t\n\n## Where\n\n| model | ratio |\n|---|---|\n| a | 9.5x |\n";
+        let found = unstamped(bad);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("## Where") && found[0].contains("9.5x"), "{found:?}");
+        let loaded = "## Where\n\nMeasured 2026-12-02 at commit 1a2b3c4, load average 2.5 at its start.\n\nours is 1.25 of it\n";
+        let found = unstamped(loaded);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("not a quiet machine"), "{found:?}");
+        let fine = "## Where\n\nMeasured 2026-12-02 at commit 1a2b3c4, load average 0.3 at its start.\n\n| a | 0.97 |\n\n## Other\n\ntract 0.23.9 on port 8080\n\n```\nx = 1.5\n```\n";
+        assert_eq!(unstamped(fine), Vec::<String>::new());
+        assert_eq!(commits(fine), vec!["1a2b3c4".to_string()]);
+        assert!(is_figure("(0.97,") && is_figure("3x") && is_figure("12.5x"));
+        assert!(!is_figure("0.23.9") && !is_figure("8080") && !is_figure("x") && !is_figure("1."));
+    }
+}

@@ -1,10 +1,15 @@
-//! The report's plots, drawn with `plotters` as SVG: axis titles with
-//! units, stream counts on a log axis, the legend outside the plotting area,
-//! one colour and one marker per system.
+//! The report's plots, drawn with `plotters` as SVG, laid out to be read
+//! at a page's width (960 px wide, text of 13 px or more): axis titles
+//! with units, stream counts on a log axis, one colour and one marker per
+//! system.
 //!
-//! - [`throughput`]: closed-loop pulses/s against streams, one model;
+//! - [`throughput`]: closed-loop pulses/s against streams, one model; the
+//!   spread of the repeats as a bar at each point, and each line named
+//!   beside its end, top to bottom in the order the lines end;
 //! - [`latency_cdf`]: each real-time system's latencies at its capacity,
-//!   on a log time axis;
+//!   on a log time axis, the fraction answered on a tail scale (0, 90, 99,
+//!   99.9 %: a decade each) so the tail is not squeezed into the top 1 %,
+//!   the budget drawn; the legend in the order of the lines' p99;
 //! - [`p99_against_load`]: a panel per real-time system, p50 and p99
 //!   against streams with the budget drawn in: where each system breaks.
 
@@ -84,37 +89,68 @@ where
     .map_err(err)
 }
 
-/// The legend, below the plot: one row per system, its line, its marker,
-/// its name.
-fn legend(area: &Area<'_>, labels: &[String]) -> Result<()> {
-    for (i, label) in labels.iter().enumerate() {
-        let (color, marker) = look(i);
-        let y = 12 + 20 * i as i32;
-        area.draw(&PathElement::new(vec![(20, y), (60, y)], color.stroke_width(2)))
-            .map_err(err)?;
-        let style = color.filled();
-        match marker {
-            Marker::Circle => area.draw(&Circle::new((40, y), 4, style)),
-            Marker::Triangle => area.draw(&TriangleMarker::new((40, y), 5, style)),
-            Marker::Square => area.draw(&Rectangle::new([(36, y - 4), (44, y + 4)], style)),
-            Marker::Cross => area.draw(&Cross::new((40, y), 5, color.stroke_width(2))),
-        }
-        .map_err(err)?;
-        area.draw(&Text::new(label.clone(), (70, y - 7), ("sans-serif", 14).into_font()))
-            .map_err(err)?;
+/// Where labels wanted at the heights `wanted` go so that no two are
+/// closer than `gap`, each as near its wanted height as that allows and
+/// in the same order, within `lo..=hi` where there is room.
+fn spread(wanted: &[i32], gap: i32, lo: i32, hi: i32) -> Vec<i32> {
+    let mut order: Vec<usize> = (0..wanted.len()).collect();
+    order.sort_by_key(|&i| wanted[i]);
+    let mut at: Vec<i32> = order.iter().map(|&i| wanted[i].max(lo)).collect();
+    for k in 1..at.len() {
+        at[k] = at[k].max(at[k - 1] + gap);
     }
-    Ok(())
+    if let Some(last) = at.last_mut() {
+        *last = (*last).min(hi);
+    }
+    for k in (0..at.len().saturating_sub(1)).rev() {
+        at[k] = at[k].min(at[k + 1] - gap);
+    }
+    let mut placed = vec![0; wanted.len()];
+    for (k, &i) in order.iter().enumerate() {
+        placed[i] = at[k];
+    }
+    placed
 }
 
-const WIDTH: u32 = 900;
-const PLOT_HEIGHT: u32 = 460;
-
-fn legend_height(rows: usize) -> u32 {
-    20 * rows as u32 + 16
+/// The system's marker, centred on `(x, y)` in `area`'s pixels.
+fn marker_at(area: &Area<'_>, (x, y): (i32, i32), (color, marker): (RGBColor, Marker)) -> Result<()> {
+    let style = color.filled();
+    match marker {
+        Marker::Circle => area.draw(&Circle::new((x, y), 4, style)),
+        Marker::Triangle => area.draw(&TriangleMarker::new((x, y), 5, style)),
+        Marker::Square => area.draw(&Rectangle::new([(x - 4, y - 4), (x + 4, y + 4)], style)),
+        Marker::Cross => area.draw(&Cross::new((x, y), 5, color.stroke_width(2))),
+    }
+    .map_err(err)
 }
 
-/// Closed-loop throughput of `model`: pulses/s against streams (log), a
-/// line per system.
+/// A legend row: the system's line and marker, then its name, centred on
+/// the height `y`.
+fn legend_row(area: &Area<'_>, (x, y): (i32, i32), i: usize, label: &str) -> Result<()> {
+    let (color, _) = look(i);
+    area.draw(&PathElement::new(vec![(x, y), (x + 28, y)], color.stroke_width(2)))
+        .map_err(err)?;
+    marker_at(area, (x + 14, y), look(i))?;
+    area.draw(&Text::new(label.to_string(), (x + 36, y - 8), font(TEXT)))
+        .map_err(err)
+}
+
+/// The plots' width: a page's, so that text keeps its size.
+pub const WIDTH: u32 = 960;
+/// The throughput plot's plotting area ends here; the lines' names stand
+/// to its right.
+pub const THROUGHPUT_CHART_WIDTH: u32 = 590;
+const PLOT_HEIGHT: u32 = 520;
+/// Text size of legends, captions and axis labels, px.
+const TEXT: u32 = 14;
+
+fn font(size: u32) -> FontDesc<'static> {
+    ("sans-serif", size).into_font()
+}
+
+/// Closed-loop throughput of `model`: pulses/s (the median of the
+/// repeats) against streams (log), a line per system, the repeats' range
+/// as a bar at each point, and each line's name beside its end.
 pub fn throughput(report: &Report, model: &str) -> Result<String> {
     let rows: Vec<_> = report.closed_loop.iter().filter(|c| c.model == model).collect();
     let mut systems: Vec<(&str, &str)> = vec![];
@@ -127,62 +163,110 @@ pub fn throughput(report: &Report, model: &str) -> Result<String> {
     let max_y = rows.iter().map(|r| r.max).fold(1.0, f64::max) * 1.1;
     let mut svg = String::new();
     {
-        let root =
-            SVGBackend::with_string(&mut svg, (WIDTH, PLOT_HEIGHT + legend_height(systems.len()))).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, PLOT_HEIGHT)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let (top, bottom) = root.split_vertically(PLOT_HEIGHT);
-        let mut chart = ChartBuilder::on(&top)
-            .caption(
-                format!("{model}: throughput against streams (closed loop)"),
-                ("sans-serif", 20),
-            )
+        let (left, _) = root.split_horizontally(THROUGHPUT_CHART_WIDTH);
+        let mut chart = ChartBuilder::on(&left)
+            .caption(format!("{model}: throughput against streams (closed loop)"), font(18))
             .margin(16)
-            .x_label_area_size(48)
-            .y_label_area_size(80)
+            .x_label_area_size(52)
+            .y_label_area_size(76)
             .build_cartesian_2d((1f64..max_n * 1.2).log_scale(), 0f64..max_y)
             .map_err(err)?;
         chart
             .configure_mesh()
             .x_desc("streams (log scale)")
-            .y_desc("pulses per second (median of the repeats)")
+            .y_desc("pulses per second (median; bar: the repeats' range)")
+            .label_style(font(TEXT))
+            .axis_desc_style(font(TEXT))
             .x_label_formatter(&|x| format!("{x:.0}"))
             .y_label_formatter(&|y| format!("{:.0}k", y / 1000.0))
             .draw()
             .map_err(err)?;
-        for (i, (system, _)) in systems.iter().enumerate() {
-            let mut points: Vec<(f64, f64)> = rows
-                .iter()
-                .filter(|r| r.system == *system)
-                .map(|r| (r.streams as f64, r.median))
-                .collect();
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            series(&mut chart, &points, look(i))?;
+        // (label, system index, the line's end in pixels)
+        let mut ends: Vec<(&str, usize, (i32, i32))> = vec![];
+        for (i, (system, label)) in systems.iter().enumerate() {
+            let mut points: Vec<&&crate::report::ClosedLoop> = rows.iter().filter(|r| r.system == *system).collect();
+            points.sort_by_key(|r| r.streams);
+            let line: Vec<(f64, f64)> = points.iter().map(|r| (r.streams as f64, r.median)).collect();
+            series(&mut chart, &line, look(i))?;
+            let (color, _) = look(i);
+            chart
+                .draw_series(points.iter().map(|r| {
+                    ErrorBar::new_vertical(r.streams as f64, r.min, r.median, r.max, color.stroke_width(1), 8)
+                }))
+                .map_err(err)?;
+            if let Some(end) = line.last() {
+                ends.push((label, i, chart.backend_coord(end)));
+            }
         }
-        let labels: Vec<String> = systems.iter().map(|(_, l)| l.to_string()).collect();
-        legend(&bottom, &labels)?;
+        let wanted: Vec<i32> = ends.iter().map(|(_, _, (_, y))| *y).collect();
+        let placed = spread(&wanted, 19, 24, PLOT_HEIGHT as i32 - 12);
+        let x = THROUGHPUT_CHART_WIDTH as i32 + 16;
+        for ((label, i, end), y) in ends.iter().zip(placed) {
+            let (color, _) = look(*i);
+            root.draw(&PathElement::new(vec![(end.0 + 6, end.1), (x - 4, y)], color.mix(0.5).stroke_width(1)))
+                .map_err(err)?;
+            legend_row(&root, (x, y), *i, label)?;
+        }
         root.present().map_err(err)?;
     }
     Ok(svg)
 }
 
-/// Each real-time system's latency CDF at its capacity, on a log time axis
-/// (the tail is what a budget is about).
+/// The tail scale of the latency plot: `-log10(1 - fraction)`, a decade
+/// of the tail per unit (0 at none answered, 1 at 90 %, 2 at 99 %).
+fn tail(fraction: f64) -> f64 {
+    -(1.0 - fraction).max(1e-9).log10()
+}
+
+/// A tail-scale value as the percentile it stands for: `99%`, `99.9%`.
+fn percentile(y: f64) -> String {
+    let p = 100.0 * (1.0 - 10f64.powf(-y));
+    let decimals = (y.round() as i64 - 2).max(0) as usize;
+    if (y - y.round()).abs() < 1e-6 {
+        format!("{p:.decimals$}%")
+    } else {
+        format!("{p:.1}%")
+    }
+}
+
+/// A line's latency (ms) at the fraction 0.99, read off its points.
+fn p99_ms(points: &[(f64, u64)]) -> f64 {
+    points
+        .iter()
+        .find(|(f, _)| *f >= 0.99)
+        .or(points.last())
+        .map(|(_, us)| *us as f64 / 1000.0)
+        .unwrap_or(0.0)
+}
+
+/// Each real-time system's latency at its capacity: the fraction of
+/// pulses answered within a latency, latency on a log axis and the
+/// fraction on the tail scale, the budget as a dashed line; the legend
+/// below, in the order of the lines' p99 (left to right where they cross
+/// 99 %), each with its p99.
 pub fn latency_cdf(report: &Report) -> Result<String> {
     let rt = &report.real_time;
-    let lo = 0.01f64;
-    let hi = rt
+    let lines: Vec<Vec<(f64, u64)>> = rt.iter().map(|r| r.latency_points()).collect();
+    let budget = rt.first().map(|r| r.budget_ms).unwrap_or(1.0);
+    let all_ms = || lines.iter().flatten().map(|(_, us)| (*us).max(1) as f64 / 1000.0);
+    let lo = all_ms().fold(budget, f64::min) / 1.5;
+    let hi = all_ms().fold(budget, f64::max) * 1.5;
+    let top = lines
         .iter()
-        .flat_map(|r| r.cdf_at_capacity_us.last().copied())
-        .max()
-        .unwrap_or(1000) as f64
-        / 1000.0
-        * 1.5;
+        .flatten()
+        .map(|(f, _)| tail(*f))
+        .fold(2.0, f64::max)
+        .ceil();
+    let mut order: Vec<usize> = (0..rt.len()).collect();
+    order.sort_by(|&a, &b| p99_ms(&lines[a]).total_cmp(&p99_ms(&lines[b])));
+    let legend_height = 20 * rt.len() as u32 + 20;
     let mut svg = String::new();
     {
-        let root =
-            SVGBackend::with_string(&mut svg, (WIDTH, PLOT_HEIGHT + legend_height(rt.len()))).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, PLOT_HEIGHT + legend_height)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let (top, bottom) = root.split_vertically(PLOT_HEIGHT);
+        let (top_area, bottom) = root.split_vertically(PLOT_HEIGHT);
         let title = match rt.first() {
             Some(r) => format!(
                 "{}: latency at each system's capacity (a pulse every {:.0} ms, p99 budget {:.0} ms)",
@@ -190,54 +274,91 @@ pub fn latency_cdf(report: &Report) -> Result<String> {
             ),
             None => "latency at capacity: no real-time run".into(),
         };
-        let mut chart = ChartBuilder::on(&top)
-            .caption(title, ("sans-serif", 18))
+        let mut chart = ChartBuilder::on(&top_area)
+            .caption(title, font(17))
             .margin(16)
-            .x_label_area_size(48)
-            .y_label_area_size(70)
-            .build_cartesian_2d((lo..hi.max(lo * 10.0)).log_scale(), 0f64..1f64)
+            .x_label_area_size(52)
+            .y_label_area_size(76)
+            .build_cartesian_2d((lo..hi).log_scale(), 0f64..top)
             .map_err(err)?;
         chart
             .configure_mesh()
             .x_desc("latency, ms (log scale)")
-            .y_desc("fraction of pulses answered within")
+            .y_desc("pulses answered within (tail scale)")
+            .label_style(font(TEXT))
+            .axis_desc_style(font(TEXT))
             .x_label_formatter(&|x| format!("{x}"))
+            .y_labels(top as usize + 1)
+            .y_label_formatter(&|y| percentile(*y))
             .draw()
             .map_err(err)?;
-        for (i, r) in rt.iter().enumerate() {
-            let n = r.cdf_at_capacity_us.len().max(1) as f64;
-            let points: Vec<(f64, f64)> = r
-                .cdf_at_capacity_us
+        for (i, points) in lines.iter().enumerate() {
+            let points: Vec<(f64, f64)> = points
                 .iter()
-                .enumerate()
-                .map(|(k, us)| ((*us as f64 / 1000.0).max(lo), (k + 1) as f64 / n))
+                .map(|(f, us)| ((*us as f64 / 1000.0).max(lo), tail(*f)))
                 .collect();
             let (color, _) = look(i);
             chart
                 .draw_series(LineSeries::new(points.iter().cloned(), color.stroke_width(2)))
                 .map_err(err)?;
-            // One marker at the p99 point, so the line is known by it too.
-            if let Some(p) = points.get(((n * 0.99) as usize).min(points.len().saturating_sub(1))) {
+            // One marker where the line crosses 99 %, so the line is known
+            // by it too.
+            if let Some(p) = points.iter().find(|(_, y)| *y >= 2.0).or(points.last()) {
                 series(&mut chart, &[*p], look(i))?;
             }
         }
-        if let Some(r) = rt.first() {
-            let budget = r.budget_ms;
+        if !rt.is_empty() {
             chart
-                .draw_series(LineSeries::new(
-                    [(budget, 0.0), (budget, 1.0)],
-                    BLACK.mix(0.5).stroke_width(1),
+                .draw_series(DashedLineSeries::new(
+                    [(budget, 0.0), (budget, top)],
+                    6,
+                    4,
+                    BLACK.stroke_width(1),
                 ))
                 .map_err(err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!("budget {budget:.0} ms"),
+                    (budget * 1.05, top * 0.04),
+                    font(TEXT),
+                )))
+                .map_err(err)?;
         }
-        let labels: Vec<String> = rt
-            .iter()
-            .map(|r| format!("{} ({} streams)", r.system, r.capacity))
-            .collect();
-        legend(&bottom, &labels)?;
+        for (row, &i) in order.iter().enumerate() {
+            let r = &rt[i];
+            let label = format!(
+                "p99 {:.2} ms: {} ({} streams)",
+                p99_ms(&lines[i]),
+                r.system,
+                r.capacity
+            );
+            legend_row(&bottom, (20, 12 + 20 * row as i32), i, &label)?;
+        }
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+/// The panels' layout: columns, and a panel's size in pixels.
+const PANEL_COLUMNS: usize = 2;
+const PANEL: (u32, u32) = (WIDTH / PANEL_COLUMNS as u32, 290);
+/// Characters of a panel's caption line at its text size.
+const CAPTION_CHARS: usize = 62;
+
+/// `text` broken at spaces into lines of at most `width` characters (a
+/// longer word stands alone).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = vec![];
+    for word in text.split(' ') {
+        match lines.last_mut() {
+            Some(line) if line.chars().count() + 1 + word.chars().count() <= width => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_string()),
+        }
+    }
+    lines
 }
 
 /// A panel per real-time system: p50 and p99 latency of every probe
@@ -247,24 +368,29 @@ pub fn latency_cdf(report: &Report) -> Result<String> {
 /// waiting.
 pub fn p99_against_load(report: &Report) -> Result<String> {
     let rt = &report.real_time;
-    let cols = 2usize;
-    let rows = rt.len().div_ceil(cols).max(1);
-    let (pw, ph) = (560u32, 300u32);
+    let rows = rt.len().div_ceil(PANEL_COLUMNS).max(1);
+    let head_height = 64u32;
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (pw * cols as u32, ph * rows as u32 + 60)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, PANEL.1 * rows as u32 + head_height)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let (head, body) = root.split_vertically(60);
+        let (head, body) = root.split_vertically(head_height);
         let title = match rt.first() {
-            Some(r) => format!(
-                "{}: p99 (line) and p50 (dots) latency against streams; dashed: the {:.0} ms budget",
-                r.model, r.budget_ms
-            ),
-            None => "no real-time run".into(),
+            Some(r) => vec![
+                format!("{}: latency of every probe against the streams probed", r.model),
+                format!(
+                    "line: p99 (the median where a count was probed more than once); dots: p50; dashed: the {:.0} ms budget",
+                    r.budget_ms
+                ),
+            ],
+            None => vec!["no real-time run".into()],
         };
-        head.draw(&Text::new(title, (16, 20), ("sans-serif", 18).into_font()))
-            .map_err(err)?;
-        let panels = body.split_evenly((rows, cols));
+        for (k, line) in title.iter().enumerate() {
+            let size = if k == 0 { 18 } else { TEXT };
+            head.draw(&Text::new(line.clone(), (16, 10 + 26 * k as i32), font(size)))
+                .map_err(err)?;
+        }
+        let panels = body.split_evenly((rows, PANEL_COLUMNS));
         let max_n = rt
             .iter()
             .flat_map(|r| r.probes.iter().map(|p| p.streams))
@@ -288,18 +414,19 @@ pub fn p99_against_load(report: &Report) -> Result<String> {
 }
 
 fn panel_for(panel: &Area<'_>, r: &RealTime, i: usize, max_n: f64, (lo, hi): (f64, f64)) -> Result<()> {
-    let caption = if r.system.len() > 70 {
-        format!(
-            "{}…",
-            &r.system[..r.system.char_indices().nth(69).map(|c| c.0).unwrap_or(r.system.len())]
-        )
-    } else {
-        r.system.clone()
-    };
-    let mut chart = ChartBuilder::on(panel)
-        .caption(format!("{caption} [{}]", r.short), ("sans-serif", 12))
-        .margin(10)
-        .x_label_area_size(36)
+    // The caption in full, on as many lines as it takes (two for the
+    // longest names), the short name first: nothing is cut.
+    let caption = wrap(&format!("[{}] {}", r.short, r.system), CAPTION_CHARS);
+    let caption_height = 8 + 18 * caption.len() as u32;
+    let (top, area) = panel.split_vertically(caption_height);
+    for (k, line) in caption.iter().enumerate() {
+        top.draw(&Text::new(line.clone(), (12, 6 + 18 * k as i32), font(13)))
+            .map_err(err)?;
+    }
+    let mut chart = ChartBuilder::on(&area)
+        .margin(8)
+        .margin_right(16)
+        .x_label_area_size(40)
         .y_label_area_size(56)
         .build_cartesian_2d((4f64..max_n * 1.3).log_scale(), (lo..hi).log_scale())
         .map_err(err)?;
@@ -307,6 +434,8 @@ fn panel_for(panel: &Area<'_>, r: &RealTime, i: usize, max_n: f64, (lo, hi): (f6
         .configure_mesh()
         .x_desc("streams (log)")
         .y_desc("latency, ms (log)")
+        .label_style(font(13))
+        .axis_desc_style(font(13))
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| format!("{y}"))
         .draw()
@@ -348,7 +477,7 @@ fn panel_for(panel: &Area<'_>, r: &RealTime, i: usize, max_n: f64, (lo, hi): (f6
         .draw_series(std::iter::once(Text::new(
             format!("capacity {}", r.capacity),
             (5.0, hi / 2.0),
-            ("sans-serif", 12).into_font(),
+            font(13),
         )))
         .map_err(err)?;
     Ok(())
@@ -358,4 +487,35 @@ fn panel_for(panel: &Area<'_>, r: &RealTime, i: usize, max_n: f64, (lo, hi): (f6
 /// "light TDNN".
 pub fn throughput_file(model: &str) -> String {
     format!("throughput-{}.svg", model.split_whitespace().next().unwrap_or("model"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Labels keep their order and their gap, stay in bounds where there
+    /// is room, and move only as far as a neighbour pushes them.
+    #[test]
+    fn labels_are_spread_in_order_without_overlap() {
+        assert_eq!(spread(&[100, 300], 20, 0, 500), vec![100, 300]);
+        assert_eq!(spread(&[100, 105, 110], 20, 0, 500), vec![100, 120, 140]);
+        assert_eq!(spread(&[110, 100], 20, 0, 500), vec![120, 100]);
+        assert_eq!(spread(&[495, 498], 20, 0, 500), vec![480, 500]);
+        assert_eq!(spread(&[-5], 20, 10, 500), vec![10]);
+    }
+
+    /// The tail scale gives a decade per unit and its ticks read as
+    /// percentiles; a caption wraps at spaces without losing a word.
+    #[test]
+    fn tail_scale_and_captions() {
+        assert!((tail(0.99) - 2.0).abs() < 1e-9 && tail(0.0).abs() < 1e-9);
+        assert_eq!(percentile(0.0), "0%");
+        assert_eq!(percentile(1.0), "90%");
+        assert_eq!(percentile(2.0), "99%");
+        assert_eq!(percentile(3.0), "99.9%");
+        let text = "ours async (defaults: a shard per core; latency budget 5 ms; tasks; latency from send)";
+        let lines = wrap(text, 40);
+        assert!(lines.iter().all(|l| l.chars().count() <= 40), "{lines:?}");
+        assert_eq!(lines.join(" "), text);
+    }
 }

@@ -162,6 +162,38 @@ pub struct RealTime {
     /// Latencies (µs, sorted, decimated to at most 200 points) at the
     /// median capacity.
     pub cdf_at_capacity_us: Vec<u64>,
+    /// The same latencies as (fraction answered within, µs), spaced
+    /// evenly on the tail's log scale ([`tail_points`]): the p99.9 and the
+    /// worst are kept, which an even decimation drops. Empty in reports
+    /// written before it.
+    #[serde(default)]
+    pub tail_at_capacity: Vec<(f64, u64)>,
+}
+
+/// At most `points` of `sorted` (µs, ascending) as (fraction answered
+/// within, µs), spaced evenly in `-log10(1 - fraction)`: as many points
+/// between p99 and p99.9 as between p0 and p90, and the worst always last.
+/// The fraction of the `k`th of `n` latencies is `(k + 1) / (n + 1)`, so
+/// that the worst one's tail `1 / (n + 1)` is finite on a log scale.
+pub fn tail_points(sorted: &[u64], points: usize) -> Vec<(f64, u64)> {
+    let n = sorted.len();
+    if n == 0 || points == 0 {
+        return vec![];
+    }
+    let top = ((n + 1) as f64).log10();
+    let mut kept: Vec<usize> = (0..points)
+        .map(|i| {
+            let t = if points == 1 { top } else { top * i as f64 / (points - 1) as f64 };
+            let fraction = 1.0 - 10f64.powf(-t);
+            ((fraction * (n + 1) as f64).ceil() as usize).clamp(1, n) - 1
+        })
+        .collect();
+    kept.push(n - 1);
+    kept.sort_unstable();
+    kept.dedup();
+    kept.into_iter()
+        .map(|k| ((k + 1) as f64 / (n + 1) as f64, sorted[k]))
+        .collect()
 }
 
 impl RealTime {
@@ -183,6 +215,21 @@ impl RealTime {
         let mut passed = self.passed_at_capacity();
         passed.sort_by_key(|p| p.p99_us);
         passed.get(passed.len().saturating_sub(1) / 2).copied()
+    }
+
+    /// The latencies at capacity as (fraction answered within, µs):
+    /// [`RealTime::tail_at_capacity`], or in an older report the even
+    /// decimation.
+    pub fn latency_points(&self) -> Vec<(f64, u64)> {
+        if !self.tail_at_capacity.is_empty() {
+            return self.tail_at_capacity.clone();
+        }
+        let n = self.cdf_at_capacity_us.len();
+        self.cdf_at_capacity_us
+            .iter()
+            .enumerate()
+            .map(|(k, us)| ((k + 1) as f64 / (n + 1) as f64, *us))
+            .collect()
     }
 }
 
@@ -492,6 +539,7 @@ mod tests {
             disputed: vec![],
             probes: vec![],
             cdf_at_capacity_us: vec![],
+            tail_at_capacity: vec![],
         };
         let report = |row: ClosedLoop, rt: RealTime| Report {
             machine: Machine::default(),
@@ -543,6 +591,7 @@ mod tests {
                 probe(128, 12.0),
             ],
             cdf_at_capacity_us: vec![],
+            tail_at_capacity: vec![],
         };
         assert_eq!(rt.passed_at_capacity().len(), 2);
         assert_eq!(rt.at_capacity().map(|p| p.p99_us), Some(4000));

@@ -10,29 +10,36 @@ fn stored() -> Report {
     serde_json::from_str(text).expect("the stored report parses")
 }
 
-/// The y of every `<text>` element whose content is exactly `content`
-/// (plotters writes it on a line of its own).
-fn text_ys(svg: &str, content: &str) -> Vec<f64> {
-    let mut ys = vec![];
+/// The (x, y) of every `<text>` element whose content is exactly
+/// `content` (plotters writes it on a line of its own).
+fn texts_at(svg: &str, content: &str) -> Vec<(f64, f64)> {
+    let mut at = vec![];
     let mut from = 0;
     while let Some(found) = svg[from..].find(content) {
-        let at = from + found;
-        from = at + content.len();
-        let before = svg[..at].trim_end();
+        let start = from + found;
+        from = start + content.len();
+        let before = svg[..start].trim_end();
         let after = svg[from..].trim_start();
         if !(before.ends_with('>') && after.starts_with("</text>")) {
             continue;
         }
         let open = before.rfind("<text").expect("a text element opens before its content");
-        let y = before[open..]
-            .split(" y=\"")
-            .nth(1)
-            .and_then(|v| v.split('"').next())
-            .and_then(|v| v.parse().ok())
-            .expect("a text element has a y");
-        ys.push(y);
+        let attr = |name: &str| -> f64 {
+            before[open..]
+                .split(&format!(" {name}=\""))
+                .nth(1)
+                .and_then(|v| v.split('"').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("a text element has an {name}"))
+        };
+        at.push((attr("x"), attr("y")));
     }
-    ys
+    at
+}
+
+/// The SVG's width attribute.
+fn width(svg: &str) -> f64 {
+    svg.split(" width=\"").nth(1).and_then(|v| v.split('"').next()).and_then(|v| v.parse().ok()).unwrap()
 }
 
 /// Keeps a rendered plot in `target/laned-bench-plots/`, where CI turns
@@ -48,66 +55,111 @@ fn well_formed(svg: &str) {
     assert!(svg.trim_end().ends_with("</svg>"));
 }
 
-/// Each model's throughput plot names every system of that model once, in
-/// a legend below the plotting area, and titles both axes with units.
+/// Each model's throughput plot names every system once, beside the
+/// plotting area, top to bottom in the order the lines end (the highest
+/// median at the most streams first), at page width.
 #[test]
-fn throughput_plots_name_every_system_below_the_plot() {
+fn throughput_plots_name_each_line_beside_its_end_in_order() {
     let report = stored();
     assert!(!report.models().is_empty(), "the stored report has a closed loop");
     for model in report.models() {
         let svg = plot::throughput(&report, model).unwrap();
         well_formed(&svg);
         keep(&plot::throughput_file(model), &svg);
+        assert!(width(&svg) <= 1000.0, "{model}: {} px wide", width(&svg));
         assert!(svg.contains("streams (log scale)") && svg.contains("pulses per second"));
-        let mut labels: Vec<&str> = report
-            .closed_loop
-            .iter()
-            .filter(|c| c.model == model)
-            .map(|c| c.label.as_str())
-            .collect();
-        labels.sort();
-        labels.dedup();
-        for label in labels {
-            let ys = text_ys(&svg, label);
-            assert_eq!(ys.len(), 1, "{model}: {label:?} in the legend once: {ys:?}");
+        assert!(svg.contains("the repeats' range"), "{model}: the bars are not explained");
+        let rows: Vec<_> = report.closed_loop.iter().filter(|c| c.model == model).collect();
+        let mut ends: Vec<(&str, f64)> = vec![];
+        for row in &rows {
+            let last = rows
+                .iter()
+                .filter(|r| r.system == row.system)
+                .max_by_key(|r| r.streams)
+                .unwrap();
+            if !ends.iter().any(|(l, _)| *l == row.label) {
+                ends.push((&row.label, last.median));
+            }
+        }
+        ends.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let mut previous = f64::MIN;
+        for (label, _) in &ends {
+            let at = texts_at(&svg, label);
+            assert_eq!(at.len(), 1, "{model}: {label:?} named once: {at:?}");
+            let (x, y) = at[0];
             assert!(
-                ys[0] > 460.0,
-                "{model}: {label:?}'s legend row at y={} is inside the plot",
-                ys[0]
+                x > plot::THROUGHPUT_CHART_WIDTH as f64,
+                "{model}: {label:?} at x={x} is inside the plotting area"
             );
+            assert!(y > previous, "{model}: {label:?} at y={y} is out of the lines' end order: {ends:?}");
+            previous = y;
         }
     }
 }
 
-/// The latency CDF names every real-time system with its capacity, below
-/// the plot, on a log time axis.
+/// The latency plot names every real-time system with its capacity and
+/// p99, in the order of the p99s, on a log time axis with the tail scale's
+/// ticks and the budget drawn.
 #[test]
-fn latency_cdf_names_every_real_time_system() {
+fn latency_cdf_names_every_system_in_p99_order_with_the_budget() {
     let report = stored();
     assert!(!report.real_time.is_empty(), "the stored report has real-time searches");
     let svg = plot::latency_cdf(&report).unwrap();
     well_formed(&svg);
     keep("latency-cdf.svg", &svg);
-    assert!(svg.contains("latency, ms (log scale)"));
-    for rt in &report.real_time {
-        let label = format!("{} ({} streams)", rt.system, rt.capacity);
-        let ys = text_ys(&svg, &label);
-        assert_eq!(ys.len(), 1, "{label:?}: {ys:?}");
-        assert!(ys[0] > 460.0, "{label:?} inside the plot");
+    assert!(width(&svg) <= 1000.0);
+    assert!(svg.contains("latency, ms (log scale)") && svg.contains("(tail scale)"));
+    for tick in ["90%", "99%"] {
+        assert_eq!(texts_at(&svg, tick).len(), 1, "no {tick} tick");
     }
+    let budget = report.real_time[0].budget_ms;
+    assert_eq!(texts_at(&svg, &format!("budget {budget:.0} ms")).len(), 1, "the budget is not drawn");
+    let mut rows: Vec<(f64, f64)> = vec![];
+    for rt in &report.real_time {
+        let needle = format!(": {} ({} streams)", rt.system, rt.capacity);
+        let line = svg
+            .lines()
+            .find(|l| l.trim_end().ends_with(&needle) && l.trim_start().starts_with("p99 "))
+            .unwrap_or_else(|| panic!("no legend row for {}", rt.system));
+        let p99: f64 = line.trim_start()["p99 ".len()..].split(' ').next().unwrap().parse().unwrap();
+        let (_, y) = texts_at(&svg, line.trim())[0];
+        rows.push((y, p99));
+    }
+    rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert!(
+        rows.windows(2).all(|w| w[0].1 <= w[1].1),
+        "legend rows top to bottom are not in p99 order: {rows:?}"
+    );
 }
 
 /// The p99-against-load plot has a panel per real-time system, each
-/// naming it and its capacity.
+/// naming it in full (no caption cut) and its capacity, at page width.
 #[test]
-fn p99_against_load_has_a_panel_per_system() {
+fn p99_against_load_has_a_whole_caption_per_panel() {
     let report = stored();
     let svg = plot::p99_against_load(&report).unwrap();
     well_formed(&svg);
     keep("p99-against-load.svg", &svg);
+    assert!(width(&svg) <= 1000.0, "{} px wide", width(&svg));
+    let texts: Vec<&str> = svg
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('<'))
+        .collect();
     for rt in &report.real_time {
-        let caption = svg.lines().any(|l| l.trim_end().ends_with(&format!("[{}]", rt.short)));
-        assert!(caption, "no panel for {}", rt.short);
+        let opening = format!("[{}]", rt.short);
+        let first = texts
+            .iter()
+            .position(|t| t.starts_with(&format!("{opening} ")))
+            .unwrap_or_else(|| panic!("no panel for {}", rt.short));
+        let wanted = format!("{opening} {}", rt.system);
+        let mut caption = texts[first].to_string();
+        let mut next = first + 1;
+        while caption.len() < wanted.len() && next < texts.len() {
+            caption = format!("{caption} {}", texts[next]);
+            next += 1;
+        }
+        assert_eq!(caption, wanted, "{}'s caption is cut", rt.short);
     }
     let capacities = svg.lines().filter(|l| l.trim_start().starts_with("capacity ")).count();
     assert_eq!(capacities, report.real_time.len());

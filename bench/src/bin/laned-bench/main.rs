@@ -807,16 +807,19 @@ fn capacity(
     };
     let found = load::search_capacity(8, max_streams.max(8), 4, &mut probe)?;
     let good = found.streams;
-    let cdf = probes
+    // A probe at the capacity that passed: the curve shown is one the
+    // capacity was granted on.
+    let granted = probes
         .iter()
-        // A probe at the capacity that passed: the curve shown is one the
-        // capacity was granted on.
         .find(|(p, _)| p.streams == good && p.p99_us as u128 <= budget.as_micros())
-        .map(|(_, lat)| {
-            let step = (lat.sorted_us.len() / 200).max(1);
-            lat.sorted_us.iter().step_by(step).copied().collect()
+        .map(|(_, lat)| &lat.sorted_us[..]);
+    let cdf = granted
+        .map(|sorted| {
+            let step = (sorted.len() / 200).max(1);
+            sorted.iter().step_by(step).copied().collect()
         })
         .unwrap_or_default();
+    let tail = granted.map(|sorted| report::tail_points(sorted, 200)).unwrap_or_default();
     Ok(RealTime {
         model: model.into(),
         short: system.short().into(),
@@ -828,5 +831,6 @@ fn capacity(
         disputed: found.disputed,
         probes: probes.into_iter().map(|(p, _)| p).collect(),
         cdf_at_capacity_us: cdf,
+        tail_at_capacity: tail,
     })
 }

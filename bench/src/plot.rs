@@ -175,16 +175,18 @@ pub fn throughput(report: &Report, model: &str) -> Result<String> {
             .map_err(err)?;
         chart
             .configure_mesh()
+            .light_line_style(WHITE)
+            .light_line_style(WHITE)
             .x_desc("streams (log scale)")
-            .y_desc("pulses per second (median; bar: the repeats' range)")
+            .y_desc("pulses per second (median; bar: range of the repeats)")
             .label_style(font(TEXT))
             .axis_desc_style(font(TEXT))
             .x_label_formatter(&|x| format!("{x:.0}"))
             .y_label_formatter(&|y| format!("{:.0}k", y / 1000.0))
             .draw()
             .map_err(err)?;
-        // (label, system index, the line's end in pixels)
-        let mut ends: Vec<(&str, usize, (i32, i32))> = vec![];
+        // (label, system index, the line's end in pixels, its value)
+        let mut ends: Vec<(&str, usize, (i32, i32), f64)> = vec![];
         for (i, (system, label)) in systems.iter().enumerate() {
             let mut points: Vec<&&crate::report::ClosedLoop> = rows.iter().filter(|r| r.system == *system).collect();
             points.sort_by_key(|r| r.streams);
@@ -197,16 +199,22 @@ pub fn throughput(report: &Report, model: &str) -> Result<String> {
                 }))
                 .map_err(err)?;
             if let Some(end) = line.last() {
-                ends.push((label, i, chart.backend_coord(end)));
+                ends.push((label, i, chart.backend_coord(end), end.1));
             }
         }
-        let wanted: Vec<i32> = ends.iter().map(|(_, _, (_, y))| *y).collect();
+        // Highest end first, so that two ends on one pixel row keep the
+        // order of their values.
+        ends.sort_by(|a, b| b.3.total_cmp(&a.3));
+        let wanted: Vec<i32> = ends.iter().map(|(_, _, (_, y), _)| *y).collect();
         let placed = spread(&wanted, 19, 24, PLOT_HEIGHT as i32 - 12);
         let x = THROUGHPUT_CHART_WIDTH as i32 + 16;
-        for ((label, i, end), y) in ends.iter().zip(placed) {
+        for ((label, i, end, _), y) in ends.iter().zip(placed) {
             let (color, _) = look(*i);
-            root.draw(&PathElement::new(vec![(end.0 + 6, end.1), (x - 4, y)], color.mix(0.5).stroke_width(1)))
-                .map_err(err)?;
+            root.draw(&PathElement::new(
+                vec![(end.0 + 6, end.1), (x - 4, y)],
+                color.mix(0.5).stroke_width(1),
+            ))
+            .map_err(err)?;
             legend_row(&root, (x, y), *i, label)?;
         }
         root.present().map_err(err)?;
@@ -253,12 +261,7 @@ pub fn latency_cdf(report: &Report) -> Result<String> {
     let all_ms = || lines.iter().flatten().map(|(_, us)| (*us).max(1) as f64 / 1000.0);
     let lo = all_ms().fold(budget, f64::min) / 1.5;
     let hi = all_ms().fold(budget, f64::max) * 1.5;
-    let top = lines
-        .iter()
-        .flatten()
-        .map(|(f, _)| tail(*f))
-        .fold(2.0, f64::max)
-        .ceil();
+    let top = lines.iter().flatten().map(|(f, _)| tail(*f)).fold(2.0, f64::max).ceil();
     let mut order: Vec<usize> = (0..rt.len()).collect();
     order.sort_by(|&a, &b| p99_ms(&lines[a]).total_cmp(&p99_ms(&lines[b])));
     let legend_height = 20 * rt.len() as u32 + 20;
@@ -283,6 +286,8 @@ pub fn latency_cdf(report: &Report) -> Result<String> {
             .map_err(err)?;
         chart
             .configure_mesh()
+            .light_line_style(WHITE)
+            .light_line_style(WHITE)
             .x_desc("latency, ms (log scale)")
             .y_desc("pulses answered within (tail scale)")
             .label_style(font(TEXT))
@@ -326,12 +331,7 @@ pub fn latency_cdf(report: &Report) -> Result<String> {
         }
         for (row, &i) in order.iter().enumerate() {
             let r = &rt[i];
-            let label = format!(
-                "p99 {:.2} ms: {} ({} streams)",
-                p99_ms(&lines[i]),
-                r.system,
-                r.capacity
-            );
+            let label = format!("p99 {:.2} ms: {} ({} streams)", p99_ms(&lines[i]), r.system, r.capacity);
             legend_row(&bottom, (20, 12 + 20 * row as i32), i, &label)?;
         }
         root.present().map_err(err)?;
@@ -432,6 +432,7 @@ fn panel_for(panel: &Area<'_>, r: &RealTime, i: usize, max_n: f64, (lo, hi): (f6
         .map_err(err)?;
     chart
         .configure_mesh()
+        .light_line_style(WHITE)
         .x_desc("streams (log)")
         .y_desc("latency, ms (log)")
         .label_style(font(13))

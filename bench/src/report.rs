@@ -183,7 +183,11 @@ pub fn tail_points(sorted: &[u64], points: usize) -> Vec<(f64, u64)> {
     let top = ((n + 1) as f64).log10();
     let mut kept: Vec<usize> = (0..points)
         .map(|i| {
-            let t = if points == 1 { top } else { top * i as f64 / (points - 1) as f64 };
+            let t = if points == 1 {
+                top
+            } else {
+                top * i as f64 / (points - 1) as f64
+            };
             let fraction = 1.0 - 10f64.powf(-t);
             ((fraction * (n + 1) as f64).ceil() as usize).clamp(1, n) - 1
         })

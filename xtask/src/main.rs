@@ -4,6 +4,7 @@
 //! in seconds and has no dependency.
 
 mod cpus;
+#[cfg(test)]
 mod readme;
 
 use std::env;

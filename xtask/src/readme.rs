@@ -41,10 +41,13 @@ pub fn stamp(line: &str) -> Option<(String, String, f64)> {
     let rest = line.trim().strip_prefix("Measured ")?;
     let (date, rest) = rest.split_once(" at commit ")?;
     let ok_date = date.len() == 10
-        && date
-            .bytes()
-            .enumerate()
-            .all(|(i, b)| if i == 4 || i == 7 { b == b'-' } else { b.is_ascii_digit() });
+        && date.bytes().enumerate().all(|(i, b)| {
+            if i == 4 || i == 7 {
+                b == b'-'
+            } else {
+                b.is_ascii_digit()
+            }
+        });
     let commit: String = rest.chars().take_while(|c| c.is_ascii_hexdigit()).collect();
     let load = rest.split_once("load average ")?.1;
     let load: String = load.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
@@ -144,7 +147,8 @@ mod tests {
         let found = unstamped(bad);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].contains("## Where") && found[0].contains("9.5x"), "{found:?}");
-        let loaded = "## Where\n\nMeasured 2026-12-02 at commit 1a2b3c4, load average 2.5 at its start.\n\nours is 1.25 of it\n";
+        let loaded =
+            "## Where\n\nMeasured 2026-12-02 at commit 1a2b3c4, load average 2.5 at its start.\n\nours is 1.25 of it\n";
         let found = unstamped(loaded);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].contains("not a quiet machine"), "{found:?}");

@@ -26,7 +26,8 @@ laned-bench --compare A.json B.json
   --streams      stream counts of the closed-loop scenario
   --systems      only these systems (comma-separated). Closed loop: solo, ideal, tract, worker,
                  combining, shards, combining-shards, ideal-shards, tract-tasks, async,
-                 async-combining, async-shards (the ideal loop always runs);
+                 async-combining, async-shards, linger, async-linger (worker, lingering
+                 200 µs for every held lane's seat) (the ideal loop always runs);
                  real time: echo, solo, tract, worker, linger (both values), combining, budget,
                  budget-shards, tract-tasks, async, async-budget-shards
                  (tasks: streams as tokio tasks; tract's runner through spawn_blocking)
@@ -223,7 +224,17 @@ enum System {
     OursAsyncCombining,
     /// Ours with a task per stream and the default shards (one per core).
     OursAsyncShards,
+    /// Ours, worker mode, one shard, a thread per stream, lingering up to
+    /// [`CLOSED_LINGER`] for every held lane to have a seat queued.
+    OursLinger,
+    /// The same with a task per stream.
+    OursAsyncLinger,
 }
+
+/// The linger of the closed loop's lingering systems: long enough for the
+/// callers a turn just answered to come back (tens of µs), short against
+/// a turn.
+const CLOSED_LINGER: Duration = Duration::from_micros(200);
 
 /// The real-time systems' short names (`RtSystem::short`).
 const RT_NAMES: [&str; 11] = [
@@ -240,7 +251,7 @@ const RT_NAMES: [&str; 11] = [
     "async-budget-shards",
 ];
 
-const SYSTEMS: [System; 12] = [
+const SYSTEMS: [System; 14] = [
     System::Solo,
     System::Ideal,
     System::Tract,
@@ -253,6 +264,8 @@ const SYSTEMS: [System; 12] = [
     System::OursAsync,
     System::OursAsyncCombining,
     System::OursAsyncShards,
+    System::OursLinger,
+    System::OursAsyncLinger,
 ];
 
 impl System {
@@ -271,6 +284,8 @@ impl System {
             System::OursAsync => "async",
             System::OursAsyncCombining => "async-combining",
             System::OursAsyncShards => "async-shards",
+            System::OursLinger => "linger",
+            System::OursAsyncLinger => "async-linger",
         }
     }
 
@@ -288,6 +303,8 @@ impl System {
             System::OursAsync => "ours async (worker, tasks)",
             System::OursAsyncCombining => "ours async (combining, tasks)",
             System::OursAsyncShards => "ours async (worker, a shard per core, tasks)",
+            System::OursLinger => "ours (worker, linger 200 µs)",
+            System::OursAsyncLinger => "ours async (worker, linger 200 µs, tasks)",
         }
     }
 }
@@ -298,13 +315,23 @@ fn ours(
     mode: Mode,
     shards: usize,
 ) -> TractResult<(Arc<dyn Runnable>, LanedRunner)> {
+    ours_lingering(plan, n, mode, shards, Duration::ZERO)
+}
+
+fn ours_lingering(
+    plan: &Arc<dyn Runnable>,
+    n: usize,
+    mode: Mode,
+    shards: usize,
+    linger: Duration,
+) -> TractResult<(Arc<dyn Runnable>, LanedRunner)> {
     let runner = LanedRunner::new(
         plan.clone(),
         RunnerConfig::builder()
             .shards(shards)
             .max_lanes(n.div_ceil(shards))
             .mode(mode)
-            .linger(Duration::ZERO)
+            .linger(linger)
             .build(),
     )?;
     Ok((Arc::new(runner.clone()), runner))
@@ -339,13 +366,14 @@ fn measure(
             let turns = (after.0 - before.0).max(1);
             Ok((rate, Some((after.1 - before.1) as f64 / turns as f64)))
         }
-        System::OursAsync | System::OursAsyncCombining | System::OursAsyncShards => {
-            let (mode, shards) = match system {
-                System::OursAsync => (Mode::Worker, 1),
-                System::OursAsyncCombining => (Mode::Combining, 1),
-                _ => (Mode::Worker, per_core),
+        System::OursAsync | System::OursAsyncCombining | System::OursAsyncShards | System::OursAsyncLinger => {
+            let (mode, shards, linger) = match system {
+                System::OursAsync => (Mode::Worker, 1, Duration::ZERO),
+                System::OursAsyncCombining => (Mode::Combining, 1, Duration::ZERO),
+                System::OursAsyncLinger => (Mode::Worker, 1, CLOSED_LINGER),
+                _ => (Mode::Worker, per_core, Duration::ZERO),
             };
-            let (_, runner) = ours(plan, n, mode, shards)?;
+            let (_, runner) = ours_lingering(plan, n, mode, shards, linger)?;
             let before = runner.metrics();
             let rate = tasks::closed_loop(rt, &tasks::TaskSystem::Ours(runner.clone()), n, d, |s| {
                 fixture.inputs(1, s as u64)
@@ -373,14 +401,19 @@ fn measure(
             let turns = (after.0 - before.0).max(1);
             Ok((rate, Some((after.1 - before.1) as f64 / turns as f64)))
         }
-        System::OursWorker | System::OursCombining | System::OursShards | System::OursCombiningShards => {
-            let (mode, shards) = match system {
-                System::OursWorker => (Mode::Worker, 1),
-                System::OursCombining => (Mode::Combining, 1),
-                System::OursShards => (Mode::Worker, per_core),
-                _ => (Mode::Combining, per_core),
+        System::OursWorker
+        | System::OursCombining
+        | System::OursShards
+        | System::OursCombiningShards
+        | System::OursLinger => {
+            let (mode, shards, linger) = match system {
+                System::OursWorker => (Mode::Worker, 1, Duration::ZERO),
+                System::OursCombining => (Mode::Combining, 1, Duration::ZERO),
+                System::OursShards => (Mode::Worker, per_core, Duration::ZERO),
+                System::OursLinger => (Mode::Worker, 1, CLOSED_LINGER),
+                _ => (Mode::Combining, per_core, Duration::ZERO),
             };
-            let (runnable, runner) = ours(plan, n, mode, shards)?;
+            let (runnable, runner) = ours_lingering(plan, n, mode, shards, linger)?;
             let before = runner.metrics();
             let rate = load::through(fixture, runnable, n, d)?;
             let delta = runner.metrics().delta(&before);
@@ -819,7 +852,9 @@ fn capacity(
             sorted.iter().step_by(step).copied().collect()
         })
         .unwrap_or_default();
-    let tail = granted.map(|sorted| report::tail_points(sorted, 200)).unwrap_or_default();
+    let tail = granted
+        .map(|sorted| report::tail_points(sorted, 200))
+        .unwrap_or_default();
     Ok(RealTime {
         model: model.into(),
         short: system.short().into(),

@@ -26,8 +26,8 @@ laned-bench --compare A.json B.json
   --streams      stream counts of the closed-loop scenario
   --systems      only these systems (comma-separated). Closed loop: solo, ideal, tract, worker,
                  combining, shards, combining-shards, ideal-shards, tract-tasks, async,
-                 async-combining, async-shards, linger, async-linger (worker, lingering
-                 200 µs for every held lane's seat) (the ideal loop always runs);
+                 async-combining, async-shards (the ideal loop always runs); linger and
+                 async-linger (worker, lingering 200 µs for every held lane) only when named;
                  real time: echo, solo, tract, worker, linger (both values), combining, budget,
                  budget-shards, tract-tasks, async, async-budget-shards
                  (tasks: streams as tokio tasks; tract's runner through spawn_blocking)
@@ -91,7 +91,13 @@ fn args() -> Result<Args, String> {
             ("heavy TDNN".into(), Source::Tdnn(TdnnConfig::heavy())),
         ],
         streams: vec![1, 4, 16, 64],
-        systems: SYSTEMS.to_vec(),
+        // The lingering systems only when asked: they answer one question
+        // (do wider turns pay in the closed loop?), at 16 % more run time.
+        systems: SYSTEMS
+            .iter()
+            .filter(|s| !matches!(s, System::OursLinger | System::OursAsyncLinger))
+            .copied()
+            .collect(),
         rt_systems: None,
         seconds: None,
         repeats: None,
@@ -307,15 +313,6 @@ impl System {
             System::OursAsyncLinger => "ours async (worker, linger 200 µs, tasks)",
         }
     }
-}
-
-fn ours(
-    plan: &Arc<dyn Runnable>,
-    n: usize,
-    mode: Mode,
-    shards: usize,
-) -> TractResult<(Arc<dyn Runnable>, LanedRunner)> {
-    ours_lingering(plan, n, mode, shards, Duration::ZERO)
 }
 
 fn ours_lingering(

@@ -190,8 +190,8 @@ pub enum RunErrorKind {
     /// The call's deadline passed before any of its seats was seated: its
     /// seats left the queue, as a cancelled call's do.
     DeadlineExceeded,
-    /// The runner is closing (a hard close, or a drain past its deadline)
-    /// and takes no new call.
+    /// The runner drained past its deadline and takes no new call (after
+    /// a hard close, calls are told [`RunErrorKind::Closed`]).
     Draining,
     /// Ending the stream is not possible for this model.
     Finish(String),
@@ -206,7 +206,7 @@ pub enum RunErrorKind {
     Unsettled,
     /// A stream's explicit state cannot be set so.
     State(String),
-    /// The runner was dropped.
+    /// The runner was dropped or closed (`close`).
     Closed,
     /// No stream to call: spawning it failed (a [`SpawnError`] turned into
     /// a `RunError` by `?`, so one function can spawn and call). Its

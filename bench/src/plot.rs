@@ -176,7 +176,6 @@ pub fn throughput(report: &Report, model: &str) -> Result<String> {
         chart
             .configure_mesh()
             .light_line_style(WHITE)
-            .light_line_style(WHITE)
             .x_desc("streams (log scale)")
             .y_desc("pulses per second (median; bar: range of the repeats)")
             .label_style(font(TEXT))

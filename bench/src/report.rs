@@ -159,8 +159,11 @@ pub struct RealTime {
     pub disputed: Vec<Disputed>,
     /// Every probe of every search.
     pub probes: Vec<Probe>,
-    /// Latencies (µs, sorted, decimated to at most 200 points) at the
-    /// median capacity.
+    /// Latencies (µs, sorted, decimated evenly to at most 200 points) at
+    /// the median capacity, as reports written before `tail_at_capacity`
+    /// kept them; empty in new reports ([`RealTime::latency_points`] reads
+    /// either).
+    #[serde(default)]
     pub cdf_at_capacity_us: Vec<u64>,
     /// The same latencies as (fraction answered within, µs), spaced
     /// evenly on the tail's log scale ([`tail_points`]): the p99.9 and the
@@ -475,6 +478,43 @@ pub struct Comparison {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tail's points: the worst latency always kept, fractions rising
+    /// and finite on the tail scale, as many points past p99 as below p90,
+    /// at most the points asked (plus the worst); and an old report's even
+    /// decimation read the same way.
+    #[test]
+    fn tail_points_keep_the_tail_and_the_worst() {
+        let sorted: Vec<u64> = (1..=100_000).collect();
+        let points = tail_points(&sorted, 200);
+        assert!(points.len() <= 201 && points.len() > 150, "{}", points.len());
+        assert_eq!(points.last().unwrap().1, 100_000, "the worst is kept");
+        assert!(points.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1));
+        assert!(points.iter().all(|(f, _)| *f > 0.0 && *f < 1.0));
+        let past_p99 = points.iter().filter(|(f, _)| *f > 0.99).count();
+        let below_p90 = points.iter().filter(|(f, _)| *f < 0.9).count();
+        assert!(
+            past_p99 * 10 >= below_p90 * 9,
+            "{past_p99} past p99 against {below_p90} below p90"
+        );
+        assert!(points.iter().any(|(f, _)| *f >= 0.9999), "the 99.99 % tail is drawn");
+        assert_eq!(tail_points(&[], 200), vec![]);
+        assert_eq!(tail_points(&[7], 200), vec![(0.5, 7)]);
+        let old = RealTime {
+            model: "m".into(),
+            short: "s".into(),
+            system: "s".into(),
+            period_ms: 10.0,
+            budget_ms: 5.0,
+            capacity: 8,
+            capacities: vec![8],
+            disputed: vec![],
+            probes: vec![],
+            cdf_at_capacity_us: vec![10, 20, 30],
+            tail_at_capacity: vec![],
+        };
+        assert_eq!(old.latency_points(), vec![(0.25, 10), (0.5, 20), (0.75, 30)]);
+    }
 
     /// The tract version is found in the lock file, not defaulted.
     #[test]

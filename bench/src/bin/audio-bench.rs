@@ -36,6 +36,7 @@ use tract_core::internal::*;
 
 const HELP: &str = "\
 audio-bench --model dtln|oww [--streams 64] [--seconds 2] [--repeats 3] [--skip-real-time] [--quick]
+            [--only 'WORDS|WORDS'] [--rt-at N]
 
 Closed loop (a thread or task per stream, each sending its next chunk once
 answered): chunks/s of a state per stream, the ideal loop (a batched state
@@ -44,7 +45,10 @@ tasks, tract's LanedRunnable (threads and tasks), and per core the shards
 ideal loop and ours with a shard per core; and how many streams' real time
 that is. Real time: a chunk every period per stream (8 ms for dtln, 80 ms
 for oww); capacity is the most streams with p99 latency within half the
-period.
+period. `--only 'chain|tract'` keeps the systems whose label holds one of the
+words (the state per stream and the ideal loops always run: the ratios'
+denominators). `--rt-at N` probes each real-time system once at N streams
+instead of searching (p50 and p99: a profile at a load).
 ";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,12 +73,24 @@ impl Model {
 
 struct Args {
     model: Model,
+    only: Vec<String>,
+    rt_at: Option<usize>,
     common: Common,
 }
 
 fn args() -> Result<Args, String> {
     let mut model = None;
+    let mut only = vec![];
+    let mut rt_at = None;
     let common = cli::parse(std::env::args().skip(1), HELP, |flag, value| {
+        if flag == "--only" {
+            only = value("--only")?.split('|').map(str::to_string).collect();
+            return Ok(true);
+        }
+        if flag == "--rt-at" {
+            rt_at = Some(cli::number(&value("--rt-at")?, "--rt-at")?);
+            return Ok(true);
+        }
         if flag != "--model" {
             return Ok(false);
         }
@@ -86,14 +102,21 @@ fn args() -> Result<Args, String> {
         Ok(true)
     })?;
     let model = model.ok_or(format!("--model is required\n\n{HELP}"))?;
-    Ok(Args { model, common })
+    Ok(Args {
+        model,
+        only,
+        rt_at,
+        common,
+    })
 }
 
-/// Stream `s`'s next chunk: noisy speech-like audio (the models' cost does
-/// not depend on the sound), the same chunk every time.
+/// Stream `s`'s next chunk, `[1, chunk]`: noisy speech-like audio (the
+/// models' cost does not depend on the sound), the same chunk every time.
 fn chunk_inputs(model: Model, s: usize) -> TVec<TValue> {
     let audio = sound::samples(Sound::NoisyBuzz, s as u64 * 2 + 1, model.chunk());
-    tvec!(tensor1(&audio).into_tvalue())
+    tvec!(Tensor::from_shape(&[1, model.chunk()], &audio)
+        .expect("a chunk's shape")
+        .into_tvalue())
 }
 
 /// A stream's frame loop (DTLN) or feature windows (openWakeWord): the
@@ -372,6 +395,27 @@ impl Models {
         }))
     }
 
+    /// DTLN as one laned model ([`dtln::Chain`]): one runner, a hand-off
+    /// per chunk, both LSTM states kept per stream.
+    fn chain(&self, n: usize, shards: usize, mode: Mode, budget: Option<Duration>) -> TractResult<LanedRunner> {
+        ensure!(self.model == Model::Dtln, "only DTLN has a chain");
+        let chain = Arc::new(dtln::Chain::new(self.plans[0].clone(), self.plans[1].clone())?);
+        let pairs = dtln::Chain::STATE_PAIRS
+            .iter()
+            .map(|(i, o)| StatePair::new(*i, *o))
+            .collect();
+        let mut config = RunnerConfig::builder()
+            .shards(shards)
+            .max_lanes(n.div_ceil(shards))
+            .mode(mode)
+            .linger(Duration::ZERO)
+            .state(StateSpec::Pairs(pairs));
+        if let Some(budget) = budget {
+            config = config.policy(TurnPolicy::latency_budget(budget));
+        }
+        Ok(LanedRunner::new(chain, config.build())?)
+    }
+
     /// Ours as tasks.
     fn ours_tasks(&self, n: usize, shards: usize, budget: Option<Duration>) -> TractResult<TaskSystem> {
         Ok(TaskSystem::Streams(Arc::new(OursTasks {
@@ -420,6 +464,10 @@ enum System {
     IdealShards(usize),
     /// Ours in worker mode with a shard per core.
     OursShards(usize),
+    /// DTLN as one laned model: one runner, a hand-off per chunk.
+    Chain(Mode),
+    /// The same, streams as tokio tasks.
+    ChainTasks,
 }
 
 impl System {
@@ -434,6 +482,9 @@ impl System {
             System::TractTasks => "tract LanedRunnable (tasks, spawn_blocking per chunk)",
             System::IdealShards(_) => "shards ideal loop (batched states per core, a thread each)",
             System::OursShards(_) => "ours (worker, a shard per core)",
+            System::Chain(Mode::Worker) => "ours (worker, the chain as one model)",
+            System::Chain(Mode::Combining) => "ours (combining, the chain as one model)",
+            System::ChainTasks => "ours async (worker, the chain as one model; tasks)",
         }
     }
 }
@@ -481,6 +532,14 @@ fn measure(
         System::OursTasks => {
             tasks::closed_loop(tokio, &models.ours_tasks(n, 1, None)?, n, d, |s| chunk_inputs(model, s))
         }
+        System::Chain(mode) => threads(Arc::new(models.chain(n, 1, mode, None)?)),
+        System::ChainTasks => tasks::closed_loop(
+            tokio,
+            &TaskSystem::Ours(models.chain(n, 1, Mode::Worker, None)?),
+            n,
+            d,
+            |s| chunk_inputs(model, s),
+        ),
         System::TractTasks => tasks::closed_loop(tokio, &TaskSystem::TractBlocking(models.tract(n)?), n, d, |s| {
             chunk_inputs(model, s)
         }),
@@ -489,7 +548,13 @@ fn measure(
 }
 
 fn main() -> TractResult<()> {
-    let Args { model, common: args } = cli::or_exit(args());
+    let Args {
+        model,
+        only,
+        rt_at,
+        common: args,
+    } = cli::or_exit(args());
+    let kept = |label: &str| only.is_empty() || only.iter().any(|w| label.contains(w.as_str()));
     let (models, what) = cli::model_or_exit(load_models(model), "the models");
     let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
     let tokio = tokio::runtime::Builder::new_multi_thread()
@@ -505,7 +570,7 @@ fn main() -> TractResult<()> {
         model.chunk(),
         period.as_millis()
     );
-    let systems = [
+    let mut systems = vec![
         System::Solo,
         System::Ideal,
         System::Ours(Mode::Worker),
@@ -516,6 +581,12 @@ fn main() -> TractResult<()> {
         System::IdealShards(cores),
         System::OursShards(cores),
     ];
+    if model == Model::Dtln {
+        systems.extend([System::Chain(Mode::Worker), System::Chain(Mode::Combining), System::ChainTasks]);
+    }
+    systems.retain(|s| {
+        matches!(s, System::Solo | System::Ideal | System::IdealShards(_)) || kept(s.label())
+    });
     let mut runs: Vec<Vec<f64>> = vec![vec![]; systems.len()];
     // Interleaved: every system once per repeat, so drift hits all alike.
     for _ in 0..args.repeats {
@@ -574,7 +645,11 @@ fn main() -> TractResult<()> {
         let tract = |n: usize| models.tract(n);
         let as_tasks = |n: usize| models.ours_tasks(n, 1, None);
         let as_tasks_sharded = |n: usize| models.ours_tasks(n, cores, Some(budget));
-        let rt: [(&str, Rt<'_>); 7] = [
+        let chain = |n: usize| -> TractResult<Arc<dyn Runnable>> { Ok(Arc::new(models.chain(n, 1, Mode::Worker, None)?)) };
+        let chain_tasks = |n: usize| Ok(TaskSystem::Ours(models.chain(n, 1, Mode::Worker, None)?));
+        let chain_tasks_combining = |n: usize| Ok(TaskSystem::Ours(models.chain(n, 1, Mode::Combining, None)?));
+        let chain_tasks_budget = |n: usize| Ok(TaskSystem::Ours(models.chain(n, cores, Mode::Worker, Some(std::time::Duration::from_micros(std::env::var("XB").unwrap().parse().unwrap())))?));
+        let mut rt: Vec<(&str, Rt<'_>)> = vec![
             ("a state per stream per model, a thread each", Rt::Threads(&solo)),
             ("tract LanedRunnable (a runner per model)", Rt::Threads(&tract)),
             ("ours (worker, no linger)", Rt::Threads(&no_linger)),
@@ -592,18 +667,76 @@ fn main() -> TractResult<()> {
                 Rt::Tasks(&as_tasks_sharded),
             ),
         ];
+        if model == Model::Dtln {
+            rt.extend([
+                ("ours (worker, the chain as one model, no linger)", Rt::Threads(&chain)),
+                (
+                    "ours async (the chain as one model, no linger; tasks, latency from send)",
+                    Rt::Tasks(&chain_tasks),
+                ),
+                (
+                    "ours async (the chain, a shard per core, latency budget half the period; tasks, latency from send)",
+                    Rt::Tasks(&chain_tasks_budget),
+                ),
+                (
+                    "ours async (combining, the chain as one model; tasks, latency from send)",
+                    Rt::Tasks(&chain_tasks_combining),
+                ),
+            ]);
+        }
+        rt.retain(|(label, _)| kept(label));
         for (label, make) in rt {
             let mut probes = vec![];
-            let cap = load::search_capacity(4, 4096, 8, |n| {
+            let mut probe_at = |n: usize| -> TractResult<bool> {
                 let inputs = move |s| chunk_inputs(model, s);
-                let lat = match &make {
-                    Rt::Threads(make) => load::real_time_with(make(n)?, n, period, probe, n as u64, inputs)?,
-                    Rt::Tasks(make) => tasks::real_time(&tokio, &make(n)?, n, period, probe, n as u64, inputs)?,
+                let (lat, turns) = match &make {
+                    Rt::Threads(make) => {
+                        let system = make(n)?;
+                        let lat = load::real_time_with(system.clone(), n, period, probe, n as u64, inputs)?;
+                        (lat, system.downcast_ref::<LanedRunner>().map(|r| r.metrics()))
+                    }
+                    Rt::Tasks(make) => {
+                        let system = make(n)?;
+                        let turns = match &system {
+                            TaskSystem::Ours(r) => Some(r.metrics()),
+                            _ => None,
+                        };
+                        let lat = tasks::real_time(&tokio, &system, n, period, probe, n as u64, inputs)?;
+                        let turns = match (&system, turns) {
+                            (TaskSystem::Ours(r), Some(before)) => Some(r.metrics().delta(&before)),
+                            _ => None,
+                        };
+                        (lat, turns)
+                    }
                 };
                 let p99 = lat.quantile_us(0.99);
+                if rt_at.is_some() {
+                    let occupancy = turns
+                        .filter(|m| m.turns > 0)
+                        .map(|m| {
+                            format!(
+                                ", {} turns, {:.1} seats a turn, turn time mean {} µs (p99 {} µs), queue wait p50 {} µs (p99 {} µs)",
+                                m.turns,
+                                m.seats as f64 / m.turns as f64,
+                                m.turn_time.mean().as_micros(),
+                                m.turn_time.p99().as_micros(),
+                                m.queue_wait.p50().as_micros(),
+                                m.queue_wait.p99().as_micros()
+                            )
+                        })
+                        .unwrap_or_default();
+                    eprintln!("{label}, {n} streams: p50 {} µs, p99 {p99} µs{occupancy}", lat.quantile_us(0.5));
+                }
                 probes.push((n, p99));
                 Ok(p99 as u128 <= budget.as_micros())
-            })?;
+            };
+            let cap = match rt_at {
+                Some(n) => load::Capacity {
+                    streams: if probe_at(n)? { n } else { 0 },
+                    disputed: vec![],
+                },
+                None => load::search_capacity(4, 4096, 8, probe_at)?,
+            };
             let probes: Vec<String> = probes
                 .iter()
                 .map(|(n, p99)| format!("{n}: {:.1}", *p99 as f64 / 1000.0))

@@ -4,7 +4,8 @@
 //! - [`silero`]: Silero VAD, one explicit-state model, and a stream's chunk
 //!   context.
 //! - [`dtln`]: DTLN noise suppression, two explicit-state models chained,
-//!   and a stream's frame loop (FFT, overlap-add).
+//!   a stream's frame loop (FFT, overlap-add), and [`dtln::Chain`]: both
+//!   models and the loop as one laned model (one hand-off per chunk).
 //! - [`oww`]: openWakeWord keyword spotting, three stateless models
 //!   chained, and a stream's feature windows.
 //! - [`sound`]: seeded audio to feed them.

@@ -1,28 +1,4 @@
-//! DTLN's two models and its frame loop as **one** laned model, so that a
-//! runner serving it hands a chunk off once (stream to turn and back), not
-//! once per model.
-//!
-//! [`Chain`] is a tract [`Runnable`] like any other: a laned runner seats
-//! streams on its lanes, resets the lanes it gives out, and keeps the two
-//! LSTM states as explicit state. Each lane also keeps its stream's
-//! [`Denoiser`] (the block being filled, its spectrum, the overlap-add
-//! buffer), reset with the lane, so a turn runs, for every seated row:
-//! the row's FFT magnitude, `model_1` over every row at once, the mask
-//! applied and `irfft` per row, `model_2` over every row at once,
-//! overlap-add per row. A stream's chunk goes in and its denoised chunk
-//! comes out of one call; what it gets is what [`super::denoise_solo`]
-//! gives that stream alone (the models' rows do not mix, and the frame
-//! loop is the same code per lane).
-//!
-//! Ports (batch `B` on axis 0 of each):
-//! - input 0: [`SHIFT`] samples, `[B, 128]`; output 0: the [`SHIFT`]
-//!   samples the chunk completes, [`BLOCK`]` - `[`SHIFT`] samples late;
-//! - input 1 / output 1: `model_1`'s LSTM state, `[B, 2, 128, 2]`;
-//! - input 2 / output 2: `model_2`'s, the same shape.
-//!
-//! Pair 1 with 1 and 2 with 2 as the runner's explicit state
-//! ([`Chain::STATE_PAIRS`]). Run alone (a plain state, batch 1, no
-//! seating) the chain is one stream on lane 0, the states fed back by hand.
+//! DTLN's two models and its frame loop as one laned model: [`Chain`].
 
 use std::sync::Arc;
 
@@ -31,7 +7,52 @@ use tract_core::plan::{LaneId, Seating};
 
 use super::{Denoiser, BINS, BLOCK, SHIFT};
 
-/// DTLN as one laned model (see the module docs).
+/// DTLN's two models and its frame loop as **one** laned model, so that a
+/// runner serving it hands a chunk off once (stream to turn and back), not
+/// once per model.
+///
+/// A tract [`Runnable`] like any other: a laned runner seats streams on its
+/// lanes, resets the lanes it gives out, and keeps the two LSTM states as
+/// explicit state. Each lane also keeps its stream's [`Denoiser`] (the
+/// block being filled, its spectrum, the overlap-add buffer), reset with
+/// the lane, so a turn runs, for every seated row: the row's FFT magnitude,
+/// `model_1` over every row at once, the mask applied and `irfft` per row,
+/// `model_2` over every row at once, overlap-add per row. A stream's chunk
+/// goes in and its denoised chunk comes out of one call, and it is what
+/// [`super::denoise_solo`] gives that stream alone, bit for bit (the
+/// models' rows do not mix; the frame loop is the same code per lane).
+///
+/// Ports (batch `B` on axis 0 of each):
+/// - input 0: [`SHIFT`] samples, `[B, 128]`; output 0: the [`SHIFT`]
+///   samples the chunk completes, `BLOCK - SHIFT` samples late;
+/// - input 1 / output 1: `model_1`'s LSTM state, `[B, 2, 128, 2]`;
+/// - input 2 / output 2: `model_2`'s, the same shape.
+///
+/// Pair 1 with 1 and 2 with 2 as the runner's explicit state
+/// ([`Chain::STATE_PAIRS`]). Run alone (a plain state, batch 1, no
+/// seating) the chain is one stream on lane 0, the states fed back by hand.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use laned_models::dtln;
+/// use laned_runner::{LanedRunner, RunnerConfig, StatePair, StateSpec};
+/// use tract_core::internal::*;
+///
+/// let files = dtln::fetch()?;
+/// let prepare = |m: TypedModel| -> TractResult<Arc<dyn Runnable>> { Ok(DefaultRuntime.prepare(m)?.into()) };
+/// let chain = dtln::Chain::new(
+///     prepare(dtln::load_model_1(&files.model_1)?)?,
+///     prepare(dtln::load_model_2(&files.model_2)?)?,
+/// )?;
+/// let pairs = dtln::Chain::STATE_PAIRS.iter().map(|(i, o)| StatePair::new(*i, *o)).collect();
+/// let config = RunnerConfig::builder().state(StateSpec::Pairs(pairs)).build();
+/// let runner = LanedRunner::new(Arc::new(chain), config)?;
+/// let mut stream = runner.try_spawn()?;
+/// let shift = Tensor::zero::<f32>(&[1, dtln::SHIFT])?.into_tvalue();
+/// let denoised = stream.call(tvec!(shift))?;
+/// assert_eq!(denoised[0].shape(), &[1, dtln::SHIFT]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Chain {
     parts: Arc<Parts>,

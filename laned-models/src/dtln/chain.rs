@@ -5,32 +5,38 @@ use std::sync::Arc;
 use tract_core::internal::*;
 use tract_core::plan::{LaneId, Seating};
 
+use rustfft::num_complex::Complex;
+
 use super::{Denoiser, BINS, BLOCK, SHIFT};
 
 /// DTLN's two models and its frame loop as **one** laned model, so that a
 /// runner serving it hands a chunk off once (stream to turn and back), not
 /// once per model.
 ///
-/// A tract [`Runnable`] like any other: a laned runner seats streams on its
-/// lanes, resets the lanes it gives out, and keeps the two LSTM states as
-/// explicit state. Each lane also keeps its stream's [`Denoiser`] (the
-/// block being filled, its spectrum, the overlap-add buffer), reset with
-/// the lane, so a turn runs, for every seated row: the row's FFT magnitude,
-/// `model_1` over every row at once, the mask applied and `irfft` per row,
-/// `model_2` over every row at once, overlap-add per row. A stream's chunk
-/// goes in and its denoised chunk comes out of one call, and it is what
+/// A tract [`Runnable`] like any other, and it keeps nothing of a stream's
+/// itself: a stream's whole state is four explicit states, the two LSTM
+/// states and the frame loop's two buffers (the last [`BLOCK`] input
+/// samples, the overlap-add buffer), so a runner keeps them per lane,
+/// resets them with the lane, and snapshots, restores, exports and imports
+/// them whole. A turn runs, for every row: the block moved on and its FFT
+/// magnitude, `model_1` over every row at once, the mask applied and
+/// `irfft` per row, `model_2` over every row at once, overlap-add per row;
+/// each step is [`Denoiser`]'s code. A stream's chunk goes in and its
+/// denoised chunk comes out of one call, and it is what
 /// [`super::denoise_solo`] gives that stream alone, bit for bit (the
-/// models' rows do not mix; the frame loop is the same code per lane).
+/// models' rows do not mix).
 ///
-/// Ports (batch `B` on axis 0 of each):
+/// Ports (batch `B` on axis 0 of each); send one row a call:
 /// - input 0: [`SHIFT`] samples, `[B, 128]`; output 0: the [`SHIFT`]
 ///   samples the chunk completes, `BLOCK - SHIFT` samples late;
-/// - input 1 / output 1: `model_1`'s LSTM state, `[B, 2, 128, 2]`;
-/// - input 2 / output 2: `model_2`'s, the same shape.
+/// - input / output 1: `model_1`'s LSTM state, `[B, 2, 128, 2]`;
+/// - input / output 2: `model_2`'s, the same shape;
+/// - input / output 3: the last [`BLOCK`] input samples, `[B, 512]`;
+/// - input / output 4: the overlap-add buffer, `[B, 512]`.
 ///
-/// Pair 1 with 1 and 2 with 2 as the runner's explicit state
-/// ([`Chain::STATE_PAIRS`]). Run alone (a plain state, batch 1, no
-/// seating) the chain is one stream on lane 0, the states fed back by hand.
+/// Pair each of 1 to 4 with itself as the runner's explicit state
+/// ([`Chain::STATE_PAIRS`]); every one starts from zeros. Run alone (a
+/// plain state) the caller feeds the four back by hand.
 ///
 /// ```no_run
 /// use std::sync::Arc;
@@ -62,20 +68,20 @@ pub struct Chain {
 struct Parts {
     model_1: Arc<dyn Runnable>,
     model_2: Arc<dyn Runnable>,
-    inputs: [TypedFact; 3],
-    outputs: [TypedFact; 3],
-    /// A new lane's frame loop, cloned on every reset (its FFT plans are
-    /// shared, not planned again).
-    fresh: Denoiser,
+    inputs: [TypedFact; 5],
+    outputs: [TypedFact; 5],
 }
 
 /// `fact`'s shape after its batch axis, or an error naming `what`, the
-/// shape it has and the one wanted.
-fn check_tail(what: &str, fact: &TypedFact, want: &[usize]) -> TractResult<()> {
+/// shape it has and the one wanted; its batch axis must be a symbol.
+fn check_fact(what: &str, fact: &TypedFact, want: &[usize]) -> TractResult<()> {
     let dims = fact.shape.dims();
     let tail: Option<Vec<usize>> = dims.iter().skip(1).map(|d| d.to_usize().ok()).collect();
     ensure!(
-        fact.datum_type == f32::datum_type() && dims.len() == want.len() + 1 && tail.as_deref() == Some(want),
+        fact.datum_type == f32::datum_type()
+            && dims.len() == want.len() + 1
+            && matches!(dims[0], TDim::Sym(_))
+            && tail.as_deref() == Some(want),
         "{what} is {:?} {:?}, not f32 [batch, {}]: not DTLN's (load it with the dtln loaders)",
         fact.datum_type,
         fact.shape,
@@ -84,10 +90,13 @@ fn check_tail(what: &str, fact: &TypedFact, want: &[usize]) -> TractResult<()> {
     Ok(())
 }
 
+/// One stream's LSTM state, after the batch axis.
+const LSTM: [usize; 3] = [2, 128, 2];
+
 impl Chain {
     /// The explicit state pairs a runner serving the chain is configured
     /// with: (input, output) indices.
-    pub const STATE_PAIRS: [(usize, usize); 2] = [(1, 1), (2, 2)];
+    pub const STATE_PAIRS: [(usize, usize); 4] = [(1, 1), (2, 2), (3, 3), (4, 4)];
 
     /// The chain of `model_1` and `model_2`, prepared plans of
     /// [`super::load_model_1`] and [`super::load_model_2`] (the batch
@@ -101,10 +110,10 @@ impl Chain {
                 plan.input_count(),
                 plan.output_count()
             );
-            check_tail(&format!("{name}'s input 0"), plan.input_fact(0)?, &[1, data])?;
-            check_tail(&format!("{name}'s input 1"), plan.input_fact(1)?, &[2, 128, 2])?;
-            check_tail(&format!("{name}'s output 0"), plan.output_fact(0)?, &[1, data])?;
-            check_tail(&format!("{name}'s output 1"), plan.output_fact(1)?, &[2, 128, 2])?;
+            check_fact(&format!("{name}'s input 0"), plan.input_fact(0)?, &[1, data])?;
+            check_fact(&format!("{name}'s input 1"), plan.input_fact(1)?, &LSTM)?;
+            check_fact(&format!("{name}'s output 0"), plan.output_fact(0)?, &[1, data])?;
+            check_fact(&format!("{name}'s output 1"), plan.output_fact(1)?, &LSTM)?;
         }
         // One batch symbol for every port: model_1's.
         let b = match model_1.input_fact(0)?.shape.dims().first() {
@@ -112,14 +121,15 @@ impl Chain {
             other => bail!("model_1's batch axis is {other:?}, not a symbol: load it with dtln::load_model_1"),
         };
         let audio = f32::fact(dims!(b.clone(), SHIFT));
-        let state = f32::fact(dims!(b, 2, 128, 2));
+        let lstm = f32::fact(dims!(b.clone(), 2, 128, 2));
+        let block = f32::fact(dims!(b, BLOCK));
+        let ports = [audio, lstm.clone(), lstm, block.clone(), block];
         Ok(Chain {
             parts: Arc::new(Parts {
                 model_1,
                 model_2,
-                inputs: [audio.clone(), state.clone(), state.clone()],
-                outputs: [audio, state.clone(), state],
-                fresh: Denoiser::default(),
+                inputs: ports.clone(),
+                outputs: ports,
             }),
         })
     }
@@ -131,8 +141,8 @@ impl Runnable for Chain {
             chain: self.clone(),
             one: self.parts.model_1.spawn()?,
             two: self.parts.model_2.spawn()?,
-            loops: vec![self.parts.fresh.clone()],
-            seated: vec![0],
+            scratch: Denoiser::default(),
+            spectra: vec![],
         }))
     }
 
@@ -141,25 +151,25 @@ impl Runnable for Chain {
     }
 
     fn input_count(&self) -> usize {
-        3
+        self.parts.inputs.len()
     }
 
     fn output_count(&self) -> usize {
-        3
+        self.parts.outputs.len()
     }
 
     fn input_fact(&self, ix: usize) -> TractResult<&TypedFact> {
         self.parts
             .inputs
             .get(ix)
-            .with_context(|| format!("the DTLN chain has 3 inputs, not {}", ix + 1))
+            .with_context(|| format!("the DTLN chain has 5 inputs, not {}", ix + 1))
     }
 
     fn output_fact(&self, ix: usize) -> TractResult<&TypedFact> {
         self.parts
             .outputs
             .get(ix)
-            .with_context(|| format!("the DTLN chain has 3 outputs, not {}", ix + 1))
+            .with_context(|| format!("the DTLN chain has 5 outputs, not {}", ix + 1))
     }
 
     fn typed_plan(&self) -> Option<&Arc<TypedSimplePlan>> {
@@ -171,25 +181,18 @@ impl Runnable for Chain {
     }
 }
 
-/// A state of the chain: a state of each model and a frame loop per lane.
+/// A state of the chain: a state of each model, and scratch for one turn
+/// (no stream's data outlives a run).
 #[derive(Debug, Clone)]
 struct ChainState {
     chain: Chain,
     one: Box<dyn State>,
     two: Box<dyn State>,
-    /// Lane `l`'s stream's frame loop; grown to the seatings' lane count.
-    loops: Vec<Denoiser>,
-    /// The lanes the coming turn's rows read and write, row by row (lane 0
-    /// until a seating says otherwise: a plain state is one stream).
-    seated: Vec<usize>,
-}
-
-impl ChainState {
-    fn grow(&mut self, lanes: usize) {
-        while self.loops.len() < lanes {
-            self.loops.push(self.chain.parts.fresh.clone());
-        }
-    }
+    /// The frame loop's code and FFT plans; its buffers are loaded from a
+    /// row's state and stored back around each step.
+    scratch: Denoiser,
+    /// Each row's spectrum, from its magnitude to its mask.
+    spectra: Vec<Complex<f32>>,
 }
 
 /// `value` as f32 rows of `row` values each, or an error naming `what`, the
@@ -207,66 +210,70 @@ fn rows<'a>(what: &str, value: &'a Tensor, rows: usize, row: &[usize]) -> TractR
 
 impl State for ChainState {
     fn run(&mut self, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        let [audio, state_1, state_2]: [TValue; 3] = inputs
+        let [audio, lstm_1, lstm_2, window, overlap]: [TValue; 5] = inputs
             .into_vec()
             .try_into()
-            .map_err(|v: Vec<TValue>| format_err!("the DTLN chain takes 3 inputs, not {}", v.len()))?;
+            .map_err(|v: Vec<TValue>| format_err!("the DTLN chain takes 5 inputs, not {}", v.len()))?;
         let b = audio.shape().first().copied().unwrap_or(0);
-        ensure!(
-            b == self.seated.len(),
-            "the DTLN chain's input 0 carries {b} rows and the turn seats {} lanes",
-            self.seated.len()
-        );
         let audio = rows("the DTLN chain's input 0 (audio)", &audio, b, &[SHIFT])?;
-        let mut magnitude = vec![0.0f32; b * BINS];
-        for (r, &lane) in self.seated.iter().enumerate() {
-            self.loops[lane].magnitude_into(&audio[r * SHIFT..][..SHIFT], &mut magnitude[r * BINS..][..BINS]);
+        rows("the DTLN chain's input 1 (model_1's state)", &lstm_1, b, &LSTM)?;
+        rows("the DTLN chain's input 2 (model_2's state)", &lstm_2, b, &LSTM)?;
+        let window = rows("the DTLN chain's input 3 (the input block)", &window, b, &[BLOCK])?;
+        let overlap = rows(
+            "the DTLN chain's input 4 (the overlap-add buffer)",
+            &overlap,
+            b,
+            &[BLOCK],
+        )?;
+        let d = &mut self.scratch;
+        self.spectra.resize(b * BINS, Complex::default());
+        let (mut magnitude, mut next_window) = (vec![0.0f32; b * BINS], vec![0.0f32; b * BLOCK]);
+        for r in 0..b {
+            d.input.copy_from_slice(&window[r * BLOCK..][..BLOCK]);
+            d.magnitude_into(&audio[r * SHIFT..][..SHIFT], &mut magnitude[r * BINS..][..BINS]);
+            next_window[r * BLOCK..][..BLOCK].copy_from_slice(&d.input);
+            self.spectra[r * BINS..][..BINS].copy_from_slice(&d.spectrum);
         }
         let magnitude = Tensor::from_shape(&[b, 1, BINS], &magnitude)?.into_tvalue();
-        let mut out_1 = self.one.run(tvec!(magnitude, state_1))?;
+        let mut out_1 = self.one.run(tvec!(magnitude, lstm_1))?;
         ensure!(out_1.len() == 2, "model_1 gave {} outputs, not 2", out_1.len());
         let next_1 = out_1.pop().expect("two outputs");
         let mask = rows("model_1's mask", &out_1[0], b, &[1, BINS])?;
         let mut time = vec![0.0f32; b * BLOCK];
-        for (r, &lane) in self.seated.iter().enumerate() {
-            self.loops[lane].masked_into(&mask[r * BINS..][..BINS], &mut time[r * BLOCK..][..BLOCK]);
+        for r in 0..b {
+            d.spectrum.copy_from_slice(&self.spectra[r * BINS..][..BINS]);
+            d.masked_into(&mask[r * BINS..][..BINS], &mut time[r * BLOCK..][..BLOCK]);
         }
         let time = Tensor::from_shape(&[b, 1, BLOCK], &time)?.into_tvalue();
-        let mut out_2 = self.two.run(tvec!(time, state_2))?;
+        let mut out_2 = self.two.run(tvec!(time, lstm_2))?;
         ensure!(out_2.len() == 2, "model_2 gave {} outputs, not 2", out_2.len());
         let next_2 = out_2.pop().expect("two outputs");
         let block = rows("model_2's block", &out_2[0], b, &[1, BLOCK])?;
-        let mut done = vec![0.0f32; b * SHIFT];
-        for (r, &lane) in self.seated.iter().enumerate() {
-            self.loops[lane].overlap_add_into(&block[r * BLOCK..][..BLOCK], &mut done[r * SHIFT..][..SHIFT]);
+        let (mut done, mut next_overlap) = (vec![0.0f32; b * SHIFT], vec![0.0f32; b * BLOCK]);
+        for r in 0..b {
+            d.output.copy_from_slice(&overlap[r * BLOCK..][..BLOCK]);
+            d.overlap_add_into(&block[r * BLOCK..][..BLOCK], &mut done[r * SHIFT..][..SHIFT]);
+            next_overlap[r * BLOCK..][..BLOCK].copy_from_slice(&d.output);
         }
         Ok(tvec!(
             Tensor::from_shape(&[b, SHIFT], &done)?.into_tvalue(),
             next_1,
-            next_2
+            next_2,
+            Tensor::from_shape(&[b, BLOCK], &next_window)?.into_tvalue(),
+            Tensor::from_shape(&[b, BLOCK], &next_overlap)?.into_tvalue(),
         ))
     }
 
     fn seat(&mut self, seating: Seating) -> TractResult<()> {
         let lanes = seating.lanes();
-        for state in [&mut self.one, &mut self.two] {
-            state.seat(Seating::new(seating.max_lanes(), lanes.iter().copied())?)?;
-        }
-        self.grow(seating.max_lanes());
-        self.seated = lanes.iter().map(|l| l.0).collect();
-        Ok(())
+        self.one
+            .seat(Seating::new(seating.max_lanes(), lanes.iter().copied())?)?;
+        self.two.seat(seating)
     }
 
     fn reset_lanes(&mut self, lanes: &[LaneId]) -> TractResult<()> {
         self.one.reset_lanes(lanes)?;
-        self.two.reset_lanes(lanes)?;
-        if let Some(top) = lanes.iter().map(|l| l.0 + 1).max() {
-            self.grow(top);
-        }
-        for lane in lanes {
-            self.loops[lane.0] = self.chain.parts.fresh.clone();
-        }
-        Ok(())
+        self.two.reset_lanes(lanes)
     }
 
     fn runnable(&self) -> &dyn Runnable {

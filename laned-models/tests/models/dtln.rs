@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{assert_turns_shared, call, compare, model_runner, or_skip};
 use laned_models::dtln::{self, Denoiser, SHIFT};
 use laned_models::sound::{self, Sound};
-use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec};
+use laned_runner::{LanedRunner, LanedStateHandle, Mode, RunnerConfig, StatePair, StateSpec};
 use tract_core::internal::*;
 
 fn plans() -> Option<[Arc<dyn Runnable>; 2]> {
@@ -150,7 +150,15 @@ fn chain_of(one: &Arc<dyn Runnable>, two: &Arc<dyn Runnable>) -> Arc<dyn Runnabl
     Arc::new(dtln::Chain::new(one.clone(), two.clone()).unwrap())
 }
 
-/// The chain run alone (a plain state, batch 1, both LSTM states fed back
+/// One chunk of `stream`'s audio (`[1, SHIFT]`) through a chain runner's
+/// stream, the denoised samples out.
+fn chain_call(handle: &mut LanedStateHandle, shift: &[f32]) -> Vec<f32> {
+    let chunk = Tensor::from_shape(&[1, SHIFT], shift).unwrap().into_tvalue();
+    let got = call(handle, tvec!(chunk)).unwrap();
+    got[0].try_as_plain_ram().unwrap().as_slice::<f32>().unwrap().to_vec()
+}
+
+/// The chain run alone (a plain state, batch 1, its four states fed back
 /// by hand) denoises as the two models run solo around the frame loop.
 #[test]
 fn dtln_chain_alone_denoises_as_solo() {
@@ -160,14 +168,16 @@ fn dtln_chain_alone_denoises_as_solo() {
         let audio = stream_audio(s);
         let want = dtln::denoise_solo(&one, &two, &audio).unwrap();
         let mut state = chain.spawn().unwrap();
-        let zeros = || Tensor::zero::<f32>(&dtln::STATE_SHAPE).unwrap().into_tvalue();
-        let (mut lstm_1, mut lstm_2) = (zeros(), zeros());
+        let lstm = || Tensor::zero::<f32>(&dtln::STATE_SHAPE).unwrap().into_tvalue();
+        let block = || Tensor::zero::<f32>(&[1, dtln::BLOCK]).unwrap().into_tvalue();
+        let mut states: TVec<TValue> = tvec!(lstm(), lstm(), block(), block());
         let mut got = Vec::with_capacity(audio.len());
         for shift in audio.chunks(SHIFT) {
             let chunk = Tensor::from_shape(&[1, SHIFT], shift).unwrap().into_tvalue();
-            let mut out = state.run(tvec!(chunk, lstm_1, lstm_2)).unwrap();
-            lstm_2 = out.pop().unwrap();
-            lstm_1 = out.pop().unwrap();
+            let mut inputs = tvec!(chunk);
+            inputs.extend(states.drain(..));
+            let mut out = state.run(inputs).unwrap();
+            states = out.drain(1..).collect();
             got.extend_from_slice(out[0].try_as_plain_ram().unwrap().as_slice::<f32>().unwrap());
         }
         let (max, exact) = compare(&want, &got);
@@ -176,6 +186,44 @@ fn dtln_chain_alone_denoises_as_solo() {
             "stream {s}: the chain alone differs from the solo run by up to {max:e}"
         );
     }
+}
+
+/// A chain stream's whole state (both LSTMs and the frame loop's buffers)
+/// moves: exported halfway from one runner and imported into a stream of
+/// another, it goes on exactly as its solo run; a stream restored to an
+/// earlier snapshot repeats its audio exactly.
+#[test]
+fn dtln_chain_stream_moves_whole() {
+    let Some([one, two]) = plans() else { return };
+    let chain = chain_of(&one, &two);
+    let audio = stream_audio(1);
+    let want = dtln::denoise_solo(&one, &two, &audio).unwrap();
+    let (from, to) = (
+        chain_runner(&chain, Mode::Worker, 1, 2),
+        chain_runner(&chain, Mode::Combining, 1, 2),
+    );
+    let mut first = from.spawn_timeout(Duration::from_secs(60)).unwrap();
+    let chunks: Vec<&[f32]> = audio.chunks(SHIFT).collect();
+    let half = chunks.len() / 2;
+    let mut got = vec![];
+    for shift in &chunks[..half] {
+        got.extend(chain_call(&mut first, shift));
+    }
+    let moved = first.export_state().unwrap();
+    let mut second = to.spawn_timeout(Duration::from_secs(60)).unwrap();
+    second.import_state(&moved).unwrap();
+    let snapshot = second.state_snapshot().unwrap();
+    let mut again = vec![];
+    for shift in &chunks[half..] {
+        got.extend(chain_call(&mut second, shift));
+    }
+    let (max, exact) = compare(&want, &got);
+    assert!(exact, "the moved stream differs from its solo run by up to {max:e}");
+    second.restore_state(snapshot).unwrap();
+    for shift in &chunks[half..] {
+        again.extend(chain_call(&mut second, shift));
+    }
+    assert_eq!(again, got[half * SHIFT..], "a restored stream repeats its audio");
 }
 
 /// Eight staggered streams of the chain through one runner (a hand-off per
@@ -202,9 +250,7 @@ fn dtln_chain_streams_get_their_solo_audio() {
                         let mut handle = runner.spawn_timeout(Duration::from_secs(120)).unwrap();
                         let mut out = Vec::with_capacity(audio.len());
                         for shift in audio.chunks(SHIFT) {
-                            let chunk = Tensor::from_shape(&[1, SHIFT], shift).unwrap().into_tvalue();
-                            let got = call(&mut handle, tvec!(chunk)).unwrap();
-                            out.extend_from_slice(got[0].try_as_plain_ram().unwrap().as_slice::<f32>().unwrap());
+                            out.extend(chain_call(&mut handle, shift));
                         }
                         out
                     })

@@ -4,6 +4,8 @@
 //! - [`load`]: streams as threads (closed loop, real time), the two
 //!   references (a state per stream, the ideal loop), the CPU clocks and
 //!   the capacity search;
+//! - [`searches`]: several capacity searches per system, interleaved, and
+//!   their median as the model benches print it;
 //! - [`tasks`]: the same streams as tokio tasks, as a server holds them;
 //! - [`report`]: what a run found (`report.json`), the machine it ran on,
 //!   the markdown tables, and `--compare` of two reports;
@@ -28,6 +30,7 @@ pub mod load;
 pub mod plot;
 pub mod progress;
 pub mod report;
+pub mod searches;
 pub mod tasks;
 
 /// The workspace README's examples, compiled and run as doc tests here

@@ -27,6 +27,7 @@ use std::time::Duration;
 use laned_bench::cli::{self, Common};
 use laned_bench::feedback::FeedBack;
 use laned_bench::load;
+use laned_bench::searches::Searches;
 use laned_bench::tasks::{self, AsyncStream, AsyncStreams, BoxFuture, TaskSystem};
 use laned_models::dtln::{self, Denoiser};
 use laned_models::oww::{self, Windows};
@@ -643,10 +644,7 @@ fn main() -> TractResult<()> {
             period.as_millis(),
             budget.as_millis()
         );
-        println!(
-            "| system | capacity | searches | p50 / p99 ms at capacity | probes of the median search (streams: p99 ms) |"
-        );
-        println!("|---|---|---|---|---|");
+        println!("{}", Searches::HEADER);
         const SHARDED_THREADS: &str = "ours (a shard per core, latency budget half the period)";
         enum Rt<'a> {
             Threads(&'a dyn Fn(usize) -> TractResult<Arc<dyn Runnable>>),
@@ -700,7 +698,7 @@ fn main() -> TractResult<()> {
         // would repeat the budgeted one.
         rt.retain(|(label, _)| kept(label) && (cores > 1 || *label != SHARDED_THREADS));
         // Every system's search once per round, so drift hits all alike.
-        let mut found: Vec<Vec<(usize, String, String)>> = vec![vec![]; rt.len()];
+        let mut found = Searches::new(rt.len(), budget);
         for _ in 0..searches {
             for (ix, (label, make)) in rt.iter().enumerate() {
                 let mut probes = vec![];
@@ -758,25 +756,11 @@ fn main() -> TractResult<()> {
                     None => load::search_capacity(4, 4096, 8, probe_at)?,
                 };
                 let cap = cap.streams;
-                // The latencies of the last probe that passed at the capacity.
-                let at = probes
-                    .iter()
-                    .rev()
-                    .find(|(n, _, p99)| *n == cap && *p99 as u128 <= budget.as_micros())
-                    .map(|(_, p50, p99)| format!("{:.1} / {:.1}", *p50 as f64 / 1000.0, *p99 as f64 / 1000.0))
-                    .unwrap_or_else(|| "-".into());
-                let probes: Vec<String> = probes
-                    .iter()
-                    .map(|(n, _, p99)| format!("{n}: {:.1}", *p99 as f64 / 1000.0))
-                    .collect();
-                found[ix].push((cap, at, probes.join(", ")));
+                found.record(ix, cap, &probes);
             }
         }
-        for ((label, _), mut runs) in rt.iter().zip(found) {
-            let all: Vec<String> = runs.iter().map(|(c, ..)| c.to_string()).collect();
-            runs.sort_by_key(|(c, ..)| *c);
-            let (median, at, probes) = &runs[runs.len() / 2];
-            println!("| {label} | {median} | {} | {at} | {probes} |", all.join(", "));
+        for row in found.rows(rt.iter().map(|(label, _)| *label)) {
+            println!("{row}");
         }
     }
     Ok(())

@@ -8,6 +8,7 @@ use std::time::Duration;
 use laned_bench::cli;
 use laned_bench::feedback::FeedBack;
 use laned_bench::load;
+use laned_bench::searches::Searches;
 use laned_bench::tasks::{self, TaskSystem};
 use laned_models::silero::{self, Context, CHUNK, CONTEXT, SAMPLE_RATE};
 use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
@@ -246,10 +247,7 @@ fn main() -> TractResult<()> {
             "\n## Real time: a chunk every 32 ms per stream, capacity = most streams with p99 <= {} ms\n",
             budget.as_millis()
         );
-        println!(
-            "| system | capacity | searches | p50 / p99 ms at capacity | probes of the median search (streams: p99 ms) |"
-        );
-        println!("|---|---|---|---|---|");
+        println!("{}", Searches::HEADER);
         let per_stream = |_: usize| -> TractResult<Arc<dyn Runnable>> { Ok(Arc::new(per_stream(plan.clone()))) };
         let threads = |shards: usize, policy: Option<TurnPolicy>| {
             let plan = plan.clone();
@@ -304,7 +302,7 @@ fn main() -> TractResult<()> {
             .filter(|(label, _)| kept(label) && (cores > 1 || *label != SHARDED_THREADS))
             .collect();
         // Every system's search once per round, so drift hits all alike.
-        let mut found: Vec<Vec<(usize, String, String)>> = vec![vec![]; rt.len()];
+        let mut found = Searches::new(rt.len(), budget);
         for _ in 0..searches {
             for (ix, (_, system)) in rt.iter().enumerate() {
                 let mut probes = vec![];
@@ -322,25 +320,11 @@ fn main() -> TractResult<()> {
                 })?
                 .streams;
 
-                // The latencies of the last probe that passed at the capacity.
-                let at = probes
-                    .iter()
-                    .rev()
-                    .find(|(n, _, p99)| *n == cap && *p99 as u128 <= budget.as_micros())
-                    .map(|(_, p50, p99)| format!("{:.1} / {:.1}", *p50 as f64 / 1000.0, *p99 as f64 / 1000.0))
-                    .unwrap_or_else(|| "-".into());
-                let probes: Vec<String> = probes
-                    .iter()
-                    .map(|(n, _, p99)| format!("{n}: {:.1}", *p99 as f64 / 1000.0))
-                    .collect();
-                found[ix].push((cap, at, probes.join(", ")));
+                found.record(ix, cap, &probes);
             }
         }
-        for ((label, _), mut runs) in rt.iter().zip(found) {
-            let all: Vec<String> = runs.iter().map(|(c, ..)| c.to_string()).collect();
-            runs.sort_by_key(|(c, ..)| *c);
-            let (median, at, probes) = &runs[runs.len() / 2];
-            println!("| {label} | {median} | {} | {at} | {probes} |", all.join(", "));
+        for row in found.rows(rt.iter().map(|(label, _)| *label)) {
+            println!("{row}");
         }
     }
     Ok(())

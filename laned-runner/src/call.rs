@@ -8,8 +8,9 @@
 //!
 //! 1. Refused before anything is queued, its inputs handed back: a
 //!    finished stream, a closed runner, a deadline already past.
-//! 2. A dropped call not settled yet is settled (its verdict awaited); one
-//!    that ran refuses this call (`Unsettled`) until `settle` takes it.
+//! 2. A dropped call whose verdict has not landed refuses this call
+//!    (`Unsettled`); one that ran refuses it too until `settle` takes its
+//!    answer; one that did not run is forgotten.
 //! 3. The slot begins a new call (its number, for cancels), a cancel token
 //!    guards it, a token already cancelled refuses it.
 //! 4. Checked against the model's facts and pushed to the shard's inbox.
@@ -19,7 +20,8 @@
 //! 7. The answer awaited. Cancelled or timed out: a cancel goes to the
 //!    engine, which withdraws the call if none of its seats was seated
 //!    (answering `Cancelled`) or lets it complete; the one verdict awaited.
-//! 8. Delivered: its rows cut from the turn's outputs, its frames counted.
+//! 8. Delivered: its rows cut from the turn's outputs (the engine counted
+//!    its pulse when the turn ran it, for `finish`).
 //!
 //! A call whose future is dropped between 4 and 8 is cancelled as in 7 and
 //! its verdict left to settle (step 2 of the next call).
@@ -74,7 +76,7 @@ impl LanedStateHandle {
             return Err(RunError::with_inputs(RunErrorKind::Cancelled, inputs));
         }
         // Step 4.
-        let rows = self.submit(inputs, deadline)?;
+        self.submit(inputs, deadline)?;
         // Step 5: armed until this call ends, answered or dropped.
         let _armed = w.arm(
             &self.stream.core.timer,
@@ -83,14 +85,11 @@ impl LanedStateHandle {
             call_no,
         );
         // Steps 6 and 7; dropped from here on, the call is cancelled.
-        let mut in_flight = InFlight {
-            handle: Some(self),
-            rows,
-        };
+        let mut in_flight = InFlight { handle: Some(self) };
         let answer = in_flight.answer(w, deadline).await;
         let handle = in_flight.handle.take().expect("in flight until answered");
         // Step 8.
-        handle.deliver(answer, rows)
+        handle.deliver(answer)
     }
 
     /// Step 1: what is refused before anything is queued. The inputs come
@@ -110,13 +109,22 @@ impl LanedStateHandle {
         Ok(inputs)
     }
 
-    /// Step 2: wait for the verdict of a dropped call, if any. One that did
-    /// not run is forgotten; one that ran refuses this call until
-    /// [`LanedStateHandle::settle`] takes its answer.
+    /// Step 2: the verdict of a dropped call, if any. One not decided yet
+    /// (its verdict has not landed) refuses this call: were this one
+    /// dropped too, a later `settle` could not say which of the two it
+    /// settles. One that did not run is forgotten; one that ran refuses
+    /// this call until [`LanedStateHandle::settle`] takes its answer. So a
+    /// call that goes ahead after a drop means the dropped one never ran,
+    /// and a later `settle` is about this call only.
     async fn settle_first<W: Wait>(&mut self, inputs: TVec<TValue>, w: &mut W) -> Result<TVec<TValue>, RunError> {
-        if self.dropped.is_none() {
-            return Ok(inputs);
+        match &self.dropped {
+            None => return Ok(inputs),
+            Some(Dropped::Pending { slot }) if !slot.is_filled() => {
+                return Err(RunError::with_inputs(RunErrorKind::Unsettled, inputs))
+            }
+            Some(_) => (),
         }
+        // Landed: taken at once, without waiting.
         self.verdict(w).await;
         match &self.dropped {
             Some(Dropped::Settled { ran: true, .. }) => Err(RunError::with_inputs(RunErrorKind::Unsettled, inputs)),
@@ -130,16 +138,15 @@ impl LanedStateHandle {
     /// Wait for a dropped call's verdict and keep it (cancel-safe: the
     /// verdict is taken and kept in one poll).
     pub(crate) async fn verdict<W: Wait>(&mut self, w: &mut W) {
-        let Some(Dropped::Pending { slot, rows }) = &self.dropped else {
+        let Some(Dropped::Pending { slot }) = &self.dropped else {
             return;
         };
-        let (slot, rows) = (slot.clone(), *rows);
+        let slot = slot.clone();
         let answer = crate::drive::value(w, self.stream.shard(), &slot).await;
         let (settled, ran) = match answer {
             Ok(answer) => {
-                // It ran: the pulse was fed, whether or not its outputs
-                // can be cut.
-                self.count_frames(rows);
+                // It ran: the pulse was fed (and counted by the engine),
+                // whether or not its outputs can be cut.
                 match answer.into_outputs(&self.stream.core.iface.data_batch_out) {
                     Ok(outputs) => (Settled::Ran(outputs), true),
                     Err(e) => (Settled::Failed(e), true),
@@ -153,23 +160,12 @@ impl LanedStateHandle {
         self.dropped = Some(Dropped::Settled { settled, ran });
     }
 
-    /// Frames a call of `rows` rows fed (pulsed models).
-    fn count_frames(&mut self, rows: usize) {
-        if let Some(pulse) = &self.stream.core.iface.pulse {
-            if rows >= 1 {
-                self.frames += pulse.pulse;
-            }
-        }
-    }
-
     /// Step 4: check `inputs` and queue them as a call answering into this
-    /// handle's slot; returns its rows. A refused call hands its inputs
-    /// back.
-    fn submit(&mut self, inputs: TVec<TValue>, deadline: Option<Instant>) -> Result<usize, RunError> {
+    /// handle's slot. A refused call hands its inputs back.
+    fn submit(&mut self, inputs: TVec<TValue>, deadline: Option<Instant>) -> Result<(), RunError> {
         // Resolved symbols hold for this call only, refused or not.
         let resolved = std::mem::take(&mut self.resolved);
         let checked = self.stream.core.iface.check(inputs, &resolved)?;
-        let rows = checked.seats.len();
         let call = Call {
             stream: self.stream.grant,
             seats: checked.seats,
@@ -179,16 +175,14 @@ impl LanedStateHandle {
             deadline,
         };
         self.stream.shard().push(Request::Call(call));
-        Ok(rows)
+        Ok(())
     }
 
     /// Step 8: a call's answer as the caller gets it: its outputs (its row
-    /// cut from the turn's), the frames it fed counted.
-    fn deliver(&mut self, answer: CallResult, rows: usize) -> Result<TVec<TValue>, RunError> {
+    /// cut from the turn's; its engine counted the pulse it fed).
+    fn deliver(&mut self, answer: CallResult) -> Result<TVec<TValue>, RunError> {
         let iface = &self.stream.core.iface;
-        let outputs = answer?.into_outputs(&iface.data_batch_out)?;
-        self.count_frames(rows);
-        Ok(outputs)
+        answer?.into_outputs(&iface.data_batch_out)
     }
 }
 
@@ -197,8 +191,6 @@ impl LanedStateHandle {
 struct InFlight<'a> {
     /// `None` once answered.
     handle: Option<&'a mut LanedStateHandle>,
-    /// The call's rows, for counting its frames if it is settled later.
-    rows: usize,
 }
 
 impl InFlight<'_> {
@@ -249,9 +241,6 @@ impl Drop for InFlight<'_> {
             handle.stream.shard().tend();
         }
         old.forget_waker();
-        handle.dropped = Some(Dropped::Pending {
-            slot: old,
-            rows: self.rows,
-        });
+        handle.dropped = Some(Dropped::Pending { slot: old });
     }
 }

@@ -22,7 +22,11 @@ pub struct Capacity {
     /// Spawners that may wait at once (`RunnerConfig::max_waiting`): with
     /// none allowed, a runner with no lane free refuses every spawn.
     pub max_waiting: usize,
-    /// Seats queued for a turn now, every shard together.
+    /// Seats queued for a turn now, every shard together: every seat of a
+    /// call made and not yet seated or withdrawn, from the moment it was
+    /// queued (a task's first poll of `call_async`), whether its shard's
+    /// engine took it in already or it waits in the shard's inbox (in
+    /// combining mode, until a caller holds the state).
     pub seats_queued: usize,
     /// Each shard's share, in shard order.
     pub shards: Vec<ShardCapacity>,
@@ -36,7 +40,7 @@ pub struct ShardCapacity {
     pub lanes: usize,
     /// Lanes of this shard free now.
     pub lanes_free: usize,
-    /// Seats queued on this shard now.
+    /// Seats queued on this shard now (as [`Capacity::seats_queued`]).
     pub seats_queued: usize,
 }
 

@@ -169,6 +169,19 @@ impl Common {
         }
     }
 
+    /// A spawn's refusal as every spawn path gives it: once the runner's
+    /// life is ending, the one end the runner marked (`Draining` after a
+    /// drain, `Closed` after a close), whichever path the spawn took and
+    /// whoever refused it (the admission queue, a closed shard); the same
+    /// end its streams are told.
+    pub(crate) fn told_spawn(&self, e: SpawnError) -> SpawnError {
+        match (e, self.ending()) {
+            (SpawnError::Draining | SpawnError::Closed, Some(EndReason::Drained)) => SpawnError::Draining,
+            (SpawnError::Draining | SpawnError::Closed, Some(_)) => SpawnError::Closed,
+            (e, _) => e,
+        }
+    }
+
     /// A stream's end as its shard reported it, made to agree with the
     /// runner's: a stream the runner's end reached is told that end.
     pub(crate) fn told_end(&self, reason: Option<EndReason>) -> Option<EndReason> {

@@ -156,7 +156,7 @@ impl RunnerConfig {
             )));
         }
         if let Some(policy) = self.policy {
-            policy.check().map_err(NewRunnerError::Config)?;
+            policy.check().map_err(|e| NewRunnerError::Config(e.to_string()))?;
         }
         if self.idle_timeout_ms == Some(0) {
             return Err(NewRunnerError::Config(

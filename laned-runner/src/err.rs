@@ -105,9 +105,15 @@ pub enum SpawnError {
         /// Lanes of every shard together.
         total_lanes: usize,
     },
-    /// The runner is draining: it takes no new stream.
+    /// The runner is draining (`stop_admitting`, or `drain`, during its
+    /// wait and after it): it takes no new stream; retry elsewhere. Every
+    /// spawn path is refused so (`try_spawn`, `spawn_timeout`,
+    /// `spawn_async`), and converts into [`EndReason::Drained`], the end
+    /// its streams are told.
     Draining,
-    /// The runner was dropped.
+    /// The runner was closed (`close`, or its last clone dropped) without
+    /// a drain: every spawn path is refused so, and converts into
+    /// [`EndReason::Closed`], the end its streams are told.
     Closed,
     /// Resetting the lane for the new stream failed.
     Reset(String),
@@ -132,7 +138,7 @@ impl fmt::Display for SpawnError {
                 write!(f, "no lane of the {total_lanes} freed up within {waited:?}")
             }
             SpawnError::Draining => f.write_str("the laned runner is draining and takes no new stream"),
-            SpawnError::Closed => f.write_str("the laned runner was dropped"),
+            SpawnError::Closed => f.write_str("the laned runner was closed and takes no new stream"),
             SpawnError::Reset(why) => write!(f, "resetting the new stream's lane failed: {why}"),
         }
     }
@@ -198,9 +204,11 @@ pub enum RunErrorKind {
     /// The stream was ended with `finish`: it takes no more calls.
     Finished,
     /// An earlier call of this handle, dropped before its answer was
-    /// taken, ran after all (its pulse was fed). The handle refuses new
-    /// calls until [`LanedStateHandle::settle`] hands that answer over, so
-    /// that a pulse retried after a timeout is never fed twice unknowingly.
+    /// taken, ran after all (its pulse was fed), or its verdict has not
+    /// landed yet. The handle refuses new calls until
+    /// [`LanedStateHandle::settle`] says which (and hands the answer over
+    /// if it ran), so that a pulse retried after a timeout is never fed
+    /// twice unknowingly, and a `settle` always settles one call.
     ///
     /// [`LanedStateHandle::settle`]: crate::LanedStateHandle::settle
     Unsettled,
@@ -356,10 +364,10 @@ impl fmt::Display for RunError {
             RunErrorKind::Finish(why) => write!(f, "cannot end the stream: {why}"),
             RunErrorKind::Finished => f.write_str("the stream was finished and takes no more calls; spawn a new stream"),
             RunErrorKind::Unsettled => f.write_str(
-                "an earlier call of this handle, dropped before its answer was taken, ran after all: take its answer with `settle` before calling again",
+                "an earlier call of this handle, dropped before its answer was taken, ran after all or is not decided yet: `settle` it before calling again",
             ),
             RunErrorKind::State(why) => write!(f, "cannot set the stream's state: {why}"),
-            RunErrorKind::Closed => f.write_str("the laned runner was dropped"),
+            RunErrorKind::Closed => f.write_str("the laned runner was closed"),
             RunErrorKind::Spawn(why) => write!(f, "no stream to call: {why}"),
         }
     }
@@ -426,7 +434,7 @@ impl fmt::Display for EndReason {
             EndReason::Lost => "lost its state in a failed turn",
             EndReason::Cancelled => "cancelled",
             EndReason::Drained => "drained: the runner is going away",
-            EndReason::Closed => "closed: the runner was dropped",
+            EndReason::Closed => "closed: the runner was closed or dropped",
         })
     }
 }

@@ -50,15 +50,9 @@ pub struct LanedStateHandle {
     pub(crate) slot: Arc<Slot<CallResult>>,
     /// Symbols resolved for the next call only.
     pub(crate) resolved: Vec<(Symbol, i64)>,
-    /// Frames this clone fed its stream so far (pulsed models), for `finish`.
-    pub(crate) frames: usize,
     /// A call whose future was dropped before its answer was taken: its
     /// verdict, to come or come (see [`LanedStateHandle::settle`]).
     pub(crate) dropped: Option<Dropped>,
-    /// Set in a clone made while this handle had a dropped call unsettled:
-    /// the clone cannot know whether that pulse ran, so its `finish`
-    /// refuses (settle on the handle that dropped the call, then clone).
-    pub(crate) frames_unknown: bool,
     /// A copy of the runner that does not keep it open, for
     /// [`State::runnable`].
     pub(crate) runner: Arc<dyn Runnable>,
@@ -70,9 +64,7 @@ impl Clone for LanedStateHandle {
             stream: self.stream.clone(),
             slot: Arc::new(Slot::new()),
             resolved: vec![],
-            frames: self.frames,
             dropped: None,
-            frames_unknown: self.frames_unknown || matches!(self.dropped, Some(Dropped::Pending { .. })),
             runner: self.runner.clone(),
         }
     }
@@ -239,9 +231,7 @@ impl LanedStateHandle {
     }
 
     fn model_identity(&self) -> String {
-        let core = &self.stream.core;
-        core.iface
-            .state_identity(core.inner.typed_model().and_then(|m| m.name()))
+        self.stream.core.iface.identity.clone()
     }
 
     /// This stream's number on its shard: a shard numbers its streams in
@@ -308,9 +298,10 @@ impl LanedStateHandle {
     /// says whether the dropped call ran and hands over its outputs if it
     /// did; a call made without settling first is refused
     /// ([`RunErrorKind::Unsettled`], inputs handed back) when the dropped
-    /// one ran, and goes ahead when it did not. So a pulse retried after a
-    /// timeout is never fed twice unknowingly (see the README's
-    /// timeout-and-retry pattern).
+    /// one ran or its verdict has not landed yet, and goes ahead only when
+    /// it is known not to have run. So a pulse retried after a timeout is
+    /// never fed twice unknowingly, and a `settle` always settles one call,
+    /// the last one dropped (see the README's timeout-and-retry pattern).
     pub async fn call_async(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
         self.call_op(inputs, None, None, &mut Task).await
     }
@@ -367,8 +358,11 @@ impl LanedStateHandle {
     /// calls, in order; the lane then goes back (once the last clone is
     /// dropped).
     ///
-    /// A dropped call not settled yet is settled first (its pulse counted
-    /// if it ran), so the stream's length is known.
+    /// The stream's length is the stream's, whichever clone fed its
+    /// pulses: its engine counts every pulse a turn ran. A dropped call not
+    /// settled yet is settled first, and another clone's dropped call is
+    /// decided before the count is read; a call another clone makes while
+    /// `finish` runs races it (end a stream from one handle).
     pub fn finish(self, last: Option<TVec<TValue>>, real_frames: usize) -> Result<Vec<TVec<TValue>>, RunError> {
         crate::drive::block(self.finish_op(last, real_frames, &mut Thread))
     }
@@ -397,7 +391,16 @@ impl LanedStateHandle {
         w: &mut W,
     ) -> Result<Vec<TVec<TValue>>, RunError> {
         let _ = self.settle_op(w).await;
-        let (symbol, length, pulses) = self.last_pulses(last, real_frames)?;
+        // The stream's pulses as its engine counted them, every clone's
+        // calls included: asked after this handle's own dropped call is
+        // settled, and after any other clone's dropped call was cancelled
+        // (the inbox is taken in order), so none of those is undecided.
+        let stream = self.stream.grant;
+        let fed = self
+            .ask(w, |slot| Request::Pulses { stream, slot })
+            .await
+            .map_err(|e| self.stream.core.told(e))?;
+        let (symbol, length, pulses) = self.last_pulses(last, real_frames, fed)?;
         let mut outputs = vec![];
         for pulse in pulses {
             self.resolve(&symbol, length)?;
@@ -407,12 +410,14 @@ impl LanedStateHandle {
         Ok(outputs)
     }
 
-    /// What ending the stream feeds: the stream symbol, the stream's length
-    /// it is resolved to, and the pulses (the last one, then silence).
+    /// What ending the stream feeds, `fed` pulses into it: the stream
+    /// symbol, the stream's length it is resolved to, and the pulses (the
+    /// last one, then silence).
     fn last_pulses(
         &self,
         last: Option<TVec<TValue>>,
         real_frames: usize,
+        fed: u64,
     ) -> Result<(Symbol, i64, Vec<TVec<TValue>>), RunError> {
         let iface = &self.stream.core.iface;
         let Some(pulse) = iface.pulse.clone() else {
@@ -423,19 +428,15 @@ impl LanedStateHandle {
         if self.stream.finished.load(crate::sync::Ordering::Acquire) {
             return Err(RunError::new(RunErrorKind::Finished));
         }
-        if self.frames_unknown {
-            return Err(RunError::new(RunErrorKind::Finish(
-                "this handle was cloned while a dropped call of the original was unsettled, so whether that pulse ran (and the stream's length) is unknown here: settle it on the original, then clone".into(),
-            )));
-        }
         if real_frames > pulse.pulse || (last.is_none() && real_frames > 0) {
             return Err(RunError::new(RunErrorKind::Finish(format!(
                 "the last pulse holds {real_frames} real frames; a pulse holds at most {} (and none without a last pulse)",
                 pulse.pulse
             ))));
         }
-        let total = self.frames + real_frames;
-        let mut fed = self.frames;
+        let frames = fed as usize * pulse.pulse;
+        let total = frames + real_frames;
+        let mut fed = frames;
         let mut pulses = vec![];
         if let Some(last) = last {
             pulses.push(last);
@@ -521,7 +522,7 @@ impl State for LanedStateHandle {
 pub(crate) enum Dropped {
     /// Its verdict is still to land in this slot (its own, the handle
     /// having moved to a fresh one): a cancel is on its way.
-    Pending { slot: Arc<Slot<CallResult>>, rows: usize },
+    Pending { slot: Arc<Slot<CallResult>> },
     /// Its verdict came; `ran`: its pulse was fed (its outputs may still
     /// have failed to be cut).
     Settled { settled: Settled, ran: bool },

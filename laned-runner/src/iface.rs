@@ -34,9 +34,9 @@ pub(crate) struct Interface {
     /// Whether a batched input has a free dim besides the batch: then seats
     /// of different shapes can be fed, and the shape joins the group key.
     pub free_dims: bool,
-    /// A digest of the model's constants (its weights), computed once here
-    /// for [`Interface::state_identity`].
-    pub weights: u64,
+    /// What identifies the model's explicit state on the wire, fixed here
+    /// (see [`crate::identity`]).
+    pub identity: String,
 }
 
 /// What ending a stream needs to know of a pulsed model.
@@ -85,28 +85,6 @@ impl PulseInfo {
 }
 
 impl Interface {
-    /// What identifies a model's explicit state on the wire: the model's
-    /// name, each state input's name, datum type and shape, and the digest
-    /// of its weights (two models alike but for their weights must not
-    /// take each other's states).
-    pub fn state_identity(&self, model: Option<&str>) -> String {
-        let pairs: Vec<String> = self
-            .state
-            .iter()
-            .map(|io| {
-                let port = &self.inputs[io.input];
-                let dims: Vec<String> = port.fact.shape.iter().map(|d| d.to_string()).collect();
-                format!("{} {:?} {}", port.name, port.fact.datum_type, dims.join(","))
-            })
-            .collect();
-        format!(
-            "{}|{}|weights {:016x}",
-            model.unwrap_or("unnamed"),
-            pairs.join(";"),
-            self.weights
-        )
-    }
-
     /// A stream state's tensors from the wire, one per state pair in the
     /// model's order, each checked against its state input's fact for one
     /// stream (datum type and shape, 1 on the batch axis) before any reaches
@@ -134,130 +112,6 @@ impl Interface {
                 t.to_tensor_as(index, io.input, io.fact.datum_type, &shape)
             })
             .collect()
-    }
-}
-
-/// FNV-1a over 64 bits: small, and the same in every process, build and
-/// Rust version (std's `DefaultHasher` promises none of these).
-struct Fnv1a(u64);
-
-impl Fnv1a {
-    /// The digest of nothing yet.
-    fn new() -> Fnv1a {
-        Fnv1a(0xcbf2_9ce4_8422_2325)
-    }
-
-    /// `n` as eight little-endian bytes, whatever the machine.
-    fn u64(&mut self, n: u64) {
-        std::hash::Hasher::write(self, &n.to_le_bytes());
-    }
-
-    /// `bytes` behind their length, so that fields never run together.
-    fn field(&mut self, bytes: &[u8]) {
-        self.u64(bytes.len() as u64);
-        std::hash::Hasher::write(self, bytes);
-    }
-}
-
-impl std::hash::Hasher for Fnv1a {
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// A digest of `model`'s weights, in node order: every `Const` node's
-/// tensor, every constant operand of an optimized matmul and the weights of
-/// scan bodies, so that two models alike but for their weights differ.
-fn weights_digest(model: &TypedModel) -> u64 {
-    let mut h = Fnv1a::new();
-    digest_model(model, &mut h);
-    h.0
-}
-
-/// [`weights_digest`]'s walk, nested models included.
-fn digest_model(model: &TypedModel, h: &mut Fnv1a) {
-    use tract_core::ops::matmul::optimized::{MatMulOperand, OptMatMul, ProtoFusedSpec};
-    for node in model.nodes() {
-        if let Some(konst) = node.op_as::<tract_core::ops::konst::Const>() {
-            digest_tensor(konst.val(), h);
-        } else if let Some(mm) = node.op_as::<OptMatMul>() {
-            for op in &mm.micro_ops {
-                if let ProtoFusedSpec::AddMatMul { a, b, .. } = op {
-                    for operand in [a, b] {
-                        if let MatMulOperand::Const(value) = operand {
-                            digest_packed(&**value, h);
-                        }
-                    }
-                }
-            }
-        } else if let Some(scan) = node.op_as::<tract_core::ops::scan::OptScan>() {
-            digest_model(scan.plan.model(), h);
-        } else if let Some(scan) = node.op_as::<tract_core::ops::scan::Scan>() {
-            digest_model(&scan.body, h);
-        }
-    }
-}
-
-/// A tensor's datum type, shape and elements (numbers as little-endian
-/// bytes, dims and strings as text, packed weights unpacked).
-fn digest_tensor(t: &Tensor, h: &mut Fnv1a) {
-    use std::hash::{Hash, Hasher};
-    let dt = t.datum_type();
-    h.field(format!("{dt:?}").as_bytes());
-    h.u64(t.rank() as u64);
-    t.shape().iter().for_each(|d| h.u64(*d as u64));
-    if let Some(packed) = t.storage_as::<tract_core::tract_linalg::mmm::PackedMatrixStorage>() {
-        packed.values().iter().for_each(|v| digest_packed(&**v, h));
-        return;
-    }
-    let Ok(plain) = t.try_as_plain_ram() else {
-        t.hash(h);
-        return;
-    };
-    match dt {
-        DatumType::TDim => plain
-            .as_slice::<TDim>()
-            .unwrap_or_default()
-            .iter()
-            .for_each(|d| h.field(d.to_string().as_bytes())),
-        DatumType::String => plain
-            .as_slice::<String>()
-            .unwrap_or_default()
-            .iter()
-            .for_each(|s| h.field(s.as_bytes())),
-        DatumType::Blob => plain
-            .as_slice::<Blob>()
-            .unwrap_or_default()
-            .iter()
-            .for_each(|b| h.field(b)),
-        _ if cfg!(target_endian = "big") => plain
-            .as_bytes()
-            .chunks(dt.size_of().max(1))
-            .for_each(|c| c.iter().rev().for_each(|b| h.write(&[*b]))),
-        _ => h.write(plain.as_bytes()),
-    }
-}
-
-/// Packed weights by their values, unpacked to `f32` row by row: kernels
-/// of other machines pack other layouts of the same weights.
-fn digest_packed(value: &dyn tract_core::tract_linalg::mmm::MMMInputValue, h: &mut Fnv1a) {
-    use std::hash::{Hash, Hasher};
-    h.u64(value.mn() as u64);
-    h.u64(value.k() as u64);
-    let mut row = vec![0f32; value.k()];
-    for mn in 0..value.mn() {
-        if value.extract_at_mn_f32(mn, &mut row).is_err() {
-            // A format that cannot unpack: as tract hashes it.
-            value.hash(h);
-            return;
-        }
-        row.iter().for_each(|x| h.write(&x.to_le_bytes()));
     }
 }
 
@@ -612,7 +466,7 @@ impl Interface {
             .iter()
             .filter(|p| p.batched)
             .any(|p| p.fact.shape.dims().iter().skip(1).any(|d| d.to_usize().is_err()));
-        let weights = model.map_or(Fnv1a::new().0, |m| weights_digest(m));
+        let identity = crate::identity::state_identity(model.map(|m| &**m), &inputs, &state);
         Ok(Interface {
             batch,
             inputs,
@@ -625,7 +479,7 @@ impl Interface {
             state,
             pulse,
             free_dims,
-            weights,
+            identity,
         })
     }
 

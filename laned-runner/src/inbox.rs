@@ -29,6 +29,10 @@ pub(crate) struct Inbox<R> {
     /// Requests ever pushed: incremented under the lock, read without it by
     /// a worker spinning for the next arrival.
     pushed: AtomicUsize,
+    /// Seats of the calls in `requests` (pushed, not taken in by the
+    /// engine yet): written under the lock, read without it by
+    /// `LanedRunner::capacity`, which counts them as queued.
+    waiting_seats: AtomicUsize,
 }
 
 /// What the inbox lock guards.
@@ -46,6 +50,8 @@ pub(crate) struct Inner<R> {
     sleeper: Option<usize>,
     /// Seats pushed since the sleeper went to sleep.
     pushed_seats: usize,
+    /// Seats of the calls in `requests`, taken back by [`Inbox::take`].
+    seats: usize,
 }
 
 impl<R> Inbox<R> {
@@ -57,9 +63,11 @@ impl<R> Inbox<R> {
                 draining: false,
                 sleeper: None,
                 pushed_seats: 0,
+                seats: 0,
             }),
             arrived: Condvar::new(),
             pushed: AtomicUsize::new(0),
+            waiting_seats: AtomicUsize::new(0),
         }
     }
 
@@ -88,6 +96,10 @@ impl<R> Inbox<R> {
         };
         inner.requests.push(request);
         self.pushed.fetch_add(1, Ordering::Release);
+        if let Some(seats) = seats {
+            inner.seats += seats;
+            self.waiting_seats.fetch_add(seats, Ordering::Relaxed);
+        }
         if wake {
             inner.sleeper = None;
         }
@@ -96,6 +108,18 @@ impl<R> Inbox<R> {
             self.arrived.notify_one();
         }
         Ok(())
+    }
+
+    /// Take every request pushed so far (the engine's thread, holding the
+    /// lock).
+    pub fn take(&self, inner: &mut Inner<R>) -> Vec<R> {
+        self.waiting_seats.fetch_sub(std::mem::take(&mut inner.seats), Ordering::Relaxed);
+        std::mem::take(&mut inner.requests)
+    }
+
+    /// Seats pushed and not taken in yet (a gauge: read without the lock).
+    pub fn waiting_seats(&self) -> usize {
+        self.waiting_seats.load(Ordering::Relaxed)
     }
 
     /// Requests ever pushed (see `pushed`).
@@ -144,7 +168,7 @@ mod loom_tests {
         let mut taken = vec![];
         let mut inner = inbox.lock();
         loop {
-            taken.append(&mut inner.requests);
+            taken.append(&mut inbox.take(&mut inner));
             let seats: usize = taken.iter().sum();
             if seats >= wanted || inner.closed {
                 return taken;

@@ -53,6 +53,7 @@ mod explicit;
 mod facade;
 mod handle;
 mod iface;
+mod identity;
 mod inbox;
 mod policy;
 mod policy_syntax;
@@ -76,7 +77,7 @@ pub use handle::{LanedStateHandle, Settled};
 /// counters as serde data (from `laned-metrics`, so a caller needs no
 /// dependency of its own to name it).
 pub use laned_metrics::Snapshot;
-pub use policy::{ParsePolicyError, TurnPolicy};
+pub use policy::{ParsePolicyError, PolicyError, TurnPolicy};
 pub use runner::{Drained, LanedRunner};
 pub use wire::{StateTensor, StreamState, STREAM_STATE_VERSION};
 

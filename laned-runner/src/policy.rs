@@ -5,9 +5,9 @@
 use crate::sync::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-pub use crate::policy_syntax::ParsePolicyError;
+pub use crate::policy_syntax::{ParsePolicyError, PolicyError};
 
 /// `LatencyBudget` plans turns to end within `1 / HEADROOM` of the budget.
 pub const HEADROOM: u32 = 2;
@@ -31,8 +31,8 @@ pub const BUSY: f64 = 0.5;
 /// assert_eq!(policy, TurnPolicy::LatencyBudget { us: 20000 });
 /// assert_eq!(policy.to_string(), "budget:20000");
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(into = "String", try_from = "crate::policy_syntax::Written")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(into = "String")]
 #[non_exhaustive]
 pub enum TurnPolicy {
     /// At once, with whatever is queued.
@@ -133,18 +133,33 @@ pub enum Decision {
 pub(crate) const MAX_WAIT_US: u64 = 3_600_000_000;
 
 impl TurnPolicy {
-    /// Refuse waits past [`MAX_WAIT_US`](MAX_WAIT_US), naming
-    /// the policy: a wait that long is a unit mistake.
-    pub(crate) fn check(&self) -> Result<(), String> {
+    /// Whether this policy can be served: every way a policy arrives (its
+    /// text, serde, a [`RunnerConfig`](crate::RunnerConfig),
+    /// [`LanedRunner::set_policy`](crate::LanedRunner::set_policy)) is
+    /// checked here, and refused with this error. Refused: a wait past an
+    /// hour ([`MAX_WAIT_US`](MAX_WAIT_US); a wait that long is a unit
+    /// mistake), and a tick period of 0 (a turn every instant).
+    pub fn check(&self) -> Result<(), PolicyError> {
+        self.check_as(&self.to_string())
+    }
+
+    /// [`TurnPolicy::check`], the policy named as it was given (`input`).
+    pub(crate) fn check_as(&self, input: &str) -> Result<(), PolicyError> {
         let us = match *self {
             TurnPolicy::Immediate => 0,
             TurnPolicy::Linger { us } | TurnPolicy::LatencyBudget { us } => us,
+            TurnPolicy::Tick { period_us: 0 } => {
+                return Err(PolicyError::new(
+                    input,
+                    "a tick period of 0 µs: turns are a microsecond apart at the closest",
+                ))
+            }
             TurnPolicy::Tick { period_us } => period_us,
         };
         if us > MAX_WAIT_US {
-            return Err(format!(
-                "{self:?} waits {us} µs, past the limit of {} µs (an hour)",
-                MAX_WAIT_US
+            return Err(PolicyError::new(
+                input,
+                format!("waits {us} µs, past the limit of {MAX_WAIT_US} µs (an hour)"),
             ));
         }
         Ok(())

@@ -94,6 +94,12 @@ pub(crate) enum Request {
         stream: Grant,
         slot: Arc<Slot<Option<EndReason>>>,
     },
+    /// How many pulses a stream fed so far (every clone's calls), for
+    /// `finish`.
+    Pulses {
+        stream: Grant,
+        slot: Arc<Slot<Result<u64, RunError>>>,
+    },
     /// A stream overwrites its explicit state.
     WriteState {
         stream: Grant,

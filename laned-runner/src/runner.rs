@@ -29,7 +29,10 @@
 //! 3. **Admission is refused** (`Draining`): every waiting spawner is
 //!    answered at once, and every engine refuses a spawn it takes in from
 //!    then on (it reads the admission queue's flag), whichever path the
-//!    spawn took. Live streams call as before.
+//!    spawn took. Live streams call as before. Once the runner's end is
+//!    marked (a drain's step 4, or a close), every spawn path is refused
+//!    with that end: `Draining` after a drain, `Closed` after a close, as
+//!    its streams are told (`Common::told_spawn`).
 //! 4. **The drain waits**, woken by every freed lane, until no stream holds
 //!    a lane or its deadline passes; the streams left are the stragglers,
 //!    and the runner is marked drained, so that they are told `Draining`
@@ -74,7 +77,7 @@ use crate::engine::Parts;
 use crate::err::{NewRunnerError, SpawnError};
 use crate::handle::{LanedStateHandle, Stream};
 use crate::iface::Interface;
-use crate::policy::{LearnedTurnTimes, TurnPolicy};
+use crate::policy::{LearnedTurnTimes, PolicyError, TurnPolicy};
 use crate::protocol::{Grant, Live};
 use crate::shard::Shard;
 use crate::slot::Slot;
@@ -240,14 +243,14 @@ impl LanedRunner {
     /// dropped. Never waits: fails at once when every lane is taken (tract's
     /// contract), saying how many lanes there are and how many wait.
     pub fn try_spawn(&self) -> Result<LanedStateHandle, SpawnError> {
-        self.spawn_with(None)
+        self.spawn_with(None).map_err(|e| self.core.told_spawn(e))
     }
 
     /// A new stream, waiting up to `wait` for a lane when every lane is
     /// taken, in arrival order (first come, first served). Refused at once as
     /// busy when `max_waiting` spawners wait already.
     pub fn spawn_timeout(&self, wait: Duration) -> Result<LanedStateHandle, SpawnError> {
-        self.spawn_with(Some(wait))
+        self.spawn_with(Some(wait)).map_err(|e| self.core.told_spawn(e))
     }
 
     /// A spawn, step 2 of the runner's life (this module's doc): a free
@@ -296,7 +299,7 @@ impl LanedRunner {
     /// dropped holds at most the one lane granted to it; the waiters
     /// behind it are served as if it were not there.
     pub async fn spawn_async(&self) -> Result<LanedStateHandle, SpawnError> {
-        let (shard, grant) = self.admit().await?;
+        let (shard, grant) = self.admit().await.map_err(|e| self.core.told_spawn(e))?;
         Ok(self.handle(shard, grant))
     }
 
@@ -361,9 +364,7 @@ impl LanedRunner {
             }),
             slot: Arc::new(Slot::new()),
             resolved: vec![],
-            frames: 0,
             dropped: None,
-            frames_unknown: false,
             runner: Arc::new(LanedRunner {
                 core: core.clone(),
                 _owner: None,
@@ -432,7 +433,8 @@ impl LanedRunner {
         }
     }
 
-    /// The hard close: refuse new streams and calls at once (`Draining`),
+    /// The hard close: refuse new streams and calls at once (`Closed`, on
+    /// every spawn path and to every stream; after a drain, `Draining`),
     /// finish what is queued on every shard, close the runner (every later
     /// call is refused), and return the final metrics. Streams are cut
     /// wherever they are: [`LanedRunner::drain`] lets them end first.
@@ -503,12 +505,16 @@ impl LanedRunner {
         let shards: Vec<ShardCapacity> = core
             .metrics
             .iter()
-            .map(|m| {
+            .zip(&core.shards)
+            .map(|(m, shard)| {
                 let lanes = core.config.max_lanes;
                 ShardCapacity {
                     lanes,
                     lanes_free: lanes.saturating_sub(m.lanes_taken() as usize),
-                    seats_queued: m.seats_queued() as usize,
+                    // Taken in by the engine, and pushed but not taken in
+                    // yet (a combining task's call waits there until some
+                    // caller holds the state).
+                    seats_queued: m.seats_queued() as usize + shard.waiting_seats(),
                 }
             })
             .collect();
@@ -582,8 +588,14 @@ impl LanedRunner {
     /// next turn is decided by the new policy (a waiting worker re-decides at
     /// once). Counted in the metrics (`policy_changes`). Concurrent changes
     /// of the policy and of `max_seats` never undo each other.
-    pub fn set_policy(&self, policy: TurnPolicy) {
+    ///
+    /// Refused, the policy in place kept, where [`TurnPolicy::check`]
+    /// refuses it: the same check and error as its text, serde and
+    /// [`LanedRunner::new`] give.
+    pub fn set_policy(&self, policy: TurnPolicy) -> Result<(), PolicyError> {
+        policy.check()?;
         self.update_live(|live| Live { policy, ..*live });
+        Ok(())
     }
 
     /// Change the widest turn while serving (clamped to the state's lanes,

@@ -5,7 +5,7 @@
 //!
 //! ```
 //! # use laned_runner::{StreamState, STREAM_STATE_VERSION};
-//! let json = r#"{"version":1,"model":"rnn|state F32 1,B,6|weights 6c62272e07bb0142","tensors":[]}"#;
+//! let json = r#"{"version":2,"model":"rnn|state F32 1,B,6|weights 6c62272e07bb0142|graph 0d6a3f0c2e5b1a97","tensors":[]}"#;
 //! let state: StreamState = serde_json::from_str(json).unwrap();
 //! assert_eq!(state.version, STREAM_STATE_VERSION);
 //! ```
@@ -14,7 +14,11 @@ use serde::{Deserialize, Serialize};
 use tract_core::internal::*;
 
 /// The version [`StreamState`]s are written in, and the only one read.
-pub const STREAM_STATE_VERSION: u32 = 1;
+///
+/// Version 2: the model's identity covers its graph, not only its weights
+/// (see the runner's `identity` module); a version-1 state is refused by
+/// its version, naming both.
+pub const STREAM_STATE_VERSION: u32 = 2;
 
 /// One stream's explicit state, from
 /// [`LanedStateHandle::export_state`](crate::LanedStateHandle::export_state),
@@ -24,8 +28,9 @@ pub const STREAM_STATE_VERSION: u32 = 1;
 pub struct StreamState {
     /// [`STREAM_STATE_VERSION`] when written.
     pub version: u32,
-    /// The model the state belongs to: its name, its state inputs' facts
-    /// and a digest of its weights. A runner refuses another model's state.
+    /// The model the state belongs to: its name, its state inputs' facts,
+    /// a digest of its weights and one of its graph (its ops and their
+    /// parameters). A runner refuses another model's state, naming both.
     pub model: String,
     /// One tensor per state pair, in the model's order, batch extent 1.
     pub tensors: Vec<StateTensor>,

@@ -432,6 +432,26 @@ pub fn edge_pad() -> TractResult<Fixture> {
     b.finish("edge-pad".into(), "edge-mode causal padding", &[c2], 4)
 }
 
+/// A conv whose input is padded after the stream's end (two frames of
+/// ones): its last output frames depend on where the stream ends, so a
+/// stream ended at the wrong length (`finish` resolving the streaming
+/// symbol wrongly) gets other outputs.
+pub fn end_padded() -> TractResult<Fixture> {
+    let mut b = Builder::new(Layout::Nchw);
+    let x = b.source("features", 4)?;
+    let mut pads = vec![(0, 0); 3];
+    pads[b.time_axis()] = (0, 2);
+    let mode = PadMode::Constant(rctensor0(1f32));
+    let padded = b.model.wire_node("end.pad", Pad { pads, mode }, &[x])?[0];
+    let c1 = b.conv("conv1", padded, 4, 3, 3, 1, 1, None)?;
+    b.finish(
+        "end-padded".into(),
+        "padding after the stream's end (PulsePad on the stream's length)",
+        &[c1],
+        2,
+    )
+}
+
 /// Two valid convs of different reach concatenated on channels: the shorter
 /// branch is delayed to align with the longer, so two Delays hold per-lane
 /// history of one stream.

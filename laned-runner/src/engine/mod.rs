@@ -188,6 +188,9 @@ impl Engine {
                 };
                 slot.fill(if self.closed { Some(EndReason::Closed) } else { status });
             }
+            Request::Pulses { stream, slot } => {
+                slot.fill(self.streams.own(stream).map(|lane| self.streams.pulses(lane)));
+            }
             Request::WriteState { stream, state, slot } => {
                 let written = self.streams.own(stream).and_then(|lane| {
                     self.model

@@ -23,6 +23,9 @@ pub(super) struct Streams {
     /// Per lane: why its stream lost its state (a failed turn), until the
     /// stream is released.
     lost: Vec<Option<String>>,
+    /// Per lane: the pulses its stream fed (turns that ran its row 0), for
+    /// `finish` to know the stream's length whichever clone called.
+    pulses: Vec<u64>,
     /// Streams that lost their lane to eviction, and why, until released.
     evicted: HashMap<u64, String>,
     next_stream: u64,
@@ -40,6 +43,7 @@ impl Streams {
             owner: vec![None; lanes],
             last_active: vec![Instant::now(); lanes],
             lost: vec![None; lanes],
+            pulses: vec![0; lanes],
             evicted: HashMap::new(),
             next_stream: 0,
             idle_timeout,
@@ -127,7 +131,18 @@ impl Streams {
         self.next_stream += 1;
         self.owner[lane.0] = Some(stream);
         self.last_active[lane.0] = Instant::now();
+        self.pulses[lane.0] = 0;
         stream
+    }
+
+    /// A turn ran a pulse of `lane`'s stream.
+    pub(super) fn fed(&mut self, lane: LaneId) {
+        self.pulses[lane.0] += 1;
+    }
+
+    /// The pulses `lane`'s stream fed so far, every clone's calls counted.
+    pub(super) fn pulses(&self, lane: usize) -> u64 {
+        self.pulses[lane]
     }
 
     /// The stream booked on `lane` never took it: the lane is free again.

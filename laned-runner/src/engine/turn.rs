@@ -139,6 +139,9 @@ impl Turn {
         let mut lanes: Vec<LaneId> = Vec::with_capacity(self.fill.seated().len());
         let mut seated = std::mem::take(&mut self.seated);
         queue.take_seated(&self.fill, &mut seated, &mut lanes);
+        // Seated seats are queued no longer: the gauge says so for the
+        // turn's length, not only after it.
+        records.seats_queued(queue.len());
         for seat in &seated {
             records.queue_wait(started.saturating_duration_since(seat.queued));
         }
@@ -181,6 +184,11 @@ impl Turn {
             Ok(outputs) => {
                 let outputs = Arc::new(outputs);
                 for (ix, seat) in seated.iter().enumerate() {
+                    // Counted before any answer: a caller that has its
+                    // answer finds its pulse in the stream's count.
+                    if seat.place == 0 {
+                        streams.fed(seat.lane);
+                    }
                     let answer = Answer::Row {
                         turn: outputs.clone(),
                         seat: ix,

@@ -232,7 +232,7 @@ impl Shard {
         engine.close();
         // Requests pushed after the close are answered by the same close:
         // the engine is closed for good.
-        let requests = std::mem::take(&mut self.inbox.lock().requests);
+        let requests = self.inbox.take(&mut self.inbox.lock());
         engine.accept_batch(requests, std::time::Instant::now());
     }
 }

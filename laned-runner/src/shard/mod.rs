@@ -196,7 +196,7 @@ impl Shard {
             if inbox.draining {
                 engine.start_draining();
             }
-            (std::mem::take(&mut inbox.requests), Instant::now())
+            (self.inbox.take(&mut inbox), Instant::now())
         };
         let any = !requests.is_empty();
         engine.accept_batch(requests, taken_at);
@@ -438,6 +438,11 @@ impl Shard {
     pub fn is_closed(&self) -> bool {
         self.inbox.lock().closed
     }
+
+    /// Seats pushed to this shard's inbox and not taken in yet.
+    pub fn waiting_seats(&self) -> usize {
+        self.inbox.waiting_seats()
+    }
 }
 
 /// Answer a request pushed after the close.
@@ -449,6 +454,7 @@ fn refuse(request: Request) {
             .fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
         Request::ReadState { slot, .. } => slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
         Request::WriteState { slot, .. } => slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
+        Request::Pulses { slot, .. } => slot.fill(Err(crate::err::RunError::new(crate::err::RunErrorKind::Closed))),
         Request::Status { slot, .. } => slot.fill(Some(crate::err::EndReason::Closed)),
         Request::Release(_) | Request::Cancel(_) | Request::Admit => (),
     }

@@ -158,7 +158,7 @@ impl Shard {
                     engine.start_draining();
                 }
                 taken = self.inbox.pushed();
-                (std::mem::take(&mut inbox.requests), inbox.closed, Instant::now())
+                (self.inbox.take(&mut inbox), inbox.closed, Instant::now())
             };
             if closed {
                 engine.close();

@@ -523,7 +523,7 @@ fn a_stream_moves_between_processes_on_the_wire() {
         let e = fresh.import_state(&newer).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "cannot set the stream's state: the stream state is of version 2, this runner reads version 1"
+            "cannot set the stream's state: the stream state is of version 3, this runner reads version 2"
         );
         let mut other = wire.clone();
         other.model = other.model.replace(&format!(",{H}"), ",7");

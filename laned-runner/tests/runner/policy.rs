@@ -46,11 +46,11 @@ fn live_policy_changes_under_load_lose_no_call() {
             TurnPolicy::latency_budget(Duration::from_micros(10)),
         ];
         for (i, p) in policies.iter().enumerate() {
-            r.set_policy(*p);
+            r.set_policy(*p).unwrap();
             r.set_max_seats(1 + i % 6);
             thread::sleep(Duration::from_millis(40));
         }
-        r.set_policy(TurnPolicy::Immediate);
+        r.set_policy(TurnPolicy::Immediate).unwrap();
         stop.store(true, Ordering::Relaxed);
         let calls: u64 = callers.into_iter().map(|t| t.join().unwrap()).sum();
         let m = r.metrics();
@@ -133,7 +133,7 @@ fn concurrent_setters_lose_no_change() {
         let policies = thread::spawn(move || {
             b1.wait();
             for us in 0..200 {
-                r1.set_policy(TurnPolicy::Linger { us: round * 1000 + us });
+                r1.set_policy(TurnPolicy::Linger { us: round * 1000 + us }).unwrap();
             }
         });
         let (r2, b2) = (r.clone(), barrier);

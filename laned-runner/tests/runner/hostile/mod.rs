@@ -8,6 +8,7 @@ mod fuzz;
 mod knobs;
 mod ops;
 mod promise;
+mod round_four;
 mod state_import;
 mod task_churn;
 
@@ -545,7 +546,7 @@ fn configuration_at_its_limits_is_refused_clearly() {
         RunnerConfig::builder()
             .policy(laned_runner::TurnPolicy::Tick { period_us: u64::MAX })
             .build(),
-        &["Tick", "limit"],
+        &["tick", "limit"],
     );
     refused(RunnerConfig::builder().shards(1 << 40).build(), &["shards", "limit"]);
     #[cfg(unix)]

@@ -369,32 +369,6 @@ fn a_call_after_finish_is_refused() {
     }
 }
 
-/// A clone made while its original has a dropped call unsettled cannot know
-/// the stream's length: its `finish` refuses instead of ending the stream a
-/// pulse off; the original settles and finishes exactly.
-#[test]
-fn a_clone_made_before_settling_refuses_to_finish() {
-    let f = laned_testkit::fixtures::small_tdnn();
-    for mode in both_modes() {
-        let r = LanedRunner::new(
-            f.runnable().unwrap(),
-            RunnerConfig::builder().mode(mode).max_lanes(2).build(),
-        )
-        .unwrap();
-        let mut h = r.try_spawn().unwrap();
-        let (waker, _) = counting_waker();
-        {
-            let mut fut = pin!(h.call_async(f.inputs(1, 0)));
-            assert!(poll_once(fut.as_mut(), &waker).is_pending());
-        }
-        let clone = h.clone();
-        let err = clone.finish(None, 0).unwrap_err();
-        assert!(matches!(err.kind(), RunErrorKind::Finish(_)), "{mode:?}: {err}");
-        assert!(h.settle().is_some(), "{mode:?}");
-        h.finish(None, 0).unwrap();
-    }
-}
-
 /// A wide call whose deadline passes between its rows' turns (its row 0
 /// ran) completes: the deadline withdraws only calls none of whose rows
 /// ran, and the turn never spins on one it cannot withdraw.

@@ -204,30 +204,9 @@ impl LanedStateHandle {
         self.import(state, &mut Task).await
     }
 
-    /// The tensors of `state`, once it is known to be of this runner's
-    /// version and model and each tensor fits the model's per-stream fact.
+    /// The tensors of `state`, checked ([`Common::checked_import`]).
     fn checked_import(&self, state: &StreamState) -> Result<TVec<Tensor>, RunError> {
-        let refuse = |why: String| Err(RunError::new(RunErrorKind::State(why)));
-        if state.version != STREAM_STATE_VERSION {
-            return refuse(format!(
-                "the stream state is of version {}, this runner reads version {STREAM_STATE_VERSION}",
-                state.version
-            ));
-        }
-        let ours = self.model_identity();
-        if state.model != ours {
-            return refuse(format!(
-                "the stream state is of model {:?}, this runner serves {ours:?}",
-                state.model
-            ));
-        }
-        // Each tensor's datum type and shape checked against the model's
-        // per-stream fact before tract sees it.
-        self.stream
-            .core
-            .iface
-            .state_tensors(&state.tensors)
-            .map_err(|why| RunError::new(RunErrorKind::State(why)))
+        self.stream.core.checked_import(state)
     }
 
     fn model_identity(&self) -> String {

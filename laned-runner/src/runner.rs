@@ -74,13 +74,14 @@ use crate::capacity::{Capacity, ShardCapacity};
 use crate::common::Common;
 use crate::config::RunnerConfig;
 use crate::engine::Parts;
-use crate::err::{NewRunnerError, SpawnError};
+use crate::err::{NewRunnerError, RunError, SpawnError};
 use crate::handle::{LanedStateHandle, Stream};
 use crate::iface::Interface;
 use crate::policy::{LearnedTurnTimes, PolicyError, TurnPolicy};
 use crate::protocol::{Grant, Live};
 use crate::shard::Shard;
 use crate::slot::Slot;
+use crate::wire::StreamState;
 use arc_swap::ArcSwap;
 
 /// Closes every shard when the last owning [`LanedRunner`] goes: every
@@ -527,6 +528,23 @@ impl LanedRunner {
             seats_queued: shards.iter().map(|s| s.seats_queued).sum(),
             shards,
         }
+    }
+
+    /// Whether a stream of this runner would import `state`
+    /// ([`LanedStateHandle::import_state`]): the same checks (its format
+    /// version, its model's identity, each tensor's datum type and shape),
+    /// without a stream. A server checks a record here before it tells
+    /// its client where the stream resumes. The identity states carry is
+    /// [`LanedRunner::state_identity`].
+    pub fn check_state(&self, state: &StreamState) -> Result<(), RunError> {
+        self.core.checked_import(state).map(|_| ())
+    }
+
+    /// The identity of this runner's model as its streams' exported states
+    /// carry it ([`StreamState::model`]): its name, its state inputs'
+    /// facts, a digest of its weights and one of its graph.
+    pub fn state_identity(&self) -> &str {
+        &self.core.iface.identity
     }
 
     /// A clone that does not keep the runner open: once every other clone is

@@ -3,31 +3,46 @@
 //!
 //! - **The cap.** At most `max_connections` connections are served at
 //!   once (those still reading their request plus the live WebSocket
-//!   sessions). Past it, up to [`PROBE_RESERVE`] more are accepted but
-//!   answer only the probes (`/live`, `/ready`, `/metrics`); anything else
-//!   gets 503 and the connection is closed. Past that, a connection is
-//!   closed as soon as it is accepted. So a flood of connections never
-//!   keeps the probes from being answered.
+//!   sessions). A connection accepted at the cap takes the place of the
+//!   connection that has been reading its request longest (closed): idle
+//!   or slow connections never lock new streams out, whoever holds them,
+//!   and the live sessions are never touched. With every place a live
+//!   session's, up to [`PROBE_RESERVE`] more are accepted but answer only
+//!   the probes (`/live`, `/ready`, `/metrics`); anything else gets 503 and
+//!   the connection is closed. The reserve is kept the same way (a new
+//!   connection takes the oldest's place), so a flood of connections never
+//!   keeps a probe from being answered.
 //! - **The header timeout.** A connection must send its whole request
 //!   head within `header_timeout` of waiting for it (from the accept, or
 //!   from its last answer): idle TCP and slowloris requests are closed
 //!   then, their place freed.
+//! - **The socket.** Every accepted socket sends at once (`TCP_NODELAY`:
+//!   an answer is never held back waiting for the client's delayed
+//!   acknowledgement, Nagle's rule) and its kernel send buffer is bounded
+//!   ([`SEND_BUFFER`]), so a client that does not read costs the kernel
+//!   that much at most, beside the session's own write buffer.
 //! - **The open-files limit.** An accept refused for want of a file
 //!   descriptor is logged (once a second at most) and retried shortly after,
 //!   rather than spun on. [`open_files_limit`] reads the limit so that the
 //!   cap can be set below it.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::AbortHandle;
 
 /// Connections accepted past the cap to answer probes only.
 pub const PROBE_RESERVE: usize = 16;
+
+/// The kernel send buffer asked for each accepted socket, in bytes (the
+/// kernel doubles it for its own bookkeeping).
+pub const SEND_BUFFER: usize = 64 * 1024;
 
 /// How accepting is bounded.
 #[derive(Debug, Clone, Copy)]
@@ -36,25 +51,90 @@ pub(crate) struct Limits {
     pub header_timeout: Duration,
 }
 
-/// Who holds a place: dropped, it frees it.
-struct Place(Arc<AtomicUsize>);
+/// The connections holding places of one kind (reading their request, or
+/// the probes' reserve), oldest first, each with the handle that closes it.
+struct Pool {
+    count: Arc<AtomicUsize>,
+    held: Mutex<VecDeque<Held>>,
+}
+
+/// A connection in a pool: its place's id, the handle that closes it, and
+/// whether its place went to a newer connection (then its end frees none).
+struct Held {
+    id: u64,
+    abort: AbortHandle,
+    given_up: Arc<AtomicBool>,
+}
+
+impl Pool {
+    fn new(count: Arc<AtomicUsize>) -> Arc<Pool> {
+        Arc::new(Pool {
+            count,
+            held: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// A place if fewer than `cap` are held (counting `also` too), or the
+    /// place of the connection held longest, closed for it; `None` when
+    /// the pool holds none to give up.
+    fn take(self: &Arc<Pool>, also: usize, cap: usize) -> Option<Place> {
+        let free = self
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n + also < cap).then_some(n + 1))
+            .is_ok();
+        if !free {
+            // The oldest's place passes to this one: the count stays.
+            let oldest = self.held.lock().unwrap_or_else(|e| e.into_inner()).pop_front()?;
+            oldest.given_up.store(true, Ordering::Release);
+            oldest.abort.abort();
+        }
+        static IDS: AtomicU64 = AtomicU64::new(0);
+        Some(Place {
+            pool: self.clone(),
+            id: IDS.fetch_add(1, Ordering::Relaxed),
+            given_up: Arc::new(AtomicBool::new(false)),
+        })
+    }
+}
+
+/// Who holds a place: dropped, it frees it (unless it was given up to a
+/// newer connection).
+struct Place {
+    pool: Arc<Pool>,
+    id: u64,
+    given_up: Arc<AtomicBool>,
+}
 
 impl Place {
-    /// A place under `cap` (counting `also` too), or `None`.
-    fn take(count: &Arc<AtomicUsize>, also: usize, cap: usize) -> Option<Place> {
-        count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n + also < cap).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| Place(count.clone()))
+    /// Its connection's task, closed by `abort` if a newer connection
+    /// needs the place. Called by the task itself, so that it is never
+    /// held after the task ended.
+    fn hold(&self, abort: AbortHandle) {
+        self.pool.held.lock().unwrap_or_else(|e| e.into_inner()).push_back(Held {
+            id: self.id,
+            abort,
+            given_up: self.given_up.clone(),
+        });
     }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        let mut held = self.pool.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.retain(|h| h.id != self.id);
+        // Under the lock: a `take` either popped this one (and set the
+        // flag) before, or finds it gone after.
+        if !self.given_up.load(Ordering::Acquire) {
+            self.pool.count.fetch_sub(1, Ordering::AcqRel);
+        }
     }
+}
+
+/// The socket options every accepted connection gets (see the module's
+/// doc): sent at once, a bounded kernel send buffer.
+pub(crate) fn tune(stream: &TcpStream) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    socket2::SockRef::from(stream).set_send_buffer_size(SEND_BUFFER)
 }
 
 /// A log line at most once a second per kind, so a flood does not flood
@@ -88,7 +168,8 @@ pub(crate) async fn serve(
     sessions: Arc<AtomicUsize>,
     reading: Arc<AtomicUsize>,
 ) {
-    let reserve = Arc::new(AtomicUsize::new(0));
+    let reading = Pool::new(reading);
+    let reserve = Pool::new(Arc::new(AtomicUsize::new(0)));
     let (at_cap, out_of_files) = (Said::new(), Said::new());
     loop {
         let stream = match listener.accept().await {
@@ -104,13 +185,16 @@ pub(crate) async fn serve(
                 continue;
             }
         };
+        if let Err(e) = tune(&stream) {
+            out_of_files.say(|| format!("a connection's socket options could not be set ({e})"));
+        }
         let live = sessions.load(Ordering::Acquire);
-        let (router, place, probes_only) = match Place::take(&reading, live, limits.max_connections) {
+        let (router, place, probes_only) = match reading.take(live, limits.max_connections) {
             Some(place) => (app.clone(), place, false),
             None => {
                 let cap = limits.max_connections;
-                at_cap.say(|| format!("the connection cap ({cap}) is reached: only probes are answered"));
-                match Place::take(&reserve, 0, PROBE_RESERVE) {
+                at_cap.say(|| format!("the connection cap ({cap}) is reached by live sessions: only probes are answered"));
+                match reserve.take(0, PROBE_RESERVE) {
                     Some(place) => (probes.clone(), place, true),
                     // Dropped here: closed at once.
                     None => continue,
@@ -118,7 +202,12 @@ pub(crate) async fn serve(
             }
         };
         let timeout = limits.header_timeout;
-        tokio::spawn(async move {
+        // The task registers its own abort handle, so that no handle of a
+        // task already ended is ever held.
+        let (abort_tx, abort_rx) = tokio::sync::oneshot::channel::<AbortHandle>();
+        let task = tokio::spawn(async move {
+            let Ok(abort) = abort_rx.await else { return };
+            place.hold(abort);
             let _place = place;
             // The header timeout runs whenever the connection waits for a
             // request head: from the accept (so idle TCP is closed too), and
@@ -133,6 +222,7 @@ pub(crate) async fn serve(
                 .with_upgrades()
                 .await;
         });
+        let _ = abort_tx.send(task.abort_handle());
     }
 }
 

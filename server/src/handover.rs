@@ -11,13 +11,30 @@
 //! (`x-resume-chunk` on the upgrade, and a first `{"resume": n}` message):
 //! the client resends its audio from chunk n.
 //!
-//! Every store operation is bounded by `store_timeout_ms`, and a store
-//! that fails or hangs costs a log line and a counter, never a stream: the
+//! Every store operation is bounded by `store_timeout_ms` (connecting
+//! included: the client's own timeouts are set to it), and a store that
+//! fails or hangs costs a log line and a counter, never a stream: the
 //! hand-over is then skipped (the stream drains as it would without a
-//! store), a checkpoint is skipped, a lookup starts the stream fresh. A
-//! record that does not parse, of another format version, or of another
-//! model (the runner refuses it) starts the stream fresh too, with a log
-//! line; it is never imported.
+//! store), a checkpoint is skipped, a lookup starts the stream fresh. After
+//! a failure the store is not tried for a while ([`Store`]'s circuit), so
+//! a dead store costs each operation nothing more than a check. A
+//! checkpoint is written off the answer path (at most one in flight per
+//! stream; one due while the last is still in flight is dropped and
+//! counted). A record that does not parse, is larger than
+//! [`MAX_RECORD_BYTES`] (refused before it is read), holds a field out of
+//! range, is of another format version, or of another model (the runner
+//! refuses it) starts the stream fresh too, with a log line; it is never
+//! imported.
+//!
+//! Each record carries the writing session's *generation* (one more than
+//! the record it resumed from, 1 for a fresh stream) and its *owner* (a
+//! token of the session): a write lands only over a record of a lower
+//! generation, or of the same generation and owner, so a session that
+//! resumed from an older record (or a second session resuming from the
+//! same one, on another replica) can never overwrite a newer one; a clean
+//! close deletes the record only if it is still its own. On one replica,
+//! a stream id is live in one session at most: a second connection with
+//! the id is refused (1008) while the first lives.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -25,16 +42,26 @@ use std::time::{Duration, Instant};
 use laned_models::silero::{Context, CONTEXT};
 use laned_runner::StreamState;
 use redis::aio::MultiplexedConnection;
-use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
 use crate::Hysteresis;
 
-/// The version [`Record`]s are written in, and the only one read.
-pub const RECORD_VERSION: u32 = 1;
+/// The version [`Record`]s are written in, and the only one read (2: the
+/// generation and owner; the runner's state format 2).
+pub const RECORD_VERSION: u32 = 2;
+
+/// The largest record read from the store, in bytes: a larger one is
+/// refused by its length, before it is read (a Silero record is a few
+/// KiB).
+pub const MAX_RECORD_BYTES: u64 = 256 * 1024;
 
 /// The longest stream id accepted.
 pub const MAX_ID_BYTES: usize = 128;
+
+/// The furthest position a record may hold, in chunks (over a thousand
+/// years of 32 ms chunks): a larger one is refused, so the answer numbers
+/// never wrap.
+pub const MAX_RECORD_CHUNK: u64 = 1 << 40;
 
 /// The prefix of the store's keys: a stream's record is under
 /// `laned:vad:stream:<id>`.
@@ -57,11 +84,22 @@ pub struct Record {
     pub silence_from: Option<u64>,
     /// The model's explicit state, with the model's identity.
     pub state: StreamState,
+    /// The writing session's generation: one more than the record it
+    /// resumed from, 1 for a fresh stream.
+    pub generation: u64,
+    /// The writing session's token (see the module's doc).
+    pub owner: String,
 }
 
 impl Record {
     /// The record of a stream at `chunk`.
-    pub(crate) fn of(chunk: u64, context: &Context, hysteresis: &Hysteresis, state: StreamState) -> Record {
+    pub(crate) fn of(
+        chunk: u64,
+        context: &Context,
+        hysteresis: &Hysteresis,
+        state: StreamState,
+        writer: &Writer,
+    ) -> Record {
         Record {
             version: RECORD_VERSION,
             chunk,
@@ -69,6 +107,8 @@ impl Record {
             speaking: hysteresis.speaking,
             silence_from: hysteresis.silence_from,
             state,
+            generation: writer.generation,
+            owner: writer.owner.clone(),
         }
     }
 
@@ -93,6 +133,30 @@ impl Record {
                 "a context of {} samples, {CONTEXT} expected",
                 record.context.len()
             ));
+        }
+        if record.chunk > MAX_RECORD_CHUNK {
+            return Err(format!(
+                "a position of chunk {}, past the limit of {MAX_RECORD_CHUNK}",
+                record.chunk
+            ));
+        }
+        match record.silence_from {
+            Some(from) if !record.speaking => {
+                return Err(format!("silence from chunk {from} while not in speech"));
+            }
+            Some(from) if from > record.chunk => {
+                return Err(format!(
+                    "silence from chunk {from}, past the position (chunk {})",
+                    record.chunk
+                ));
+            }
+            _ => (),
+        }
+        if record.context.iter().any(|b| !f32::from_bits(*b).is_finite()) {
+            return Err("a context sample that is not a finite number".into());
+        }
+        if record.generation == 0 || record.generation > MAX_RECORD_CHUNK {
+            return Err(format!("a generation of {}", record.generation));
         }
         Ok(record)
     }
@@ -128,13 +192,85 @@ pub fn check_id(id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Who writes a stream's records: its session's generation and owner
+/// token (see the module's doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Writer {
+    pub generation: u64,
+    pub owner: String,
+}
+
+impl Writer {
+    /// A session's writer, one generation past `resumed` (the generation of
+    /// the record it found, if any), with a token no other session has.
+    pub(crate) fn after(resumed: Option<u64>) -> Writer {
+        static SESSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        Writer {
+            generation: resumed.unwrap_or(0).saturating_add(1),
+            owner: format!("{:x}-{started:x}-{n:x}", std::process::id()),
+        }
+    }
+}
+
+/// Writes `ARGV[1]` under `KEYS[1]` with a TTL of `ARGV[4]` s, unless the
+/// record there is of a higher generation than `ARGV[2]`, or of the same
+/// generation and another owner than `ARGV[3]`; a record that does not
+/// decode is overwritten. Returns 1 written, 0 refused.
+const PUT: &str = r#"
+local held = redis.call('GET', KEYS[1])
+if held then
+  local ok, record = pcall(cjson.decode, held)
+  if ok and type(record) == 'table' and tonumber(record.generation) then
+    local theirs, mine = tonumber(record.generation), tonumber(ARGV[2])
+    if theirs > mine or (theirs == mine and record.owner ~= ARGV[3]) then
+      return 0
+    end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[4]))
+return 1
+"#;
+
+/// The record under `KEYS[1]` if it holds at most `ARGV[1]` bytes, its
+/// length (an integer) if it holds more, nil if there is none.
+const GET: &str = r#"
+local n = redis.call('STRLEN', KEYS[1])
+if n == 0 then return false end
+if n > tonumber(ARGV[1]) then return n end
+return redis.call('GET', KEYS[1])
+"#;
+
+/// Deletes `KEYS[1]` if the record there is of generation `ARGV[1]` and
+/// owner `ARGV[2]`: a session's own, not a newer session's.
+const REMOVE_OWN: &str = r#"
+local held = redis.call('GET', KEYS[1])
+if not held then return 0 end
+local ok, record = pcall(cjson.decode, held)
+if ok and type(record) == 'table' and tonumber(record.generation) == tonumber(ARGV[1]) and record.owner == ARGV[2] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
 /// The hand-over store: a Redis server, connected lazily, every operation
-/// bounded.
+/// bounded by `timeout`, and a *circuit*: after an operation fails, none is
+/// tried for [`Store::cooldown`] (each fails at once, said so), so a store
+/// down or hung costs the streams no wait.
 pub(crate) struct Store {
     client: redis::Client,
     connection: Mutex<Option<MultiplexedConnection>>,
     timeout: Duration,
     ttl_s: u64,
+    /// Until when the circuit is open (no operation tried).
+    open_until: Mutex<Option<Instant>>,
+    put: redis::Script,
+    get: redis::Script,
+    remove_own: redis::Script,
 }
 
 /// Why a store operation failed.
@@ -147,6 +283,14 @@ impl std::fmt::Display for StoreError {
     }
 }
 
+/// What a lookup found.
+pub(crate) enum Found {
+    Nothing,
+    Bytes(Vec<u8>),
+    /// A record over [`MAX_RECORD_BYTES`], left unread: its length.
+    TooBig(u64),
+}
+
 impl Store {
     /// A store at `url` (`redis://host:port/`); nothing is connected yet.
     pub(crate) fn open(url: &str, timeout: Duration, ttl_s: u64) -> Result<Store, String> {
@@ -156,16 +300,31 @@ impl Store {
             connection: Mutex::new(None),
             timeout,
             ttl_s,
+            open_until: Mutex::new(None),
+            put: redis::Script::new(PUT),
+            get: redis::Script::new(GET),
+            remove_own: redis::Script::new(REMOVE_OWN),
         })
     }
 
-    /// The connection, made within the timeout if there is none.
+    /// How long the circuit stays open after a failure: four timeouts, a
+    /// second at least.
+    pub(crate) fn cooldown(&self) -> Duration {
+        (self.timeout * 4).max(Duration::from_secs(1))
+    }
+
+    /// The connection, made within the timeout if there is none. The
+    /// client's own connect and response timeouts are the setting too, so
+    /// that none of its defaults (1 s, 500 ms) cuts an operation first.
     async fn connection(&self, until: Instant) -> Result<MultiplexedConnection, StoreError> {
         if let Some(c) = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Ok(c);
         }
         let left = until.saturating_duration_since(Instant::now());
-        let c = tokio::time::timeout(left, self.client.get_multiplexed_async_connection())
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(left))
+            .set_response_timeout(Some(self.timeout));
+        let c = tokio::time::timeout(left, self.client.get_multiplexed_async_connection_with_config(&config))
             .await
             .map_err(|_| StoreError(format!("no connection to the store within {:?}", self.timeout)))?
             .map_err(|e| StoreError(format!("connecting to the store: {e}")))?;
@@ -174,12 +333,21 @@ impl Store {
     }
 
     /// Runs `op` on the connection within the timeout; a failure drops the
-    /// connection (the next operation connects again).
+    /// connection (the next operation connects again) and opens the
+    /// circuit.
     async fn bounded<T, F, Fut>(&self, what: &str, op: F) -> Result<T, StoreError>
     where
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
+        if let Some(until) = *self.open_until.lock().unwrap_or_else(|e| e.into_inner()) {
+            if Instant::now() < until {
+                return Err(StoreError(format!(
+                    "{what}: not tried, the store failed within the last {:?}",
+                    self.cooldown()
+                )));
+            }
+        }
         let until = Instant::now() + self.timeout;
         let result = match self.connection(until).await {
             Ok(c) => {
@@ -192,35 +360,74 @@ impl Store {
             }
             Err(e) => Err(StoreError(format!("{what}: {e}"))),
         };
-        if result.is_err() {
-            *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let mut open = self.open_until.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Err(_) => {
+                *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                *open = Some(Instant::now() + self.cooldown());
+            }
+            Ok(_) => *open = None,
         }
         result
     }
 
-    /// Writes `bytes` under stream `id`, with the TTL.
-    pub(crate) async fn put(&self, id: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
-        let (key, ttl) = (format!("{KEY_PREFIX}{id}"), self.ttl_s);
-        self.bounded("writing the record", |mut c| async move {
-            c.set_ex::<_, _, ()>(key, bytes, ttl).await
-        })
-        .await
+    /// Writes `record` under stream `id`, with the TTL, unless a newer
+    /// session's record is there (refused, said so).
+    pub(crate) async fn put(&self, id: &str, record: &Record) -> Result<(), StoreError> {
+        let key = format!("{KEY_PREFIX}{id}");
+        let (bytes, generation, owner, ttl) = (record.to_bytes(), record.generation, record.owner.clone(), self.ttl_s);
+        let written: i64 = self
+            .bounded("writing the record", |mut c| async move {
+                self.put
+                    .key(key)
+                    .arg(bytes)
+                    .arg(generation)
+                    .arg(owner)
+                    .arg(ttl)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        if written == 0 {
+            return Err(StoreError(format!(
+                "writing the record: a newer session of stream {id} holds it (this one is of generation {generation})"
+            )));
+        }
+        Ok(())
     }
 
-    /// The bytes under stream `id`, if any.
-    pub(crate) async fn get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    /// What is under stream `id`: its bytes when at most
+    /// [`MAX_RECORD_BYTES`], else only their length.
+    pub(crate) async fn get(&self, id: &str) -> Result<Found, StoreError> {
         let key = format!("{KEY_PREFIX}{id}");
-        self.bounded("reading the record", |mut c| async move {
-            c.get::<_, Option<Vec<u8>>>(key).await
-        })
-        .await
+        let found: redis::Value = self
+            .bounded("reading the record", |mut c| async move {
+                self.get.key(key).arg(MAX_RECORD_BYTES).invoke_async(&mut c).await
+            })
+            .await?;
+        match found {
+            redis::Value::Nil => Ok(Found::Nothing),
+            redis::Value::Int(n) => Ok(Found::TooBig(n as u64)),
+            redis::Value::BulkString(bytes) => Ok(Found::Bytes(bytes)),
+            other => Err(StoreError(format!("reading the record: the store answered {other:?}"))),
+        }
     }
 
-    /// Removes stream `id`'s record (the stream ended).
-    pub(crate) async fn remove(&self, id: &str) -> Result<(), StoreError> {
+    /// Removes stream `id`'s record if it is still `writer`'s (the stream
+    /// ended cleanly; a newer session's record stays).
+    pub(crate) async fn remove_own(&self, id: &str, writer: &Writer) -> Result<(), StoreError> {
         let key = format!("{KEY_PREFIX}{id}");
-        self.bounded("removing the record", |mut c| async move { c.del::<_, ()>(key).await })
-            .await
+        let (generation, owner) = (writer.generation, writer.owner.clone());
+        self.bounded("removing the record", |mut c| async move {
+            self.remove_own
+                .key(key)
+                .arg(generation)
+                .arg(owner)
+                .invoke_async::<i64>(&mut c)
+                .await
+        })
+        .await
+        .map(|_| ())
     }
 }
 
@@ -290,19 +497,48 @@ mod tests {
 
     #[test]
     fn a_record_reads_back_and_refuses_other_versions_and_contexts() {
-        let state: StreamState = serde_json::from_str(r#"{"version":1,"model":"m","tensors":[]}"#).unwrap();
+        let state: StreamState = serde_json::from_str(r#"{"version":2,"model":"m","tensors":[]}"#).unwrap();
         let mut context = Context::default();
         context.inputs(&[0.25; laned_models::silero::CHUNK]);
-        let record = Record::of(7, &context, &Hysteresis::default(), state);
+        let record = Record::of(7, &context, &Hysteresis::default(), state, &Writer::after(None));
         let back = Record::from_bytes(&record.to_bytes()).unwrap();
         assert_eq!(back, record);
         assert_eq!(back.context().samples(), context.samples());
         let mut other = record.clone();
-        other.version = 2;
-        assert!(Record::from_bytes(&other.to_bytes()).unwrap_err().contains("version 2"));
+        other.version = 1;
+        assert!(Record::from_bytes(&other.to_bytes()).unwrap_err().contains("version 1"));
         other = record.clone();
         other.context.pop();
         assert!(Record::from_bytes(&other.to_bytes()).is_err());
         assert!(Record::from_bytes(b"\x00garbage").is_err());
+        // Fields out of range are refused, naming them.
+        let refused = |change: &dyn Fn(&mut Record), words: &str| {
+            let mut r = record.clone();
+            change(&mut r);
+            let e = Record::from_bytes(&r.to_bytes()).unwrap_err();
+            assert!(e.contains(words), "{e:?} should say {words:?}");
+        };
+        refused(&|r| r.chunk = u64::MAX, "position");
+        refused(&|r| r.silence_from = Some(3), "while not in speech");
+        refused(
+            &|r| {
+                r.speaking = true;
+                r.silence_from = Some(1 << 60);
+            },
+            "past the position",
+        );
+        refused(&|r| r.context[0] = f32::NAN.to_bits(), "finite");
+        refused(&|r| r.generation = 0, "generation");
+    }
+
+    /// Each session's writer is one generation past what it resumed, with
+    /// a token of its own.
+    #[test]
+    fn writers_are_ordered_by_generation_and_told_apart() {
+        let (a, b) = (Writer::after(None), Writer::after(None));
+        assert_eq!((a.generation, b.generation), (1, 1));
+        assert_ne!(a.owner, b.owner);
+        assert_eq!(Writer::after(Some(7)).generation, 8);
+        assert_eq!(Writer::after(Some(u64::MAX)).generation, u64::MAX);
     }
 }

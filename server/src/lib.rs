@@ -401,7 +401,7 @@ struct Shared {
     /// Connections reading their request (not yet sessions).
     reading: Arc<AtomicUsize>,
     /// The hand-over store, if one is configured.
-    store: Option<Store>,
+    store: Option<Arc<Store>>,
     /// The model's identity as its states carry it (a record of another
     /// model is refused before its stream is admitted).
     identity: String,
@@ -411,6 +411,8 @@ struct Shared {
     tally: std::sync::Mutex<handover::Tally>,
     /// Checkpoint failures, logged once a second at most.
     checkpoint_said: accept::Said,
+    /// The stream ids live in a session now: one session per id.
+    live_ids: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// A running server.
@@ -447,21 +449,12 @@ pub async fn start(
             if let Err(e) = store.get("-").await {
                 eprintln!("vad-server: the store at {url} does not answer ({e}): streams start fresh and hand-overs are skipped until it does");
             }
-            Some(store)
+            Some(Arc::new(store))
         }
         None => None,
     };
-    // The identity records carry, read from a stream's export (the runner
-    // computes it); only needed with a store.
-    let identity = match store {
-        Some(_) => {
-            let probe = runner.spawn_async().await.map_err(|e| e.to_string())?;
-            let identity = probe.export_state_async().await.map_err(|e| e.to_string())?.model;
-            drop(probe);
-            identity
-        }
-        None => String::new(),
-    };
+    // The identity records carry (the runner fixed it when built).
+    let identity = runner.state_identity().to_string();
     let shared = Arc::new(Shared {
         runner,
         settings,
@@ -474,6 +467,7 @@ pub async fn start(
         handing_over: handing_over_rx,
         tally: std::sync::Mutex::new(handover::Tally::default()),
         checkpoint_said: accept::Said::new(),
+        live_ids: std::sync::Mutex::new(std::collections::HashSet::new()),
     });
     let probes = Router::new()
         .route("/ready", get(ready))
@@ -668,39 +662,68 @@ fn stream_id_of(headers: &axum::http::HeaderMap, query: Option<&str>) -> Result<
 /// What a connection resumes from: `None` without a store or an id.
 enum Resume {
     None,
-    /// Chunk 0, nothing held (or nothing usable).
-    Fresh,
+    /// Chunk 0, nothing held (or nothing usable); the generation of a
+    /// record refused, if one was read (the new session's is above it).
+    Fresh(Option<u64>),
     From(Box<Record>),
+}
+
+impl Resume {
+    /// The generation of the record this session found, if any.
+    fn found_generation(&self) -> Option<u64> {
+        match self {
+            Resume::None => None,
+            Resume::Fresh(generation) => *generation,
+            Resume::From(record) => Some(record.generation),
+        }
+    }
 }
 
 /// The record under `id`, if it is one this server may continue: every
 /// other outcome starts the stream fresh, with a log line where something
-/// was wrong (the store failing, a record unreadable or of another model).
+/// was wrong (the store failing, a record too large, unreadable, out of
+/// range, of another model or refused by the runner's checks). Decided
+/// here, before the upgrade, so that where the client is told to resume
+/// from is where the stream resumes.
 async fn look_up(shared: &Shared, store: &Store, id: &str) -> Resume {
     let bytes = match store.get(id).await {
-        Ok(Some(b)) => b,
-        Ok(None) => {
+        Ok(handover::Found::Bytes(b)) => b,
+        Ok(handover::Found::Nothing) => {
             handover::count("laned_resume_total", "fresh");
-            return Resume::Fresh;
+            return Resume::Fresh(None);
+        }
+        Ok(handover::Found::TooBig(n)) => {
+            eprintln!(
+                "vad-server: stream {id}: the record held for it is refused ({n} bytes, over the {}-byte limit; left unread): it starts fresh",
+                handover::MAX_RECORD_BYTES
+            );
+            handover::count("laned_resume_total", "refused");
+            return Resume::Fresh(None);
         }
         Err(e) => {
             eprintln!("vad-server: stream {id}: no record read ({e}): it starts fresh");
             handover::count("laned_resume_total", "failed");
-            return Resume::Fresh;
+            return Resume::Fresh(None);
         }
     };
-    let refused = |why: String| {
+    let refused = |why: String, generation: Option<u64>| {
         eprintln!("vad-server: stream {id}: the record held for it is refused ({why}): it starts fresh");
         handover::count("laned_resume_total", "refused");
-        Resume::Fresh
+        Resume::Fresh(generation)
     };
     match Record::from_bytes(&bytes) {
-        Ok(r) if r.state.model != shared.identity => refused(format!(
-            "written by model {:?}, this server serves {:?}",
-            r.state.model, shared.identity
-        )),
-        Ok(r) => Resume::From(Box::new(r)),
-        Err(why) => refused(format!("{} bytes, {why}", bytes.len())),
+        Ok(r) if r.state.model != shared.identity => refused(
+            format!(
+                "written by model {:?}, this server serves {:?}",
+                r.state.model, shared.identity
+            ),
+            Some(r.generation),
+        ),
+        Ok(r) => match shared.runner.check_state(&r.state) {
+            Ok(()) => Resume::From(Box::new(r)),
+            Err(e) => refused(format!("its state: {e}"), Some(r.generation)),
+        },
+        Err(why) => refused(format!("{} bytes, {why}", bytes.len()), None),
     }
 }
 
@@ -718,7 +741,7 @@ async fn vad(
     };
     let resume_chunk = match &resume {
         Resume::None => None,
-        Resume::Fresh => Some(0),
+        Resume::Fresh(_) => Some(0),
         Resume::From(r) => Some(r.chunk),
     };
     let opening = Opening { format, id, resume };
@@ -751,19 +774,78 @@ struct Opening {
     resume: Resume,
 }
 
-/// A stream's state to the store: `Ok` with its bytes and the times the
-/// export (from the runner) and the write (to the store) took.
-async fn hand_over(store: &Store, id: &str, stream: &Stream) -> Result<(usize, Duration, Duration), String> {
+/// The stream's record as it stands (its state exported from the runner),
+/// and how long the export took.
+async fn record_of(stream: &Stream) -> Result<(Record, Duration), String> {
     let started = Instant::now();
     let state = stream
         .handle
         .export_state_async()
         .await
         .map_err(|e| format!("exporting the state: {e}"))?;
-    let bytes = Record::of(stream.chunk, &stream.context, &stream.hysteresis, state).to_bytes();
-    let (n, exported) = (bytes.len(), Instant::now());
-    store.put(id, bytes).await.map_err(|e| e.to_string())?;
-    Ok((n, exported - started, exported.elapsed()))
+    let record = Record::of(stream.chunk, &stream.context, &stream.hysteresis, state, &stream.writer);
+    Ok((record, started.elapsed()))
+}
+
+/// A stream's state to the store, after any checkpoint in flight (so a
+/// later position is never overwritten by an earlier one): `Ok` with its
+/// bytes and the times the export (from the runner) and the write (to the
+/// store) took.
+async fn hand_over(store: &Store, id: &str, stream: &Stream) -> Result<(usize, Duration, Duration), String> {
+    let (record, export) = record_of(stream).await?;
+    let written = stream.written.clone().lock_owned().await;
+    let started = Instant::now();
+    put_after(store, id, &record, written).await?;
+    Ok((record.to_bytes().len(), export, started.elapsed()))
+}
+
+/// Writes `record` unless the stream's last write was at its position or
+/// later (`written`: the last position written, held for the write).
+async fn put_after(
+    store: &Store,
+    id: &str,
+    record: &Record,
+    mut written: tokio::sync::OwnedMutexGuard<Option<u64>>,
+) -> Result<(), String> {
+    if written.is_some_and(|at| at > record.chunk) {
+        return Ok(());
+    }
+    store.put(id, record).await.map_err(|e| e.to_string())?;
+    *written = Some(record.chunk);
+    Ok(())
+}
+
+/// A checkpoint, off the answer path: the record is taken now, written by
+/// a task of its own. At most one is in flight per stream: one due while
+/// the last is still being written is dropped (counted `dropped`), so a
+/// slow or hung store costs the stream no wait and no memory.
+async fn checkpoint(shared: &Arc<Shared>, store: &Arc<Store>, id: &str, stream: &Stream) {
+    let Ok(written) = stream.written.clone().try_lock_owned() else {
+        handover::count("laned_checkpoint_total", "dropped");
+        return;
+    };
+    let record = match record_of(stream).await {
+        Ok((record, _)) => record,
+        Err(why) => {
+            handover::count("laned_checkpoint_total", "failed");
+            shared
+                .checkpoint_said
+                .say(|| format!("stream {id}: a checkpoint skipped ({why})"));
+            return;
+        }
+    };
+    let (shared, store, id) = (shared.clone(), store.clone(), id.to_string());
+    tokio::spawn(async move {
+        match put_after(&store, &id, &record, written).await {
+            Ok(()) => handover::count("laned_checkpoint_total", "ok"),
+            Err(why) => {
+                handover::count("laned_checkpoint_total", "failed");
+                shared
+                    .checkpoint_said
+                    .say(|| format!("stream {id}: a checkpoint skipped ({why})"));
+            }
+        }
+    });
 }
 
 /// Hands the stream over and closes it 1012 (`true`: the session ends), or
@@ -814,11 +896,19 @@ async fn refuse_transport_error(socket: &mut WebSocket, error: axum::Error, max:
 }
 
 /// The client closed: flush the close reply tungstenite queued, and drop
-/// the stream's record (a later stream of the same id starts fresh).
-async fn closed_by_client(socket: &mut WebSocket, handing: Option<(&handover::Store, &str)>) {
+/// the stream's record if it is still this session's (a later stream of
+/// the same id starts fresh; a newer session's record stays).
+async fn closed_by_client(
+    socket: &mut WebSocket,
+    handing: Option<(&Arc<Store>, &str)>,
+    writer: &handover::Writer,
+    written: &Arc<tokio::sync::Mutex<Option<u64>>>,
+) {
     let _ = futures_util::SinkExt::close(socket).await;
     if let Some((store, id)) = handing {
-        let _ = store.remove(id).await;
+        // After any checkpoint in flight, which would write it back.
+        let _written = written.clone().lock_owned().await;
+        let _ = store.remove_own(id, writer).await;
     }
 }
 
@@ -839,15 +929,36 @@ async fn close_with(socket: &mut WebSocket, code: u16, reason: &str) {
         }))),
     )
     .await;
-    // Wait briefly for the client's close reply so the frame is flushed.
-    let _ = tokio::time::timeout(Duration::from_millis(500), async {
-        while let Some(Ok(m)) = socket.recv().await {
-            if matches!(m, Message::Close(_)) {
-                break;
+    // Linger: read and discard until the client's close reply (or the
+    // end of the connection), up to a second, so that the frame reaches a
+    // client still sending (a socket closed with bytes unread would be
+    // reset, the close frame lost). A read that fails on the client's
+    // input (the rest of an oversized message) is discarded too.
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        loop {
+            match socket.recv().await {
+                None | Some(Ok(Message::Close(_))) => break,
+                Some(Ok(_)) => (),
+                Some(Err(e)) => {
+                    if connection_gone(e) {
+                        break;
+                    }
+                    tokio::task::yield_now().await
+                }
             }
         }
     })
     .await;
+}
+
+/// Whether a failed read means the connection is gone (nothing more to
+/// read), not only that the client's input was refused.
+fn connection_gone(error: axum::Error) -> bool {
+    use tokio_tungstenite::tungstenite::Error;
+    match error.into_inner().downcast::<Error>() {
+        Ok(e) => matches!(*e, Error::ConnectionClosed | Error::AlreadyClosed | Error::Io(_)),
+        Err(_) => true,
+    }
 }
 
 /// What a message read ahead holds: its payload and its place in the
@@ -865,6 +976,77 @@ fn message_bytes(m: &Message) -> usize {
 /// Until the flag is set (or its sender is gone).
 async fn closed(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|c| *c).await;
+}
+
+/// Non-audio frames (pings, pongs, empty binary frames) a connection may
+/// send in a burst; past it, [`CONTROL_PER_SEC`] a second. A connection
+/// over it is closed 1008: a flood of frames that carry no audio costs the
+/// server at most this many frames' reading (each at most 125 bytes of
+/// control payload), whether or not the client reads its pongs.
+pub const CONTROL_BURST: u32 = 64;
+/// See [`CONTROL_BURST`].
+pub const CONTROL_PER_SEC: u32 = 32;
+
+/// A connection's budget of non-audio frames (a token bucket).
+struct ControlBudget {
+    tokens: f64,
+    at: tokio::time::Instant,
+}
+
+impl ControlBudget {
+    fn new() -> ControlBudget {
+        ControlBudget {
+            tokens: CONTROL_BURST as f64,
+            at: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Spend one frame's token; `false` when none is left.
+    fn spend(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        let earned = (now - self.at).as_secs_f64() * CONTROL_PER_SEC as f64;
+        self.tokens = (self.tokens + earned).min(CONTROL_BURST as f64);
+        self.at = now;
+        if self.tokens < 1.0 {
+            return false;
+        }
+        self.tokens -= 1.0;
+        true
+    }
+}
+
+/// Whether the client takes its replies: the server pings after replying
+/// (at most every quarter of `idle`), and a ping not answered (pong) within
+/// `idle` means the client has read nothing since (every WebSocket client
+/// answers a ping when it reads): the session is closed 1008 and its lane
+/// freed, however much the kernel's buffers could still hold.
+struct Taken {
+    idle: Duration,
+    /// The ping waiting for its pong, sent then.
+    outstanding: Option<tokio::time::Instant>,
+    /// The last ping sent.
+    last: Option<tokio::time::Instant>,
+}
+
+impl Taken {
+    /// Past when the client has not taken its replies.
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.outstanding.map(|at| at + self.idle)
+    }
+
+    /// Whether a ping should follow the replies just sent.
+    fn ping_due(&self, now: tokio::time::Instant) -> bool {
+        self.outstanding.is_none() && self.last.is_none_or(|at| now >= at + self.idle / 4)
+    }
+}
+
+/// Frees a stream id when its session ends.
+struct LiveId<'a>(&'a Shared, String);
+
+impl Drop for LiveId<'_> {
+    fn drop(&mut self) {
+        self.0.live_ids.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.1);
+    }
 }
 
 async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
@@ -885,6 +1067,18 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
     let handing = match (&shared.store, &id) {
         (Some(store), Some(id)) => Some((store, id.as_str())),
         _ => None,
+    };
+    // One live session per id: a second is refused while the first lives,
+    // so that nobody continues (or overwrites) another's stream.
+    let _live_id = match handing {
+        Some((_, id)) => {
+            if !shared.live_ids.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string()) {
+                let why = format!("stream id {id:?} is live in another session");
+                return close_with(&mut socket, close::IDLE, &why).await;
+            }
+            Some(LiveId(&shared, id.to_string()))
+        }
+        None => None,
     };
     // Draining already: a stream with an id is told to go elsewhere with
     // its record untouched.
@@ -925,22 +1119,19 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
         pending: Vec::new(),
         chunk: 0,
         hysteresis: Hysteresis::default(),
+        writer: handover::Writer::after(opening.resume.found_generation()),
+        written: Arc::new(tokio::sync::Mutex::new(None)),
     };
-    if let (Resume::From(record), Some((store, id))) = (&opening.resume, handing) {
-        // The identity was checked before the upgrade; the runner checks it
-        // again, and each tensor against the model's facts.
+    if let (Resume::From(record), Some((_, id))) = (&opening.resume, handing) {
+        // The record was checked before the upgrade (the runner's checks
+        // included); an import can only fail now for the runner's end.
         if let Err(e) = stream.handle.import_state_async(&record.state).await {
-            eprintln!(
-                "vad-server: stream {id}: its record is refused on import ({e}): removed; reconnect to start fresh"
-            );
-            handover::count("laned_resume_total", "refused");
-            let _ = store.remove(id).await;
-            return close_with(
-                &mut socket,
-                close::INTERNAL,
-                "the stream's record was refused: reconnect",
-            )
-            .await;
+            let code = if e.end_reason().is_some() {
+                close::GOING_AWAY
+            } else {
+                close::INTERNAL
+            };
+            return close_with(&mut socket, code, &format!("stream {id}: resuming: {e}")).await;
         }
         stream.chunk = record.chunk;
         stream.context = record.context();
@@ -964,6 +1155,13 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
     let mut backlog_bytes = 0;
     // Only audio moves this on: pings, pongs and empty frames keep no lane.
     let mut idle_until = tokio::time::Instant::now() + idle;
+    let mut budget = ControlBudget::new();
+    let mut taken = Taken {
+        idle,
+        outstanding: None,
+        last: None,
+    };
+    let untaken = format!("replies untaken for {idle:?}: the lane goes to others");
     loop {
         if let Some((store, id)) = handing {
             if !hand_over_failed && *shared.handing_over.borrow() {
@@ -976,22 +1174,25 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
         // Checked here too, not only by the read's timeout: a timeout
         // looks at its clock only when the read is pending, and a flood of
         // pings keeps the read ready.
-        if tokio::time::Instant::now() >= idle_until {
+        let now = tokio::time::Instant::now();
+        if now >= idle_until {
             let why = format!("no audio for {idle:?}: the lane goes to others");
             return close_with(&mut socket, close::IDLE, &why).await;
         }
+        if taken.deadline().is_some_and(|d| now >= d) {
+            return close_with(&mut socket, close::IDLE, &untaken).await;
+        }
+        let read_until = taken.deadline().map_or(idle_until, |d| d.min(idle_until));
         let msg = match backlog.pop_front() {
             Some(m) => {
                 backlog_bytes -= message_bytes(&m);
                 Some(Ok(m))
             }
             None => tokio::select! {
-                m = tokio::time::timeout_at(idle_until, socket.recv()) => match m {
+                m = tokio::time::timeout_at(read_until, socket.recv()) => match m {
                     Ok(m) => m,
-                    Err(_) => {
-                        let why = format!("no audio for {idle:?}: the lane goes to others");
-                        return close_with(&mut socket, close::IDLE, &why).await;
-                    }
+                    // The loop's top says which clock ran out.
+                    Err(_) => continue,
                 },
                 _ = closed(shared.closing.clone()) => {
                     return close_with(&mut socket, close::GOING_AWAY, "the server is shutting down").await;
@@ -1008,8 +1209,16 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
             // Gone: dropping the handle frees the lane.
             None => return,
             Some(Err(e)) => return refuse_transport_error(&mut socket, e, max).await,
-            Some(Ok(Message::Close(_))) => return closed_by_client(&mut socket, handing).await,
-            Some(Ok(Message::Ping(_))) | Some(Ok(Message::Pong(_))) => continue,
+            Some(Ok(Message::Close(_))) => return closed_by_client(&mut socket, handing, &stream.writer, &stream.written).await,
+            Some(Ok(m @ (Message::Ping(_) | Message::Pong(_)))) => {
+                if matches!(m, Message::Pong(_)) {
+                    taken.outstanding = None;
+                }
+                if !budget.spend() {
+                    return close_with(&mut socket, close::IDLE, &too_many_frames()).await;
+                }
+                continue;
+            }
             Some(Ok(Message::Text(_))) => {
                 return close_with(
                     &mut socket,
@@ -1028,7 +1237,11 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
             let why = format!("{} bytes is not a whole number of {format:?} samples", bytes.len());
             return close_with(&mut socket, close::UNSUPPORTED, &why).await;
         }
-        if !bytes.is_empty() {
+        if bytes.is_empty() {
+            if !budget.spend() {
+                return close_with(&mut socket, close::IDLE, &too_many_frames()).await;
+            }
+        } else {
             idle_until = tokio::time::Instant::now() + idle;
         }
         format.decode(&bytes, &mut stream.pending);
@@ -1043,6 +1256,9 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
                     hand_over_failed = true;
                 }
             }
+            if taken.deadline().is_some_and(|d| tokio::time::Instant::now() >= d) {
+                return close_with(&mut socket, close::IDLE, &untaken).await;
+            }
             let chunk: Vec<f32> = stream.pending.drain(..CHUNK).collect();
             let inputs = stream.context.inputs(&chunk);
             // The socket is read while the call is in flight: a client gone
@@ -1056,7 +1272,7 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
                         m = socket.recv(), if backlog_bytes < READ_AHEAD_BYTES => match m {
                             None => return,
                             Some(Err(e)) => return refuse_transport_error(&mut socket, e, max).await,
-                            Some(Ok(Message::Close(_))) => return closed_by_client(&mut socket, handing).await,
+                            Some(Ok(Message::Close(_))) => return closed_by_client(&mut socket, handing, &stream.writer, &stream.written).await,
                             Some(Ok(m)) => {
                                 backlog_bytes += message_bytes(&m);
                                 backlog.push_back(m);
@@ -1086,36 +1302,43 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
                 .unwrap_or(f32::NAN);
             let n = stream.chunk;
             stream.chunk += 1;
-            let mut replies = vec![format!("{{\"chunk\":{n},\"probability\":{p}}}")];
+            let mut replies = vec![Message::Text(format!("{{\"chunk\":{n},\"probability\":{p}}}").into())];
             match stream.hysteresis.feed(n, p) {
-                Some(Event::Start(c)) => replies.push(format!("{{\"event\":\"speech_start\",\"chunk\":{c}}}")),
-                Some(Event::End(c)) => replies.push(format!("{{\"event\":\"speech_end\",\"chunk\":{c}}}")),
+                Some(Event::Start(c)) => {
+                    replies.push(Message::Text(format!("{{\"event\":\"speech_start\",\"chunk\":{c}}}").into()))
+                }
+                Some(Event::End(c)) => {
+                    replies.push(Message::Text(format!("{{\"event\":\"speech_end\",\"chunk\":{c}}}").into()))
+                }
                 None => {}
+            }
+            let now = tokio::time::Instant::now();
+            if taken.ping_due(now) {
+                replies.push(Message::Ping(n.to_le_bytes().to_vec().into()));
+                taken.outstanding = Some(now);
+                taken.last = Some(now);
             }
             for r in replies {
                 // A client not taking its replies stalls the send once the
                 // buffers fill: past `idle`, it is dropped (no close frame
                 // could reach it either).
-                match tokio::time::timeout(idle, socket.send(Message::Text(r.into()))).await {
+                match tokio::time::timeout(idle, socket.send(r)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) | Err(_) => return,
                 }
             }
             if let Some((store, id)) = handing {
                 if checkpoint_every > 0 && stream.chunk.is_multiple_of(checkpoint_every) {
-                    match hand_over(store, id, &stream).await {
-                        Ok(_) => handover::count("laned_checkpoint_total", "ok"),
-                        Err(why) => {
-                            handover::count("laned_checkpoint_total", "failed");
-                            shared
-                                .checkpoint_said
-                                .say(|| format!("stream {id}: a checkpoint skipped ({why})"));
-                        }
-                    }
+                    checkpoint(&shared, store, id, &stream).await;
                 }
             }
         }
     }
+}
+
+/// The reason a connection flooding non-audio frames is closed with.
+fn too_many_frames() -> String {
+    format!("too many frames without audio: {CONTROL_BURST} at once, {CONTROL_PER_SEC} a second at most")
 }
 
 struct Stream {
@@ -1124,6 +1347,12 @@ struct Stream {
     pending: Vec<f32>,
     chunk: u64,
     hysteresis: Hysteresis,
+    /// This session's generation and owner token, on every record it writes.
+    writer: handover::Writer,
+    /// The last position this session wrote to the store, held while a
+    /// write is in flight (a checkpoint's task, a hand-over, a removal):
+    /// one write at a time, never an earlier position after a later one.
+    written: Arc<tokio::sync::Mutex<Option<u64>>>,
 }
 
 #[cfg(test)]

@@ -211,7 +211,9 @@ struct Args {
     #[arg(long)]
     stream_id: Option<String>,
     /// How long to keep reconnecting after a 1012 or a dropped connection
-    /// (where the server hands streams over), in milliseconds; 0: never.
+    /// (where the server hands streams over), in milliseconds, counted
+    /// from each interruption (a stream moved twice gets the window twice);
+    /// 0: never.
     #[arg(long, default_value_t = 30_000)]
     resume_for_ms: u64,
 }
@@ -333,6 +335,9 @@ async fn main() {
     // Whether the server hands streams over (it said x-resume-chunk).
     let mut resumable = false;
     let mut resuming_until: Option<tokio::time::Instant> = None;
+    // Set once a reconnection resumed the stream: the next interruption
+    // starts a window of its own (each interruption gets `resume_for_ms`).
+    let mut resumed_since = false;
     let ending = loop {
         let mut request = match url.as_str().into_client_request() {
             Ok(r) => r,
@@ -376,6 +381,7 @@ async fn main() {
             (None, true) => break Ending::Dropped("reconnected to a server that resumes no stream".into()),
         };
         if resuming_until.is_some() {
+            resumed_since = true;
             resumes += 1;
             eprintln!("vad-client: stream {id} resumed at chunk {from}");
         }
@@ -400,6 +406,9 @@ async fn main() {
             Ending::Closed(Some(1012), _) | Ending::Dropped(_)
                 if resumable && args.resume_for_ms > 0 && answered < expected =>
             {
+                if std::mem::take(&mut resumed_since) {
+                    resuming_until = None;
+                }
                 let until = *resuming_until
                     .get_or_insert_with(|| tokio::time::Instant::now() + Duration::from_millis(args.resume_for_ms));
                 if tokio::time::Instant::now() >= until {

@@ -220,9 +220,13 @@ impl Writer {
 /// Writes `ARGV[1]` under `KEYS[1]` with a TTL of `ARGV[4]` s, unless the
 /// record there is of a higher generation than `ARGV[2]`, or of the same
 /// generation and another owner than `ARGV[3]`; a record that does not
-/// decode is overwritten. Returns 1 written, 0 refused.
+/// decode, or is over `ARGV[5]` bytes (never read), is overwritten.
+/// Returns 1 written, 0 refused.
 const PUT: &str = r#"
-local held = redis.call('GET', KEYS[1])
+local held = nil
+if redis.call('STRLEN', KEYS[1]) <= tonumber(ARGV[5]) then
+  held = redis.call('GET', KEYS[1])
+end
 if held then
   local ok, record = pcall(cjson.decode, held)
   if ok and type(record) == 'table' and tonumber(record.generation) then
@@ -384,6 +388,7 @@ impl Store {
                     .arg(generation)
                     .arg(owner)
                     .arg(ttl)
+                    .arg(MAX_RECORD_BYTES)
                     .invoke_async(&mut c)
                     .await
             })

@@ -60,6 +60,10 @@ pub mod close {
 /// code's two).
 const MAX_REASON: usize = 123;
 
+/// Frames (or failed reads) a closing session discards at most while it
+/// waits for the client's close reply.
+const LINGER_FRAMES: usize = 256;
+
 /// Bytes a connection's writes gather before they go out.
 const WRITE_BUFFER: usize = 64 * 1024;
 
@@ -659,6 +663,11 @@ fn stream_id_of(headers: &axum::http::HeaderMap, query: Option<&str>) -> Result<
     }
 }
 
+/// The generation a record refused at parse says it has, if it says one.
+fn generation_in(bytes: &[u8]) -> Option<u64> {
+    serde_json::from_slice::<serde_json::Value>(bytes).ok()?.get("generation")?.as_u64()
+}
+
 /// What a connection resumes from: `None` without a store or an id.
 enum Resume {
     None,
@@ -723,7 +732,9 @@ async fn look_up(shared: &Shared, store: &Store, id: &str) -> Resume {
             Ok(()) => Resume::From(Box::new(r)),
             Err(e) => refused(format!("its state: {e}"), Some(r.generation)),
         },
-        Err(why) => refused(format!("{} bytes, {why}", bytes.len()), None),
+        // Superseded by this session's records where its generation can
+        // still be read.
+        Err(why) => refused(format!("{} bytes, {why}", bytes.len()), generation_in(&bytes)),
     }
 }
 
@@ -934,8 +945,11 @@ async fn close_with(socket: &mut WebSocket, code: u16, reason: &str) {
     // client still sending (a socket closed with bytes unread would be
     // reset, the close frame lost). A read that fails on the client's
     // input (the rest of an oversized message) is discarded too.
+    // Bounded in frames too, so that a flood is not read for the whole
+    // second (the close frame was sent first: a client reading gets it
+    // long before).
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        loop {
+        for _ in 0..LINGER_FRAMES {
             match socket.recv().await {
                 None | Some(Ok(Message::Close(_))) => break,
                 Some(Ok(_)) => (),

@@ -34,7 +34,7 @@ fn free_port() -> u16 {
 
 /// `redis-server` on a private port and directory (no persistence),
 /// killed when dropped.
-struct Redis {
+pub(crate) struct Redis {
     child: Child,
     port: u16,
     _dir: tempfile::TempDir,
@@ -43,7 +43,7 @@ struct Redis {
 impl Redis {
     /// Started and answering, or `None` after `SKIPPED` where Debian's
     /// `redis-server` is not installed.
-    async fn start() -> Option<Redis> {
+    pub(crate) async fn start() -> Option<Redis> {
         if std::process::Command::new("redis-server")
             .arg("--version")
             .output()
@@ -80,11 +80,11 @@ impl Redis {
         Some(redis)
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    fn connection(&self) -> redis::RedisResult<redis::Connection> {
+    pub(crate) fn connection(&self) -> redis::RedisResult<redis::Connection> {
         let mut c = redis::Client::open(self.url())?.get_connection()?;
         redis::cmd("PING").query::<String>(&mut c)?;
         Ok(c)
@@ -102,14 +102,14 @@ impl Redis {
 
 /// A vad-server child on `listen`, its stdout and stderr lines kept (and
 /// echoed, prefixed `name`).
-struct Replica {
+pub(crate) struct Replica {
     child: Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     lines: Arc<Mutex<Vec<String>>>,
 }
 
 impl Replica {
-    async fn start(model: &std::path::Path, name: &'static str, listen: SocketAddr, args: &[&str]) -> Replica {
+    pub(crate) async fn start(model: &std::path::Path, name: &'static str, listen: SocketAddr, args: &[&str]) -> Replica {
         let mut child = Command::new(env!("CARGO_BIN_EXE_vad-server"))
             .arg("--listen")
             .arg(listen.to_string())
@@ -144,7 +144,7 @@ impl Replica {
         Replica { child, addr, lines }
     }
 
-    fn said(&self, part: &str) -> Vec<String> {
+    pub(crate) fn said(&self, part: &str) -> Vec<String> {
         self.lines
             .lock()
             .unwrap()
@@ -208,7 +208,7 @@ async fn haproxy(front: SocketAddr, replicas: [SocketAddr; 2]) -> Option<(Child,
 
 /// Audio with speech in it where espeak-ng speaks (else generated sound
 /// only): `chunks` whole chunks and a few samples more, seeded by `s`.
-fn voice(s: usize, chunks: usize) -> Vec<f32> {
+pub(crate) fn voice(s: usize, chunks: usize) -> Vec<f32> {
     let mut samples =
         laned_models::sound::speak(&format!("stream {s} says hello, then it keeps talking")).unwrap_or_default();
     samples.truncate(chunks * CHUNK / 2);
@@ -350,7 +350,7 @@ async fn reconnecting(front: SocketAddr, id: String, samples: Vec<f32>, pace: Du
 }
 
 /// The sum of a counter's series with `label` on `addr`'s `/metrics`.
-async fn counter(addr: SocketAddr, name: &str, label: &str) -> f64 {
+pub(crate) async fn counter(addr: SocketAddr, name: &str, label: &str) -> f64 {
     let Some((_, body)) = try_http_get(addr, "/metrics").await else {
         return f64::NAN;
     };
@@ -744,9 +744,9 @@ fn silero_handover_refuses_corrupt_and_foreign_records_and_starts_fresh() {
         let record = laned_server::handover::Record::from_bytes(&good).unwrap();
         assert_eq!(record.chunk, 8);
         let mut foreign = record.clone();
-        let (head, digest) = foreign.state.model.rsplit_once("weights ").unwrap();
+        let (head, digest) = foreign.state.model.rsplit_once("graph ").unwrap();
         let other = u64::from_str_radix(digest, 16).unwrap() ^ 1;
-        foreign.state.model = format!("{head}weights {other:016x}");
+        foreign.state.model = format!("{head}graph {other:016x}");
         redis::cmd("SET")
             .arg(key("foreign"))
             .arg(foreign.to_bytes())

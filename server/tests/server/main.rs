@@ -9,6 +9,7 @@ mod flood;
 mod handover;
 mod haproxy;
 mod readahead;
+mod round_two;
 mod settings;
 mod sigterm;
 mod slowloris;

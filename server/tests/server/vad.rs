@@ -368,11 +368,20 @@ fn silero_pings_and_empty_frames_keep_no_lane() {
                 if ws.send(keepalive).await.is_err() {
                     break expect_close(&mut ws).await;
                 }
-                // Replies (pongs) and the close, whichever comes.
-                match tokio::time::timeout(Duration::from_millis(150), ws.next()).await {
-                    Ok(Some(Ok(Message::Close(Some(f))))) => break (u16::from(f.code), f.reason.to_string()),
-                    Ok(None) | Ok(Some(Err(_))) => panic!("dropped without a close frame"),
-                    _ => {}
+                // Replies (pongs) and the close, whichever comes, for 150 ms
+                // (a keepalive every 150 ms, not one per pong: that would be
+                // a flood, closed by the frame budget).
+                let next = tokio::time::Instant::now() + Duration::from_millis(150);
+                let closed = loop {
+                    match tokio::time::timeout_at(next, ws.next()).await {
+                        Ok(Some(Ok(Message::Close(Some(f))))) => break Some((u16::from(f.code), f.reason.to_string())),
+                        Ok(None) | Ok(Some(Err(_))) => panic!("dropped without a close frame"),
+                        Ok(Some(Ok(_))) => continue,
+                        Err(_) => break None,
+                    }
+                };
+                if let Some(closed) = closed {
+                    break closed;
                 }
                 assert!(
                     started.elapsed() < Duration::from_secs(10),

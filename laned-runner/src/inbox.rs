@@ -113,7 +113,8 @@ impl<R> Inbox<R> {
     /// Take every request pushed so far (the engine's thread, holding the
     /// lock).
     pub fn take(&self, inner: &mut Inner<R>) -> Vec<R> {
-        self.waiting_seats.fetch_sub(std::mem::take(&mut inner.seats), Ordering::Relaxed);
+        self.waiting_seats
+            .fetch_sub(std::mem::take(&mut inner.seats), Ordering::Relaxed);
         std::mem::take(&mut inner.requests)
     }
 

@@ -113,7 +113,9 @@ impl<'de> Visitor<'de> for PolicyVisitor {
     type Value = TurnPolicy;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a turn policy: \"immediate\", \"linger:<us>\", \"budget:<us>\", \"tick:<us>\", or a table with a kind")
+        f.write_str(
+            "a turn policy: \"immediate\", \"linger:<us>\", \"budget:<us>\", \"tick:<us>\", or a table with a kind",
+        )
     }
 
     fn visit_str<E: de::Error>(self, text: &str) -> Result<TurnPolicy, E> {
@@ -123,7 +125,13 @@ impl<'de> Visitor<'de> for PolicyVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TurnPolicy, A::Error> {
         let (mut kind, mut us, mut period_us) = (None::<String>, None::<u64>, None::<u64>);
         while let Some(key) = map.next_key::<String>()? {
-            let once = |seen: bool| if seen { Err(de::Error::duplicate_field(field(&key))) } else { Ok(()) };
+            let once = |seen: bool| {
+                if seen {
+                    Err(de::Error::duplicate_field(field(&key)))
+                } else {
+                    Ok(())
+                }
+            };
             match key.as_str() {
                 "kind" => {
                     once(kind.is_some())?;

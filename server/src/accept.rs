@@ -4,14 +4,17 @@
 //! - **The cap.** At most `max_connections` connections are served at
 //!   once (those still reading their request plus the live WebSocket
 //!   sessions). A connection accepted at the cap takes the place of the
-//!   connection that has been reading its request longest (closed): idle
-//!   or slow connections never lock new streams out, whoever holds them,
+//!   connection that has been reading its request longest among those
+//!   that sent nothing yet (else the longest of all; closed): idle or slow connections never lock new streams out, whoever holds them,
 //!   and the live sessions are never touched. With every place a live
 //!   session's, up to [`PROBE_RESERVE`] more are accepted but answer only
 //!   the probes (`/live`, `/ready`, `/metrics`); anything else gets 503 and
 //!   the connection is closed. The reserve is kept the same way (a new
-//!   connection takes the oldest's place), so a flood of connections never
-//!   keeps a probe from being answered.
+//!   connection takes the place of the oldest idle one). Idle connections
+//!   never displace one sending its request; ones that send slowly are
+//!   bounded by the header timeout, and the probe address
+//!   (`probe_listen`) has places of its own, out of a flood's reach where
+//!   the network keeps it private.
 //! - **The header timeout.** A connection must send its whole request
 //!   head within `header_timeout` of waiting for it (from the accept, or
 //!   from its last answer): idle TCP and slowloris requests are closed
@@ -62,6 +65,8 @@ struct Pool {
 /// whether its place went to a newer connection (then its end frees none).
 struct Held {
     id: u64,
+    /// Whether the connection sent anything yet.
+    spoke: Arc<AtomicBool>,
     abort: AbortHandle,
     given_up: Arc<AtomicBool>,
 }
@@ -80,11 +85,18 @@ impl Pool {
     fn take(self: &Arc<Pool>, also: usize, cap: usize) -> Option<Place> {
         let free = self
             .count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n + also < cap).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n + also < cap).then_some(n + 1)
+            })
             .is_ok();
         if !free {
-            // The oldest's place passes to this one: the count stays.
-            let oldest = self.held.lock().unwrap_or_else(|e| e.into_inner()).pop_front()?;
+            // The place of the oldest that has sent nothing yet (else the
+            // oldest) passes to this one: the count stays. A connection
+            // sending its request is never closed for an idle one.
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            let at = held.iter().position(|h| !h.spoke.load(Ordering::Acquire)).unwrap_or(0);
+            let oldest = held.remove(at)?;
+            drop(held);
             oldest.given_up.store(true, Ordering::Release);
             oldest.abort.abort();
         }
@@ -107,14 +119,19 @@ struct Place {
 
 impl Place {
     /// Its connection's task, closed by `abort` if a newer connection
-    /// needs the place. Called by the task itself, so that it is never
-    /// held after the task ended.
-    fn hold(&self, abort: AbortHandle) {
-        self.pool.held.lock().unwrap_or_else(|e| e.into_inner()).push_back(Held {
-            id: self.id,
-            abort,
-            given_up: self.given_up.clone(),
-        });
+    /// needs the place; `spoke` set once it sent a byte. Called by the task
+    /// itself, so that it is never held after the task ended.
+    fn hold(&self, abort: AbortHandle, spoke: Arc<AtomicBool>) {
+        self.pool
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(Held {
+                id: self.id,
+                spoke,
+                abort,
+                given_up: self.given_up.clone(),
+            });
     }
 }
 
@@ -127,6 +144,63 @@ impl Drop for Place {
         if !self.given_up.load(Ordering::Acquire) {
             self.pool.count.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+}
+
+/// An accepted connection, marking when it first sends a byte.
+struct Watched {
+    inner: TcpStream,
+    spoke: Arc<AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.spoke.store(true, Ordering::Release);
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 }
 
@@ -193,7 +267,9 @@ pub(crate) async fn serve(
             Some(place) => (app.clone(), place, false),
             None => {
                 let cap = limits.max_connections;
-                at_cap.say(|| format!("the connection cap ({cap}) is reached by live sessions: only probes are answered"));
+                at_cap.say(|| {
+                    format!("the connection cap ({cap}) is reached by live sessions: only probes are answered")
+                });
                 match reserve.take(0, PROBE_RESERVE) {
                     Some(place) => (probes.clone(), place, true),
                     // Dropped here: closed at once.
@@ -207,7 +283,9 @@ pub(crate) async fn serve(
         let (abort_tx, abort_rx) = tokio::sync::oneshot::channel::<AbortHandle>();
         let task = tokio::spawn(async move {
             let Ok(abort) = abort_rx.await else { return };
-            place.hold(abort);
+            let spoke = Arc::new(AtomicBool::new(false));
+            place.hold(abort, spoke.clone());
+            let stream = Watched { inner: stream, spoke };
             let _place = place;
             // The header timeout runs whenever the connection waits for a
             // request head: from the accept (so idle TCP is closed too), and

@@ -120,6 +120,12 @@ pub struct Settings {
     /// How long a new connection may take to send its request head, in
     /// milliseconds: idle TCP and slowloris requests are closed then.
     pub header_timeout_ms: u64,
+    /// A second address answering only the probes (`/live`, `/ready`,
+    /// `/metrics`), with places of its own ([`PROBE_PLACES`]): what an
+    /// orchestrator's probes should ask, so that no flood of the main
+    /// address can fail them. `None`: none (the main address's reserve
+    /// answers them).
+    pub probe_listen: Option<SocketAddr>,
     /// The hand-over store, a Redis URL (`redis://127.0.0.1:6379/`);
     /// `None`: no hand-over (a drained stream is closed 1001, a stream
     /// always starts fresh). See [`handover`].
@@ -156,6 +162,7 @@ impl Default for Settings {
             idle_ms: 30_000,
             max_connections: None,
             header_timeout_ms: 5_000,
+            probe_listen: None,
             store: None,
             handover_ttl_s: 600,
             checkpoint_every: 0,
@@ -419,10 +426,17 @@ struct Shared {
     live_ids: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
+/// Connections the probe address serves at once; past it, a new one
+/// takes the place of the oldest.
+pub const PROBE_PLACES: usize = 64;
+
 /// A running server.
 pub struct Server {
     /// The address it listens on.
     pub addr: SocketAddr,
+    /// The address answering only the probes, if one was asked for.
+    pub probe_addr: Option<SocketAddr>,
+    probe_task: Option<tokio::task::JoinHandle<()>>,
     shared: Arc<Shared>,
     closing: watch::Sender<bool>,
     handing_over: watch::Sender<bool>,
@@ -501,6 +515,29 @@ pub async fn start(
             );
         }
     }
+    let (probe_addr, probe_task) = match shared.settings.probe_listen {
+        Some(at) => {
+            let listener = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|e| format!("binding the probe address {at}: {e}"))?;
+            let probe_addr = listener.local_addr().map_err(|e| e.to_string())?;
+            let only = accept::Limits {
+                max_connections: PROBE_PLACES,
+                ..limits
+            };
+            let (none, reading) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+            let task = tokio::spawn(accept::serve(
+                listener,
+                probes.clone(),
+                probes.clone(),
+                only,
+                none,
+                reading,
+            ));
+            (Some(probe_addr), Some(task))
+        }
+        None => (None, None),
+    };
     let task = tokio::spawn(accept::serve(
         listener,
         app,
@@ -511,6 +548,8 @@ pub async fn start(
     ));
     Ok(Server {
         addr,
+        probe_addr,
+        probe_task,
         shared,
         closing,
         handing_over,
@@ -572,6 +611,9 @@ impl Server {
         // No new connection from here (a proxy retries it elsewhere): one
         // accepted now would be cut by the exit without a close frame.
         self.task.abort();
+        if let Some(probes) = &self.probe_task {
+            probes.abort();
+        }
         // The close frames out, bounded: every session ended, and every
         // connection still reading its request answered (it becomes a
         // session that closes at once); checked twice, 50 ms apart, for a
@@ -665,7 +707,10 @@ fn stream_id_of(headers: &axum::http::HeaderMap, query: Option<&str>) -> Result<
 
 /// The generation a record refused at parse says it has, if it says one.
 fn generation_in(bytes: &[u8]) -> Option<u64> {
-    serde_json::from_slice::<serde_json::Value>(bytes).ok()?.get("generation")?.as_u64()
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()?
+        .get("generation")?
+        .as_u64()
 }
 
 /// What a connection resumes from: `None` without a store or an id.
@@ -1059,7 +1104,11 @@ struct LiveId<'a>(&'a Shared, String);
 
 impl Drop for LiveId<'_> {
     fn drop(&mut self) {
-        self.0.live_ids.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.1);
+        self.0
+            .live_ids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.1);
     }
 }
 
@@ -1086,7 +1135,12 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
     // so that nobody continues (or overwrites) another's stream.
     let _live_id = match handing {
         Some((_, id)) => {
-            if !shared.live_ids.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string()) {
+            if !shared
+                .live_ids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id.to_string())
+            {
                 let why = format!("stream id {id:?} is live in another session");
                 return close_with(&mut socket, close::IDLE, &why).await;
             }
@@ -1223,7 +1277,9 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
             // Gone: dropping the handle frees the lane.
             None => return,
             Some(Err(e)) => return refuse_transport_error(&mut socket, e, max).await,
-            Some(Ok(Message::Close(_))) => return closed_by_client(&mut socket, handing, &stream.writer, &stream.written).await,
+            Some(Ok(Message::Close(_))) => {
+                return closed_by_client(&mut socket, handing, &stream.writer, &stream.written).await
+            }
             Some(Ok(m @ (Message::Ping(_) | Message::Pong(_)))) => {
                 if matches!(m, Message::Pong(_)) {
                     taken.outstanding = None;
@@ -1318,12 +1374,12 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
             stream.chunk += 1;
             let mut replies = vec![Message::Text(format!("{{\"chunk\":{n},\"probability\":{p}}}").into())];
             match stream.hysteresis.feed(n, p) {
-                Some(Event::Start(c)) => {
-                    replies.push(Message::Text(format!("{{\"event\":\"speech_start\",\"chunk\":{c}}}").into()))
-                }
-                Some(Event::End(c)) => {
-                    replies.push(Message::Text(format!("{{\"event\":\"speech_end\",\"chunk\":{c}}}").into()))
-                }
+                Some(Event::Start(c)) => replies.push(Message::Text(
+                    format!("{{\"event\":\"speech_start\",\"chunk\":{c}}}").into(),
+                )),
+                Some(Event::End(c)) => replies.push(Message::Text(
+                    format!("{{\"event\":\"speech_end\",\"chunk\":{c}}}").into(),
+                )),
                 None => {}
             }
             let now = tokio::time::Instant::now();

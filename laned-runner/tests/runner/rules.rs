@@ -147,7 +147,8 @@ fn resolved_symbols_hold_for_one_call_and_split_turns() {
         let (a, b) = (outs.next().unwrap().1, outs.next().unwrap().1);
         // Both held lanes will queue: a long linger makes them share a turn
         // however slow the machine.
-        r.set_policy(laned_runner::TurnPolicy::linger(Duration::from_secs(3600))).unwrap();
+        r.set_policy(laned_runner::TurnPolicy::linger(Duration::from_secs(3600)))
+            .unwrap();
         let outs = call_all(vec![(a, f.inputs(1, 3)), (b, f.inputs(1, 4))]);
         assert!(outs.iter().all(|o| o.is_ok()));
         assert_eq!(r.metrics().turns, 3, "{mode:?}: nothing resolved, one shared turn");

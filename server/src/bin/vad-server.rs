@@ -54,6 +54,10 @@ struct Args {
     /// [default: 5000].
     #[arg(long, env = "VAD_HEADER_TIMEOUT_MS")]
     header_timeout_ms: Option<u64>,
+    /// A second address answering only the probes (`/live`, `/ready`,
+    /// `/metrics`), whatever floods the main one [default: none].
+    #[arg(long, env = "VAD_PROBE_LISTEN")]
+    probe_listen: Option<std::net::SocketAddr>,
     /// The hand-over store, a Redis URL (`redis://127.0.0.1:6379/`)
     /// [default: none, no hand-over].
     #[arg(long, env = "VAD_STORE")]
@@ -125,6 +129,9 @@ fn settings(args: &Args) -> Result<Settings, String> {
     }
     if let Some(v) = args.header_timeout_ms {
         s.header_timeout_ms = v;
+    }
+    if let Some(v) = args.probe_listen {
+        s.probe_listen = Some(v);
     }
     if let Some(v) = args.store.clone() {
         s.store = Some(v);
@@ -212,6 +219,9 @@ async fn main() {
         }
     };
     println!("vad-server listening on {}", server.addr);
+    if let Some(probes) = server.probe_addr {
+        println!("vad-server answering probes on {probes}");
+    }
     tokio::select! {
         _ = term.recv() => println!("vad-server: SIGTERM: draining"),
         _ = tokio::signal::ctrl_c() => println!("vad-server: interrupted: draining"),

@@ -109,7 +109,12 @@ pub(crate) struct Replica {
 }
 
 impl Replica {
-    pub(crate) async fn start(model: &std::path::Path, name: &'static str, listen: SocketAddr, args: &[&str]) -> Replica {
+    pub(crate) async fn start(
+        model: &std::path::Path,
+        name: &'static str,
+        listen: SocketAddr,
+        args: &[&str],
+    ) -> Replica {
         let mut child = Command::new(env!("CARGO_BIN_EXE_vad-server"))
             .arg("--listen")
             .arg(listen.to_string())

@@ -67,13 +67,21 @@ fn silero_answers_after_a_speech_event_are_not_held_back() {
         let mut ws = connect(server.addr, "").await;
         let (got, took, events) = closed_loop(&mut ws, &samples[..120 * CHUNK], 0).await;
         assert_eq!(got, want, "answers equal the solo run");
-        let first = *events.first().expect("the voice gives a speech event (espeak-ng installed?)") as usize;
+        let first = *events
+            .first()
+            .expect("the voice gives a speech event (espeak-ng installed?)") as usize;
         let mut after: Vec<Duration> = took[first + 1..].iter().take(60).copied().collect();
         assert!(after.len() >= 20, "{} answers after the event", after.len());
         after.sort();
         let median = after[after.len() / 2];
-        eprintln!("answer time after the first speech event (chunk {first}): median {median:?}, max {:?}", after.last().unwrap());
-        assert!(median < Duration::from_millis(20), "answers held back: median {median:?}");
+        eprintln!(
+            "answer time after the first speech event (chunk {first}): median {median:?}, max {:?}",
+            after.last().unwrap()
+        );
+        assert!(
+            median < Duration::from_millis(20),
+            "answers held back: median {median:?}"
+        );
     });
 }
 
@@ -211,8 +219,9 @@ fn silero_replies_untaken_close_the_stream() {
 
 /// Defect 4: idle connections holding every place (and the probes'
 /// reserve), reconnecting as they are closed, lock nobody out: every probe
-/// is answered and new streams are served exactly (on main: 503 for every
-/// stream, 1 probe in 26 answered).
+/// on the probe address is answered (itself flooded), and on the main one,
+/// and new streams are served exactly (on main: 503 for every stream, 1
+/// probe in 26 answered, and no probe address).
 #[test]
 fn silero_a_flood_of_idle_connections_locks_nobody_out() {
     let Some(plan) = plan() else { return };
@@ -221,10 +230,11 @@ fn silero_a_flood_of_idle_connections_locks_nobody_out() {
             lanes: 4,
             max_connections: Some(8),
             header_timeout_ms: 60_000,
+            probe_listen: Some("127.0.0.1:0".parse().unwrap()),
             ..Settings::default()
         };
         let server = server_with(&plan, settings).await;
-        let addr = server.addr;
+        let (addr, probes) = (server.addr, server.probe_addr.unwrap());
         let holders: Vec<_> = (0..8 + 16 + 16)
             .map(|_| {
                 tokio::spawn(async move {
@@ -241,13 +251,27 @@ fn silero_a_flood_of_idle_connections_locks_nobody_out() {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut answered = 0;
-        for path in ["/live", "/ready", "/metrics"].iter().cycle().take(26) {
-            if let Some((code, _)) = try_http_get(addr, path).await {
-                answered += usize::from(code == 200 || (*path == "/metrics" && code == 404));
+        let answered = |at: SocketAddr| async move {
+            let mut answered = 0;
+            for path in ["/live", "/ready", "/metrics"].iter().cycle().take(26) {
+                if let Some((code, _)) = try_http_get(at, path).await {
+                    answered += usize::from(code == 200 || (*path == "/metrics" && code == 404));
+                }
             }
+            answered
+        };
+        // The probe address is flooded too, past its own places.
+        let mut probe_holders = vec![];
+        for _ in 0..80 {
+            probe_holders.push(tokio::net::TcpStream::connect(probes).await.unwrap());
         }
-        assert_eq!(answered, 26, "probes answered under the flood");
+        let (on_probes, on_main) = (answered(probes).await, answered(addr).await);
+        eprintln!("under the flood: {on_probes} of 26 probes answered on the probe address, {on_main} on the main one");
+        assert_eq!(on_probes, 26, "probes answered on the probe address");
+        assert_eq!(
+            on_main, 26,
+            "probes answered on the main address (the idle ones give their places up)"
+        );
         let streams: Vec<_> = (0..3)
             .map(|s| {
                 let samples = audio(s, 30);
@@ -262,6 +286,7 @@ fn silero_a_flood_of_idle_connections_locks_nobody_out() {
         for h in holders {
             h.abort();
         }
+        drop(probe_holders);
     });
 }
 
@@ -306,7 +331,10 @@ fn silero_a_hung_store_stalls_no_stream() {
         let (mut ws, from) = connect_as(server.addr, "hung-1").await;
         let lookup = asked.elapsed();
         assert_eq!(from, Some(0));
-        assert!(lookup >= Duration::from_millis(1400), "the lookup gave up after {lookup:?}");
+        assert!(
+            lookup >= Duration::from_millis(1400),
+            "the lookup gave up after {lookup:?}"
+        );
         let _hello = ws.next().await;
         let started = Instant::now();
         let (got, _, _) = closed_loop(&mut ws, &samples[..60 * CHUNK], 0).await;
@@ -385,10 +413,22 @@ fn silero_a_record_refused_for_any_reason_starts_fresh() {
         let cases: Vec<(&str, Vec<u8>)> = vec![
             ("version-9", change(&|r| r["state"]["version"] = 9.into())),
             ("no-tensors", change(&|r| r["state"]["tensors"] = serde_json::json!([]))),
-            ("two-tensors", change(&|r| r["state"]["tensors"] = serde_json::json!([tensor.clone(), tensor.clone()]))),
-            ("giant", change(&|r| r["state"]["tensors"][0]["shape"] = serde_json::json!([1u64 << 40, 1u64 << 40]))),
-            ("f64", change(&|r| r["state"]["tensors"][0]["datum_type"] = "F64".into())),
-            ("string", change(&|r| r["state"]["tensors"][0]["datum_type"] = "String".into())),
+            (
+                "two-tensors",
+                change(&|r| r["state"]["tensors"] = serde_json::json!([tensor.clone(), tensor.clone()])),
+            ),
+            (
+                "giant",
+                change(&|r| r["state"]["tensors"][0]["shape"] = serde_json::json!([1u64 << 40, 1u64 << 40])),
+            ),
+            (
+                "f64",
+                change(&|r| r["state"]["tensors"][0]["datum_type"] = "F64".into()),
+            ),
+            (
+                "string",
+                change(&|r| r["state"]["tensors"][0]["datum_type"] = "String".into()),
+            ),
             ("far", change(&|r| r["chunk"] = u64::MAX.into())),
             (
                 "silence-past",
@@ -462,7 +502,10 @@ fn silero_a_live_stream_id_cannot_be_taken() {
         while victim.next().await.is_some() {}
         tokio::time::sleep(Duration::from_millis(200)).await;
         let kept = get_record(&redis, "victim").expect("the newer record is kept");
-        assert_eq!((kept["generation"].as_u64(), kept["owner"].as_str()), (Some(99), Some("elsewhere")));
+        assert_eq!(
+            (kept["generation"].as_u64(), kept["owner"].as_str()),
+            (Some(99), Some("elsewhere"))
+        );
         assert_eq!(kept["chunk"], newer["chunk"], "never overwritten by the older session");
         // A session's own record goes with its clean close.
         let (mut own, _) = connect_as(addr, "own").await;

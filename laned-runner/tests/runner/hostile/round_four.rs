@@ -73,9 +73,18 @@ fn finish_through_a_clone_counts_every_pulse() {
             );
             let alone = ended_through(&f, &r, 1, 5, 1);
             let shared = ended_through(&f, &r, 2, 5, 1);
-            assert_eq!(shared, alone, "{} {mode:?}/{shards}: a, c, a, c, a then a.finish", f.name);
+            assert_eq!(
+                shared, alone,
+                "{} {mode:?}/{shards}: a, c, a, c, a then a.finish",
+                f.name
+            );
             let three = ended_through(&f, &r, 3, 7, f.pulse);
-            assert_eq!(three, ended_through(&f, &r, 1, 7, f.pulse), "{} {mode:?}/{shards}", f.name);
+            assert_eq!(
+                three,
+                ended_through(&f, &r, 1, 7, f.pulse),
+                "{} {mode:?}/{shards}",
+                f.name
+            );
         }
     }
 }
@@ -118,7 +127,13 @@ fn spawns(r: &LanedRunner) -> [(&'static str, Result<LanedStateHandle, SpawnErro
 
 /// Every spawn path refused with `want`, converting into `reason`: the end
 /// `live`, a stream of the runner, is told.
-fn refused_alike(r: &LanedRunner, want: fn(&SpawnError) -> bool, reason: EndReason, live: &LanedStateHandle, when: &str) {
+fn refused_alike(
+    r: &LanedRunner,
+    want: fn(&SpawnError) -> bool,
+    reason: EndReason,
+    live: &LanedStateHandle,
+    when: &str,
+) {
     for (path, got) in spawns(r) {
         let e = got.err().unwrap_or_else(|| panic!("{when}: {path} was admitted"));
         assert!(want(&e), "{when}: {path} refused {e:?}");
@@ -144,25 +159,49 @@ fn a_refused_spawn_names_the_runners_end_on_every_path() {
         let live = r.try_spawn().unwrap();
         r.stop_admitting();
         for (path, got) in spawns(&r) {
-            assert!(matches!(got, Err(SpawnError::Draining)), "{when}, stopped: {path}: {got:?}");
+            assert!(
+                matches!(got, Err(SpawnError::Draining)),
+                "{when}, stopped: {path}: {got:?}"
+            );
         }
         assert_eq!(live.end_reason(), None, "{when}: a live stream serves on");
         // Drained, a straggler left: `Draining` / `Drained` everywhere.
         let drained = r.drain(Instant::now() + Duration::from_millis(10));
         assert_eq!(drained.stragglers, 1);
-        refused_alike(&r, |e| matches!(e, SpawnError::Draining), EndReason::Drained, &live, &format!("{when}, drained"));
+        refused_alike(
+            &r,
+            |e| matches!(e, SpawnError::Draining),
+            EndReason::Drained,
+            &live,
+            &format!("{when}, drained"),
+        );
         // Closed: `Closed` everywhere.
         let r = runner(plan.clone(), config());
         let live = r.try_spawn().unwrap();
         r.close();
-        refused_alike(&r, |e| matches!(e, SpawnError::Closed), EndReason::Closed, &live, &format!("{when}, closed"));
-        assert!(!SpawnError::Closed.to_string().contains("dropped"), "the runner was closed, not dropped");
+        refused_alike(
+            &r,
+            |e| matches!(e, SpawnError::Closed),
+            EndReason::Closed,
+            &live,
+            &format!("{when}, closed"),
+        );
+        assert!(
+            !SpawnError::Closed.to_string().contains("dropped"),
+            "the runner was closed, not dropped"
+        );
         // Dropped (its last owning clone): `Closed` through a detached clone.
         let r = runner(plan.clone(), config());
         let detached = r.detached();
         let live = r.try_spawn().unwrap();
         drop(r);
-        refused_alike(&detached, |e| matches!(e, SpawnError::Closed), EndReason::Closed, &live, &format!("{when}, dropped"));
+        refused_alike(
+            &detached,
+            |e| matches!(e, SpawnError::Closed),
+            EndReason::Closed,
+            &live,
+            &format!("{when}, dropped"),
+        );
     }
 }
 
@@ -170,8 +209,16 @@ fn a_refused_spawn_names_the_runners_end_on_every_path() {
 /// the same name, state facts and weights.
 fn sigmoid_gru(f: &Fixture) -> TypedModel {
     let mut other = f.model.clone();
-    let n = other.nodes.iter().position(|n| n.name == "n").expect("the candidate's tanh");
-    assert!(format!("{:?}", other.nodes[n].op).contains("Tanh"), "{:?}", other.nodes[n].op);
+    let n = other
+        .nodes
+        .iter()
+        .position(|n| n.name == "n")
+        .expect("the candidate's tanh");
+    assert!(
+        format!("{:?}", other.nodes[n].op).contains("Tanh"),
+        "{:?}",
+        other.nodes[n].op
+    );
     other.nodes[n].op = Box::new(tract_core::ops::nn::sigmoid());
     other
 }
@@ -204,12 +251,19 @@ fn another_graphs_state_is_refused_naming_both() {
         assert!(matches!(e.kind(), RunErrorKind::State(_)), "{e}");
         let text = e.to_string();
         for identity in [&state.model, &own.model] {
-            assert!(text.contains(&format!("{identity:?}")), "{text:?} should name {identity:?}");
+            assert!(
+                text.contains(&format!("{identity:?}")),
+                "{text:?} should name {identity:?}"
+            );
         }
     }
     let mut c = again.try_spawn().unwrap();
     c.import_state(&ours).unwrap();
-    assert_eq!(feed(&f, &mut c, 2), feed(&f, &mut a, 2), "the same model continues exactly");
+    assert_eq!(
+        feed(&f, &mut c, 2),
+        feed(&f, &mut a, 2),
+        "the same model continues exactly"
+    );
 }
 
 /// Defect 3: a state written before the identity covered the graph
@@ -273,7 +327,11 @@ fn a_policy_is_refused_alike_however_it_arrives() {
         assert_eq!(r.policy(), before, "{text}: the policy in place is kept");
     }
     r.set_policy(TurnPolicy::Linger { us: 3_600_000_000 }).unwrap();
-    assert_eq!(r.policy(), TurnPolicy::Linger { us: 3_600_000_000 }, "the limit itself is taken");
+    assert_eq!(
+        r.policy(),
+        TurnPolicy::Linger { us: 3_600_000_000 },
+        "the limit itself is taken"
+    );
 }
 
 /// Defect 5: every refusal of a written policy names the field or the kind
@@ -283,9 +341,15 @@ fn a_refused_policy_table_names_its_fault() {
     for (json, words) in [
         (r#"{"policy": {"kind": "linger"}}"#, &["missing field", "us"][..]),
         (r#"{"policy": {"kind": "tick"}}"#, &["missing field", "period_us"]),
-        (r#"{"policy": {"kind": "sometimes"}}"#, &["unknown variant", "sometimes", "linger"]),
+        (
+            r#"{"policy": {"kind": "sometimes"}}"#,
+            &["unknown variant", "sometimes", "linger"],
+        ),
         (r#"{"policy": {"us": 5}}"#, &["missing field", "kind"]),
-        (r#"{"policy": {"kind": "linger", "us": 5, "soon": 1}}"#, &["unknown field", "soon"]),
+        (
+            r#"{"policy": {"kind": "linger", "us": 5, "soon": 1}}"#,
+            &["unknown field", "soon"],
+        ),
         (r#"{"policy": {"kind": "tick", "us": 5}}"#, &["unknown field", "us"]),
         (r#"{"policy": {"kind": "tick", "period_us": 0}}"#, &["tick:0", "0 µs"]),
         (r#"{"policy": "linger:fast"}"#, &["linger:fast", "microseconds"]),
@@ -330,13 +394,22 @@ fn a_verdict_settles_one_named_call() {
                 match poll_once(q.as_mut(), &waker) {
                     Poll::Ready(Err(e)) => {
                         assert_eq!(*e.kind(), RunErrorKind::Unsettled, "{mode:?}");
-                        assert_eq!(e.into_inputs().expect("the inputs come back")[0].clone().into_tensor(), xq);
+                        assert_eq!(
+                            e.into_inputs().expect("the inputs come back")[0].clone().into_tensor(),
+                            xq
+                        );
                     }
-                    other => panic!("{mode:?}: a call behind an undecided drop: {:?}", other.map(|r| r.is_ok())),
+                    other => panic!(
+                        "{mode:?}: a call behind an undecided drop: {:?}",
+                        other.map(|r| r.is_ok())
+                    ),
                 }
             }
             long.join().unwrap().1.unwrap();
-            assert!(matches!(a.settle(), Some(Settled::NotRun)), "{mode:?}: P was never seated");
+            assert!(
+                matches!(a.settle(), Some(Settled::NotRun)),
+                "{mode:?}: P was never seated"
+            );
             // Q now goes ahead; dropped after its first poll, its verdict is
             // the one `settle` gives, and it names Q's pulse.
             {
@@ -351,7 +424,11 @@ fn a_verdict_settles_one_named_call() {
                 Some(Settled::NotRun) => 0,
                 other => panic!("{mode:?}: {other:?}"),
             };
-            assert_eq!(call(&mut a, &xr).unwrap(), solo(&xr, ran), "{mode:?}: P never ran, Q ran {ran}");
+            assert_eq!(
+                call(&mut a, &xr).unwrap(),
+                solo(&xr, ran),
+                "{mode:?}: P never ran, Q ran {ran}"
+            );
         });
     }
 }
@@ -440,33 +517,43 @@ fn any_state() -> impl Strategy<Value = StateSpec> {
 /// Every config serde can be handed: each field set or left out.
 fn any_config() -> impl Strategy<Value = RunnerConfig> {
     (
-        (1..4096usize, proptest::option::of(1..64usize), proptest::option::of(1..512usize)),
-        (proptest::option::of(0..10_000_000u64), any::<bool>(), proptest::option::of(any_policy())),
+        (
+            1..4096usize,
+            proptest::option::of(1..64usize),
+            proptest::option::of(1..512usize),
+        ),
+        (
+            proptest::option::of(0..10_000_000u64),
+            any::<bool>(),
+            proptest::option::of(any_policy()),
+        ),
         (any_state(), 0..4096usize, proptest::option::of(1..1_000_000u64)),
     )
-        .prop_map(|((lanes, shards, seats), (linger, combining, policy), (state, waiting, idle))| {
-            let mut b = RunnerConfig::builder()
-                .max_lanes(lanes)
-                .mode(if combining { Mode::Combining } else { Mode::Worker })
-                .state(state)
-                .max_waiting(waiting);
-            if let Some(shards) = shards {
-                b = b.shards(shards);
-            }
-            if let Some(seats) = seats {
-                b = b.max_seats(seats);
-            }
-            if let Some(us) = linger {
-                b = b.linger(Duration::from_micros(us));
-            }
-            if let Some(policy) = policy {
-                b = b.policy(policy);
-            }
-            if let Some(ms) = idle {
-                b = b.idle_timeout(Duration::from_millis(ms));
-            }
-            b.build()
-        })
+        .prop_map(
+            |((lanes, shards, seats), (linger, combining, policy), (state, waiting, idle))| {
+                let mut b = RunnerConfig::builder()
+                    .max_lanes(lanes)
+                    .mode(if combining { Mode::Combining } else { Mode::Worker })
+                    .state(state)
+                    .max_waiting(waiting);
+                if let Some(shards) = shards {
+                    b = b.shards(shards);
+                }
+                if let Some(seats) = seats {
+                    b = b.max_seats(seats);
+                }
+                if let Some(us) = linger {
+                    b = b.linger(Duration::from_micros(us));
+                }
+                if let Some(policy) = policy {
+                    b = b.policy(policy);
+                }
+                if let Some(ms) = idle {
+                    b = b.idle_timeout(Duration::from_millis(ms));
+                }
+                b.build()
+            },
+        )
 }
 
 /// The one check (defects 4 and 5): a policy every way reads back equal to
@@ -493,7 +580,8 @@ fn check_round_trip(policy: TurnPolicy, config: &RunnerConfig) -> Result<(), Tes
             prop_assert!(e.to_string().contains(&refused.to_string()), "{}: {}", json, e);
         }
         _ => {
-            let back: RunnerConfig = serde_json::from_str(&json).map_err(|e| TestCaseError::fail(format!("{json}: {e}")))?;
+            let back: RunnerConfig =
+                serde_json::from_str(&json).map_err(|e| TestCaseError::fail(format!("{json}: {e}")))?;
             prop_assert_eq!(&back, config, "{}", json);
             prop_assert_eq!(serde_json::to_string(&back).unwrap(), json);
         }
@@ -527,6 +615,8 @@ fn what_is_written_reads_back_pinned() {
     }
     check_round_trip(TurnPolicy::Immediate, &RunnerConfig::default()).unwrap();
     // An initial value serde_json's default float parser reads a unit off.
-    let state = StateSpec::Pairs(vec![laned_runner::StatePair::new(0, 0).with_initial(vec![1, 1], vec![904786.8330078125])]);
+    let state = StateSpec::Pairs(vec![
+        laned_runner::StatePair::new(0, 0).with_initial(vec![1, 1], vec![904786.8330078125])
+    ]);
     check_round_trip(TurnPolicy::Immediate, &RunnerConfig::builder().state(state).build()).unwrap();
 }

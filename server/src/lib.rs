@@ -906,7 +906,13 @@ async fn checkpoint(shared: &Arc<Shared>, store: &Arc<Store>, id: &str, stream: 
 
 /// Hands the stream over and closes it 1012 (`true`: the session ends), or
 /// says why it could not (`false`: it drains as without a store).
-async fn try_hand_over(socket: &mut WebSocket, shared: &Shared, store: &Store, id: &str, stream: &Stream) -> bool {
+async fn try_hand_over(
+    socket: &mut WebSocket,
+    shared: &Shared,
+    store: &Store,
+    (id, live_id): (&str, &mut Option<LiveId<'_>>),
+    stream: &Stream,
+) -> bool {
     match hand_over(store, id, stream).await {
         Ok((bytes, export, write)) => {
             shared
@@ -916,6 +922,9 @@ async fn try_hand_over(socket: &mut WebSocket, shared: &Shared, store: &Store, i
                 .add(bytes, export, write);
             handover::count("laned_handover_total", "ok");
             let why = format!("restarting: resume at chunk {}", stream.chunk);
+            // Handed over: the id is free for the client's reconnect (here
+            // or elsewhere) while the close waits for its reply.
+            drop(live_id.take());
             close_with(socket, close::RESTART, &why).await;
             true
         }
@@ -1131,9 +1140,14 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
         (Some(store), Some(id)) => Some((store, id.as_str())),
         _ => None,
     };
+    // Draining already: a stream with an id is told to go elsewhere with
+    // its record untouched.
+    if handing.is_some() && *shared.handing_over.borrow() {
+        return close_with(&mut socket, close::RESTART, "restarting: resume elsewhere").await;
+    }
     // One live session per id: a second is refused while the first lives,
     // so that nobody continues (or overwrites) another's stream.
-    let _live_id = match handing {
+    let mut live_id = match handing {
         Some((_, id)) => {
             if !shared
                 .live_ids
@@ -1148,11 +1162,6 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
         }
         None => None,
     };
-    // Draining already: a stream with an id is told to go elsewhere with
-    // its record untouched.
-    if handing.is_some() && *shared.handing_over.borrow() {
-        return close_with(&mut socket, close::RESTART, "restarting: resume elsewhere").await;
-    }
     let wait = Duration::from_millis(shared.settings.admission_wait_ms);
     let spawned = tokio::select! {
         r = tokio::time::timeout(wait, shared.runner.spawn_async()) => r,
@@ -1233,7 +1242,7 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
     loop {
         if let Some((store, id)) = handing {
             if !hand_over_failed && *shared.handing_over.borrow() {
-                if try_hand_over(&mut socket, &shared, store, id, &stream).await {
+                if try_hand_over(&mut socket, &shared, store, (id, &mut live_id), &stream).await {
                     return;
                 }
                 hand_over_failed = true;
@@ -1320,7 +1329,7 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
             // what is left from the chunk the close names).
             if let Some((store, id)) = handing {
                 if !hand_over_failed && *shared.handing_over.borrow() {
-                    if try_hand_over(&mut socket, &shared, store, id, &stream).await {
+                    if try_hand_over(&mut socket, &shared, store, (id, &mut live_id), &stream).await {
                         return;
                     }
                     hand_over_failed = true;

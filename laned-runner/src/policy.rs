@@ -137,7 +137,7 @@ impl TurnPolicy {
     /// text, serde, a [`RunnerConfig`](crate::RunnerConfig),
     /// [`LanedRunner::set_policy`](crate::LanedRunner::set_policy)) is
     /// checked here, and refused with this error. Refused: a wait past an
-    /// hour ([`MAX_WAIT_US`](MAX_WAIT_US); a wait that long is a unit
+    /// hour (3,600,000,000 µs; a wait that long is a unit
     /// mistake), and a tick period of 0 (a turn every instant).
     pub fn check(&self) -> Result<(), PolicyError> {
         self.check_as(&self.to_string())

@@ -16,7 +16,7 @@
 //! fails or hangs costs a log line and a counter, never a stream: the
 //! hand-over is then skipped (the stream drains as it would without a
 //! store), a checkpoint is skipped, a lookup starts the stream fresh. After
-//! a failure the store is not tried for a while ([`Store`]'s circuit), so
+//! a failure the store is not tried for a while (the store's circuit), so
 //! a dead store costs each operation nothing more than a check. A
 //! checkpoint is written off the answer path (at most one in flight per
 //! stream; one due while the last is still in flight is dropped and

@@ -60,8 +60,9 @@ pub mod close {
 /// code's two).
 const MAX_REASON: usize = 123;
 
-/// Frames (or failed reads) a closing session discards at most while it
-/// waits for the client's close reply.
+/// Frames without audio a closing session discards at most while it waits
+/// (a second at most) for the client's close reply; audio, and the rest of
+/// an oversized message, are discarded for the whole second.
 const LINGER_FRAMES: usize = 256;
 
 /// Bytes a connection's writes gather before they go out.
@@ -999,14 +1000,16 @@ async fn close_with(socket: &mut WebSocket, code: u16, reason: &str) {
     // client still sending (a socket closed with bytes unread would be
     // reset, the close frame lost). A read that fails on the client's
     // input (the rest of an oversized message) is discarded too.
-    // Bounded in frames too, so that a flood is not read for the whole
-    // second (the close frame was sent first: a client reading gets it
-    // long before).
+    // Frames without audio count against a budget too, so that a flood
+    // of them is not read for the whole second (the close frame was sent
+    // first: a client reading gets it long before).
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        for _ in 0..LINGER_FRAMES {
+        let mut control = 0;
+        while control < LINGER_FRAMES {
             match socket.recv().await {
                 None | Some(Ok(Message::Close(_))) => break,
-                Some(Ok(_)) => (),
+                Some(Ok(Message::Binary(b))) if !b.is_empty() => (),
+                Some(Ok(_)) => control += 1,
                 Some(Err(e)) => {
                     if connection_gone(e) {
                         break;

@@ -1255,11 +1255,15 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
         // looks at its clock only when the read is pending, and a flood of
         // pings keeps the read ready.
         let now = tokio::time::Instant::now();
+        // The lane goes back before the close waits for the client's
+        // reply (a client that does not read may never send one).
         if now >= idle_until {
             let why = format!("no audio for {idle:?}: the lane goes to others");
+            drop(stream);
             return close_with(&mut socket, close::IDLE, &why).await;
         }
         if taken.deadline().is_some_and(|d| now >= d) {
+            drop(stream);
             return close_with(&mut socket, close::IDLE, &untaken).await;
         }
         let read_until = taken.deadline().map_or(idle_until, |d| d.min(idle_until));
@@ -1339,6 +1343,7 @@ async fn session(mut socket: WebSocket, shared: Arc<Shared>, opening: Opening) {
                 }
             }
             if taken.deadline().is_some_and(|d| tokio::time::Instant::now() >= d) {
+                drop(stream);
                 return close_with(&mut socket, close::IDLE, &untaken).await;
             }
             let chunk: Vec<f32> = stream.pending.drain(..CHUNK).collect();

@@ -218,6 +218,22 @@ struct Args {
     resume_for_ms: u64,
 }
 
+/// Until when a stream interrupted at `now` keeps reconnecting: the window
+/// of the interruption under way (`until`, its reconnects not resumed yet),
+/// or a new one of `window` when there is none or the stream resumed
+/// since: each interruption gets the whole window.
+fn resume_window(
+    until: Option<tokio::time::Instant>,
+    resumed_since: bool,
+    now: tokio::time::Instant,
+    window: Duration,
+) -> tokio::time::Instant {
+    match until {
+        Some(until) if !resumed_since => until,
+        _ => now + window,
+    }
+}
+
 /// A random stream id: 128 bits from std's randomly keyed hasher (no
 /// dependency for it).
 fn random_id() -> String {
@@ -406,11 +422,12 @@ async fn main() {
             Ending::Closed(Some(1012), _) | Ending::Dropped(_)
                 if resumable && args.resume_for_ms > 0 && answered < expected =>
             {
-                if std::mem::take(&mut resumed_since) {
-                    resuming_until = None;
-                }
-                let until = *resuming_until
-                    .get_or_insert_with(|| tokio::time::Instant::now() + Duration::from_millis(args.resume_for_ms));
+                let until = resume_window(
+                    resuming_until,
+                    std::mem::take(&mut resumed_since),
+                    tokio::time::Instant::now(),
+                    Duration::from_millis(args.resume_for_ms),
+                );
                 if tokio::time::Instant::now() >= until {
                     break ending.0;
                 }
@@ -445,4 +462,23 @@ async fn main() {
         exit as i32
     );
     std::process::exit(exit as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every interruption gets the whole window: a second one, 33 s after a
+    /// first that resumed, is not cut by the first's 30 s; retries within
+    /// one interruption share its window.
+    #[test]
+    fn each_interruption_gets_its_own_window() {
+        let w = Duration::from_secs(30);
+        let t0 = tokio::time::Instant::now();
+        let first = resume_window(None, false, t0, w);
+        assert_eq!(first, t0 + w);
+        assert_eq!(resume_window(Some(first), false, t0 + Duration::from_secs(5), w), first);
+        let later = t0 + Duration::from_secs(33);
+        assert_eq!(resume_window(Some(first), true, later, w), later + w);
+    }
 }

@@ -151,8 +151,9 @@ fn cpu(pid: u32) -> Duration {
 
 /// Defect 2: three clients flooding unread pings are each closed once past
 /// the non-audio frame budget (64 at once, 32 a second), so the flood costs
-/// the server little CPU (on main: about 0.9 core per flooding client until
-/// `idle_ms`); a good client beside them is answered exactly.
+/// the server little CPU (the issue saw about 0.9 core per flooding client
+/// until `idle_ms`; here main cut these floods too, by its write buffer);
+/// a good client beside them is answered exactly.
 #[test]
 fn silero_a_ping_flood_is_cut_and_costs_little_cpu() {
     let Some(model) = model_path() else { return };
@@ -185,13 +186,18 @@ fn silero_a_ping_flood_is_cut_and_costs_little_cpu() {
             })
             .collect();
         for flood in floods {
-            let cut = flood.await.unwrap();
-            assert!(cut.is_some(), "a flooding connection was never cut");
+            let cut = flood.await.unwrap().expect("a flooding connection was never cut");
+            assert!(cut < Duration::from_secs(2), "a flood was read for {cut:?}");
         }
         let used = cpu(pid) - before;
         let wall = started.elapsed();
         eprintln!("three ping floods: the server used {used:?} of CPU in {wall:?}");
-        assert!(used < wall / 2, "the floods cost {used:?} of CPU in {wall:?}");
+        // A bound, not a timing: each flood is read for at most its frame
+        // budget and the close's linger.
+        assert!(
+            used < Duration::from_secs(1),
+            "the floods cost {used:?} of CPU in {wall:?}"
+        );
         let (got, want) = good.await.unwrap();
         assert_eq!(got, want, "the good client's answers");
     });

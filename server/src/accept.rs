@@ -11,7 +11,9 @@
 //!   the probes (`/live`, `/ready`, `/metrics`); anything else gets 503 and
 //!   the connection is closed. The reserve is kept the same way (a new
 //!   connection takes the place of the oldest idle one). Idle connections
-//!   never displace one sending its request; ones that send slowly are
+//!   never displace one sending its request (though one whose first
+//!   bytes were not read yet can lose its place to a fast churn); ones
+//!   that send slowly are
 //!   bounded by the header timeout, and the probe address
 //!   (`probe_listen`) has places of its own, out of a flood's reach where
 //!   the network keeps it private.

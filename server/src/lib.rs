@@ -1492,6 +1492,8 @@ mod tests {
         assert_eq!(s.shards, Settings::default().shards);
         s.runner_config().unwrap();
         assert!(toml::from_str::<Settings>("lanez = 8").is_err());
+        let probes: Settings = toml::from_str("probe_listen = \"0.0.0.0:9001\"\n").unwrap();
+        assert_eq!(probes.probe_listen, Some("0.0.0.0:9001".parse().unwrap()));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::common::*;
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 /// Masked 125-byte pings (the mask key zero, so the payload reads as sent),
 /// 500 of them back to back.
@@ -33,22 +33,7 @@ fn silero_an_unread_ping_flood_is_dropped_and_memory_stays_bounded() {
         let pid = child.id().unwrap();
         let before = rss(pid);
 
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        let mut tcp = socket.connect(addr).await.unwrap();
-        tcp.write_all(
-            b"GET /v1/vad HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-        )
-        .await
-        .unwrap();
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            let mut byte = [0u8; 1];
-            tcp.read_exact(&mut byte).await.unwrap();
-            head.push(byte[0]);
-        }
-        assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+        let mut tcp = raw_upgraded(addr).await;
 
         let good = {
             let a = audio(2, 40);

@@ -114,7 +114,7 @@ impl LanedStateHandle {
     }
 
     async fn import<W: Wait>(&mut self, state: &StreamState, w: &mut W) -> Result<(), RunError> {
-        let tensors = self.checked_import(state)?;
+        let tensors = self.stream.core.checked_import(state)?;
         self.restore(tensors, w).await
     }
 
@@ -171,7 +171,7 @@ impl LanedStateHandle {
             .map_err(|why| RunError::new(RunErrorKind::State(why)))?;
         Ok(StreamState {
             version: STREAM_STATE_VERSION,
-            model: self.model_identity(),
+            model: self.stream.core.iface.identity.clone(),
             tensors,
         })
     }
@@ -202,15 +202,6 @@ impl LanedStateHandle {
     /// polled again.
     pub async fn import_state_async(&mut self, state: &StreamState) -> Result<(), RunError> {
         self.import(state, &mut Task).await
-    }
-
-    /// The tensors of `state`, checked ([`Common::checked_import`]).
-    fn checked_import(&self, state: &StreamState) -> Result<TVec<Tensor>, RunError> {
-        self.stream.core.checked_import(state)
-    }
-
-    fn model_identity(&self) -> String {
-        self.stream.core.iface.identity.clone()
     }
 
     /// This stream's number on its shard: a shard numbers its streams in

@@ -376,10 +376,11 @@ impl Store {
     }
 
     /// Writes `record` under stream `id`, with the TTL, unless a newer
-    /// session's record is there (refused, said so).
-    pub(crate) async fn put(&self, id: &str, record: &Record) -> Result<(), StoreError> {
+    /// session's record is there (refused, said so); the bytes written.
+    pub(crate) async fn put(&self, id: &str, record: &Record) -> Result<usize, StoreError> {
         let key = format!("{KEY_PREFIX}{id}");
         let (bytes, generation, owner, ttl) = (record.to_bytes(), record.generation, record.owner.clone(), self.ttl_s);
+        let n = bytes.len();
         let written: i64 = self
             .bounded("writing the record", |mut c| async move {
                 self.put
@@ -398,7 +399,7 @@ impl Store {
                 "writing the record: a newer session of stream {id} holds it (this one is of generation {generation})"
             )));
         }
-        Ok(())
+        Ok(n)
     }
 
     /// What is under stream `id`: its bytes when at most

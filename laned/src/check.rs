@@ -11,6 +11,7 @@ use std::fmt::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use laned_models::spec::{Fill, Spec};
 use laned_runner::{LanedRunner, RunnerConfig, StateSpec};
 use tract_core::internal::*;
 
@@ -57,7 +58,10 @@ impl Report {
         }
         match &self.verdict {
             Ok(config) => {
-                let _ = writeln!(out, "\ncan be laned. A RunnerConfig to start from (TOML):\n\n{config}");
+                let _ = writeln!(
+                    out,
+                    "\ncan be laned. A spec to start from, as `laned serve NAME=FILE` reads it (TOML):\n\n{config}"
+                );
             }
             Err(why) => {
                 let _ = writeln!(out, "\ncannot be laned: {why}");
@@ -184,7 +188,10 @@ pub fn check(args: &Args) -> TractResult<Report> {
         Ok(Laned { mut config, .. }) => {
             config.max_lanes = 64;
             config.shards = None;
-            Ok(toml::to_string(&config).map_err(|e| format_err!("writing the config: {e}"))?)
+            let mut model = loaded.spec.clone();
+            model.fills = fills.iter().map(|(index, value)| Fill { index: *index, value: *value }).collect();
+            let spec = Spec { model, runner: config };
+            Ok(spec.to_toml().map_err(|e| format_err!("writing the spec: {e}"))?)
         }
         Err(why) => Err(why),
     };

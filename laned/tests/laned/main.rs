@@ -69,8 +69,10 @@ fn a_streaming_tdnn_can_be_laned_and_gets_a_config() {
     );
     assert!(said.contains("can be laned"), "{said}");
     let toml_text = said.split("(TOML):").nth(1).unwrap();
-    let parsed: laned_runner::RunnerConfig = toml::from_str(toml_text).unwrap();
-    assert_eq!(parsed.max_lanes, 64);
+    let parsed: laned_models::spec::Spec = toml::from_str(toml_text).unwrap();
+    assert_eq!(parsed.runner.max_lanes, 64);
+    assert_eq!(parsed.model.pulse, Some(4), "{toml_text}");
+    assert_eq!(parsed.model.file.as_deref(), Some(std::path::Path::new(&path)));
 }
 
 /// The same model left unpulsified has its streaming dim free: it is a
@@ -175,9 +177,9 @@ fn silero_vad_needs_its_state_pair_and_then_can_be_laned() {
     let said = text(&out);
     assert_eq!(out.status.code(), Some(0), "{said}");
     let toml_text = said.split("(TOML):").nth(1).unwrap();
-    let parsed: laned_runner::RunnerConfig = toml::from_str(toml_text).unwrap();
+    let parsed: laned_models::spec::Spec = toml::from_str(toml_text).unwrap();
     assert_eq!(
-        parsed.state,
+        parsed.runner.state,
         laned_runner::StateSpec::Pairs(vec![laned_runner::StatePair::new(2, 1)])
     );
     let out = laned(&["check", &path, "--state", "2"]);

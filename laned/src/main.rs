@@ -9,6 +9,10 @@
 //!   stream, the ideal loop and ours side by side on it and says from how
 //!   many streams laning pays. Exit status: 0 measured, 1 it cannot be
 //!   laned or ours was not exact, 2 as for check.
+//! - `laned serve NAME=SPEC...` serves the models over WebSocket until
+//!   SIGTERM, then drains (handing streams over where a store is set).
+//!   Exit status: 0 drained, 1 a model could not be served (named), 2 the
+//!   arguments or config are wrong.
 
 mod bench;
 mod check;
@@ -16,6 +20,7 @@ mod compare;
 mod feed;
 mod model;
 mod probe;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -39,11 +44,16 @@ enum Command {
     /// Does laning pay on MODEL, and from how many streams: a state per
     /// stream, the ideal loop and ours side by side.
     Bench(bench::Args),
+    /// Serve models over WebSocket: `NAME=SPEC.toml` each (the spec as
+    /// `laned check` prints it), every limit and the hand-over of
+    /// vad-server.
+    Serve(serve::Args),
 }
 
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Check(args) => check::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Serve(args) => serve::run(&args),
     }
 }

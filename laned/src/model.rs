@@ -56,6 +56,19 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// What the spec loader gave, as the check takes it: its typed model
+    /// `model`, the state pairs `pairs`.
+    pub fn of(model: TypedModel, loaded: &laned_models::spec::Loaded, pairs: Vec<StatePair>) -> Loaded {
+        Loaded {
+            model,
+            batch: loaded.batch.clone(),
+            facts: loaded.facts.clone(),
+            pairs,
+            spec: ModelSpec::default(),
+            plan: loaded.plan.clone(),
+        }
+    }
+
     /// The model prepared to run (tract's default runtime).
     pub fn plan(&self) -> TractResult<Arc<dyn Runnable>> {
         Ok(self.plan.clone())

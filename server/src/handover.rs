@@ -2,8 +2,10 @@
 //!
 //! What a stream's next answer depends on is its [`Record`]: the model's
 //! explicit state ([`StreamState`], which carries the model's identity), the
-//! 64 samples kept from the last chunk, the speech hysteresis, and the
-//! position (chunks consumed). A replica writes it under the stream's id
+//! position (chunks, or pulses, consumed), and what the stream's protocol
+//! keeps beside the model (Silero's 64 samples of context and speech
+//! hysteresis; nothing for a model served as tensors), checked by the
+//! protocol before the stream resumes. A replica writes it under the stream's id
 //! when it drains (then closes the stream with 1012) and, with
 //! `checkpoint_every` K > 0, after every K-th chunk (so a replica killed
 //! outright loses at most K chunks). A replica admitting a stream whose id
@@ -39,12 +41,9 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use laned_models::silero::{Context, CONTEXT};
 use laned_runner::StreamState;
 use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
-
-use crate::Hysteresis;
 
 /// The version [`Record`]s are written in, and the only one read (2: the
 /// generation and owner; the runner's state format 2).
@@ -63,25 +62,23 @@ pub const MAX_ID_BYTES: usize = 128;
 /// never wrap.
 pub const MAX_RECORD_CHUNK: u64 = 1 << 40;
 
-/// The prefix of the store's keys: a stream's record is under
-/// `laned:vad:stream:<id>`.
+/// The prefix of `vad-server`'s keys: a stream's record is under
+/// `laned:vad:stream:<id>`. A model served by `laned serve` keeps its
+/// streams under `laned:model:<name>:stream:<id>` ([`key_prefix`]).
 pub const KEY_PREFIX: &str = "laned:vad:stream:";
+
+/// The prefix of the keys of model `name`'s streams under `laned serve`.
+pub fn key_prefix(name: &str) -> String {
+    format!("laned:model:{name}:stream:")
+}
 
 /// Everything a stream's next answer depends on, as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Record {
     /// [`RECORD_VERSION`] when written.
     pub version: u32,
-    /// Chunks consumed: the next chunk the stream answers.
+    /// Chunks (pulses) consumed: the next one the stream answers.
     pub chunk: u64,
-    /// The samples kept from the last chunk, as `f32` bits (exact).
-    pub context: Vec<u32>,
-    /// The hysteresis: in speech, and since which chunk below the end
-    /// threshold.
-    pub speaking: bool,
-    /// See `speaking`.
-    pub silence_from: Option<u64>,
     /// The model's explicit state, with the model's identity.
     pub state: StreamState,
     /// The writing session's generation: one more than the record it
@@ -89,26 +86,28 @@ pub struct Record {
     pub generation: u64,
     /// The writing session's token (see the module's doc).
     pub owner: String,
+    /// What the stream's protocol keeps beside the model's state (for
+    /// `vad-server`: `context`, `speaking`, `silence_from`), checked by the
+    /// protocol before the stream resumes; every other field lands here.
+    #[serde(flatten)]
+    pub framing: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Record {
     /// The record of a stream at `chunk`.
     pub(crate) fn of(
         chunk: u64,
-        context: &Context,
-        hysteresis: &Hysteresis,
+        framing: serde_json::Map<String, serde_json::Value>,
         state: StreamState,
         writer: &Writer,
     ) -> Record {
         Record {
             version: RECORD_VERSION,
             chunk,
-            context: context.samples().iter().map(|s| s.to_bits()).collect(),
-            speaking: hysteresis.speaking,
-            silence_from: hysteresis.silence_from,
             state,
             generation: writer.generation,
             owner: writer.owner.clone(),
+            framing,
         }
     }
 
@@ -117,9 +116,10 @@ impl Record {
         serde_json::to_vec(self).expect("a record serialises")
     }
 
-    /// A record read back, checked for what the runner does not check
-    /// (the format version, the context's length); the model's identity and
-    /// the state's tensors are the runner's to check on import.
+    /// A record read back, checked for what neither the runner nor the
+    /// protocol checks (the format version, the position's and the
+    /// generation's range); the model's identity and the state's tensors
+    /// are the runner's to check, the framing fields the protocol's.
     pub fn from_bytes(bytes: &[u8]) -> Result<Record, String> {
         let record: Record = serde_json::from_slice(bytes).map_err(|e| format!("not a record: {e}"))?;
         if record.version != RECORD_VERSION {
@@ -128,51 +128,16 @@ impl Record {
                 record.version
             ));
         }
-        if record.context.len() != CONTEXT {
-            return Err(format!(
-                "a context of {} samples, {CONTEXT} expected",
-                record.context.len()
-            ));
-        }
         if record.chunk > MAX_RECORD_CHUNK {
             return Err(format!(
                 "a position of chunk {}, past the limit of {MAX_RECORD_CHUNK}",
                 record.chunk
             ));
         }
-        match record.silence_from {
-            Some(from) if !record.speaking => {
-                return Err(format!("silence from chunk {from} while not in speech"));
-            }
-            Some(from) if from > record.chunk => {
-                return Err(format!(
-                    "silence from chunk {from}, past the position (chunk {})",
-                    record.chunk
-                ));
-            }
-            _ => (),
-        }
-        if record.context.iter().any(|b| !f32::from_bits(*b).is_finite()) {
-            return Err("a context sample that is not a finite number".into());
-        }
         if record.generation == 0 || record.generation > MAX_RECORD_CHUNK {
             return Err(format!("a generation of {}", record.generation));
         }
         Ok(record)
-    }
-
-    /// The context it holds.
-    pub(crate) fn context(&self) -> Context {
-        Context::from_samples(self.context.iter().map(|b| f32::from_bits(*b)).collect())
-            .expect("the length is checked on reading")
-    }
-
-    /// The hysteresis it holds.
-    pub(crate) fn hysteresis(&self) -> Hysteresis {
-        Hysteresis {
-            speaking: self.speaking,
-            silence_from: self.silence_from,
-        }
     }
 }
 
@@ -377,8 +342,8 @@ impl Store {
 
     /// Writes `record` under stream `id`, with the TTL, unless a newer
     /// session's record is there (refused, said so); the bytes written.
-    pub(crate) async fn put(&self, id: &str, record: &Record) -> Result<usize, StoreError> {
-        let key = format!("{KEY_PREFIX}{id}");
+    pub(crate) async fn put(&self, key: &str, record: &Record) -> Result<usize, StoreError> {
+        let (key, named) = (key.to_string(), key.to_string());
         let (bytes, generation, owner, ttl) = (record.to_bytes(), record.generation, record.owner.clone(), self.ttl_s);
         let n = bytes.len();
         let written: i64 = self
@@ -396,7 +361,7 @@ impl Store {
             .await?;
         if written == 0 {
             return Err(StoreError(format!(
-                "writing the record: a newer session of stream {id} holds it (this one is of generation {generation})"
+                "writing the record: a newer session of {named} holds it (this one is of generation {generation})"
             )));
         }
         Ok(n)
@@ -404,8 +369,8 @@ impl Store {
 
     /// What is under stream `id`: its bytes when at most
     /// [`MAX_RECORD_BYTES`], else only their length.
-    pub(crate) async fn get(&self, id: &str) -> Result<Found, StoreError> {
-        let key = format!("{KEY_PREFIX}{id}");
+    pub(crate) async fn get(&self, key: &str) -> Result<Found, StoreError> {
+        let key = key.to_string();
         let found: redis::Value = self
             .bounded("reading the record", |mut c| async move {
                 self.get.key(key).arg(MAX_RECORD_BYTES).invoke_async(&mut c).await
@@ -421,8 +386,8 @@ impl Store {
 
     /// Removes stream `id`'s record if it is still `writer`'s (the stream
     /// ended cleanly; a newer session's record stays).
-    pub(crate) async fn remove_own(&self, id: &str, writer: &Writer) -> Result<(), StoreError> {
-        let key = format!("{KEY_PREFIX}{id}");
+    pub(crate) async fn remove_own(&self, key: &str, writer: &Writer) -> Result<(), StoreError> {
+        let key = key.to_string();
         let (generation, owner) = (writer.generation, writer.owner.clone());
         self.bounded("removing the record", |mut c| async move {
             self.remove_own
@@ -501,23 +466,21 @@ mod tests {
         assert!(check_id(&"x".repeat(MAX_ID_BYTES + 1)).is_err());
     }
 
+    /// A record reads back whole (its framing fields included) and is
+    /// refused for another version, a position or generation out of range.
     #[test]
-    fn a_record_reads_back_and_refuses_other_versions_and_contexts() {
+    fn a_record_reads_back_and_refuses_other_versions_and_ranges() {
         let state: StreamState = serde_json::from_str(r#"{"version":2,"model":"m","tensors":[]}"#).unwrap();
-        let mut context = Context::default();
-        context.inputs(&[0.25; laned_models::silero::CHUNK]);
-        let record = Record::of(7, &context, &Hysteresis::default(), state, &Writer::after(None));
+        let mut framing = serde_json::Map::new();
+        framing.insert("speaking".into(), true.into());
+        let record = Record::of(7, framing, state, &Writer::after(None));
         let back = Record::from_bytes(&record.to_bytes()).unwrap();
         assert_eq!(back, record);
-        assert_eq!(back.context().samples(), context.samples());
+        assert_eq!(back.framing["speaking"], true);
         let mut other = record.clone();
         other.version = 1;
         assert!(Record::from_bytes(&other.to_bytes()).unwrap_err().contains("version 1"));
-        other = record.clone();
-        other.context.pop();
-        assert!(Record::from_bytes(&other.to_bytes()).is_err());
         assert!(Record::from_bytes(b"\x00garbage").is_err());
-        // Fields out of range are refused, naming them.
         let refused = |change: &dyn Fn(&mut Record), words: &str| {
             let mut r = record.clone();
             change(&mut r);
@@ -525,15 +488,6 @@ mod tests {
             assert!(e.contains(words), "{e:?} should say {words:?}");
         };
         refused(&|r| r.chunk = u64::MAX, "position");
-        refused(&|r| r.silence_from = Some(3), "while not in speech");
-        refused(
-            &|r| {
-                r.speaking = true;
-                r.silence_from = Some(1 << 60);
-            },
-            "past the position",
-        );
-        refused(&|r| r.context[0] = f32::NAN.to_bits(), "finite");
         refused(&|r| r.generation = 0, "generation");
     }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use laned_runner::Mode;
-use laned_server::{load_plan, model_file, start, Settings};
+use laned_server::{install_prometheus, load_plan, model_file, start, Settings};
 
 /// Silero VAD over WebSocket, served through one laned runner.
 #[derive(Debug, Parser)]
@@ -178,26 +178,7 @@ async fn main() {
         }
     }
     // Before the runner: it binds its metrics handles when built.
-    let prometheus = match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
-        Ok(h) => {
-            // The recorder keeps every histogram sample until upkeep drains
-            // it into the buckets; `/metrics` does so when scraped, but a
-            // deployment that never scrapes would grow without bound.
-            let upkeep = h.clone();
-            tokio::spawn(async move {
-                let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
-                loop {
-                    every.tick().await;
-                    upkeep.run_upkeep();
-                }
-            });
-            Some(h)
-        }
-        Err(e) => {
-            eprintln!("vad-server: no /metrics: {e}");
-            None
-        }
-    };
+    let prometheus = install_prometheus("vad-server");
     match &settings.model {
         Some(path) => eprintln!("vad-server: loading {}", path.display()),
         None => eprintln!("vad-server: fetching the Silero model (checked, cached after the first time)"),
@@ -210,7 +191,7 @@ async fn main() {
         }
     };
     println!("vad-server settings:\n{settings}");
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     let server = match start(plan, settings, prometheus).await {
         Ok(s) => s,
         Err(why) => {
@@ -222,17 +203,5 @@ async fn main() {
     if let Some(probes) = server.probe_addr {
         println!("vad-server answering probes on {probes}");
     }
-    tokio::select! {
-        _ = term.recv() => println!("vad-server: SIGTERM: draining"),
-        _ = tokio::signal::ctrl_c() => println!("vad-server: interrupted: draining"),
-    }
-    // A second SIGTERM (or ^C) ends the drain at once.
-    let again = async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    };
-    let stragglers = server.shutdown_or(again).await;
-    println!("vad-server: drained ({stragglers} streams closed at the deadline)");
+    server.run_until_signal(term).await;
 }

@@ -1,0 +1,310 @@
+//! `laned serve` as a newcomer runs it: models the test writes (a GRU with
+//! its state as an input/output pair, a conv stack pulsified by the spec)
+//! and Silero, each from the spec `laned check` printed, served by the
+//! built binary on 127.0.0.1; real WebSocket clients, every answer checked
+//! bit for bit against the model run alone (tract's plain state, the
+//! explicit state fed back by hand).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use futures_util::{SinkExt, StreamExt};
+use laned_models::spec::{Interface, Spec};
+use laned_testkit::fixtures::{self, Layout, Lcg, TdnnConfig};
+use tokio_tungstenite::tungstenite::Message;
+use tract_core::internal::*;
+
+use super::{laned, or_skip, save, text};
+
+/// A `laned serve` process, killed when dropped.
+pub struct Serving {
+    child: Child,
+    pub addr: String,
+    /// Its output after the listening line.
+    pub rest: std::sync::mpsc::Receiver<String>,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `laned serve ARGS --listen 127.0.0.1:0` and waits for its
+/// address; `Err` with its output where it exits first.
+pub fn serve(args: &[&str]) -> Result<Serving, String> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_laned"))
+        .arg("serve")
+        .args(args)
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let errors = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let mut said = String::new();
+    let mut lines = stdout.lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap_or_default();
+        said.push_str(&line);
+        said.push('\n');
+        if let Some(addr) = line.strip_prefix("laned serve listening on ") {
+            let addr = addr.trim().to_string();
+            std::thread::spawn(move || {
+                for line in lines.map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+            return Ok(Serving { child, addr, rest: rx });
+        }
+    }
+    let status = child.wait().unwrap();
+    Err(format!("{status}: {said}{}", errors.join().unwrap()))
+}
+
+/// The spec `laned check ARGS` prints, written to `dir/name`.
+fn checked_spec(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
+    let out = laned(&[&["check"], args].concat());
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    let spec = said.split("(TOML):").nth(1).unwrap().trim();
+    let path = dir.join(name);
+    std::fs::write(&path, spec).unwrap();
+    path
+}
+
+/// One stream's answers, the model run alone: a plain tract state, the
+/// explicit state `pairs` (input, output) fed back by hand from zeros.
+pub fn solo(spec: &Path, pairs: &[(usize, usize)], pulses: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let spec = Spec::from_toml_file(spec).unwrap();
+    let loaded = spec.model.load().unwrap();
+    let interface = Interface::of(&loaded, pairs).unwrap();
+    let plan = &loaded.plan;
+    let mut state = plan.spawn().unwrap();
+    let mut held: Vec<(usize, TValue)> = pairs
+        .iter()
+        .map(|(i, _)| {
+            let fact = plan.input_fact(*i).unwrap();
+            let shape: Vec<usize> = fact.shape.dims().iter().map(|d| d.to_usize().unwrap_or(1)).collect();
+            (*i, Tensor::zero_dt(fact.datum_type, &shape).unwrap().into_tvalue())
+        })
+        .collect();
+    pulses
+        .iter()
+        .map(|p| {
+            let mut data = interface.call_inputs(p).unwrap().into_iter();
+            let inputs: TVec<TValue> = (0..plan.input_count())
+                .map(|ix| match held.iter().find(|(i, _)| *i == ix) {
+                    Some((_, v)) => v.clone(),
+                    None => data.next().unwrap(),
+                })
+                .collect();
+            let out = state.run(inputs).unwrap();
+            for (k, (_, o)) in pairs.iter().enumerate() {
+                held[k].1 = out[*o].clone();
+            }
+            let answer: Vec<TValue> = (0..out.len())
+                .filter(|o| !pairs.iter().any(|(_, p)| p == o))
+                .map(|o| out[o].clone())
+                .collect();
+            interface.answer_bytes(&answer).unwrap()
+        })
+        .collect()
+}
+
+/// `count` pulses of `bytes` each: seeded noise as `f32`, in [-1, 1).
+pub fn noise_pulses(seed: u64, count: usize, bytes: usize) -> Vec<Vec<u8>> {
+    let mut rng = Lcg(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    (0..count)
+        .map(|_| (0..bytes / 4).flat_map(|_| rng.uniform().to_le_bytes()).collect())
+        .collect()
+}
+
+/// A client: connects to `url`, reads the hello, sends each pulse and
+/// reads its answer (binary) in turn. Returns the hello and the answers.
+pub async fn client(url: &str, pulses: &[Vec<u8>]) -> (serde_json::Value, Vec<Vec<u8>>) {
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let hello = match ws.next().await.unwrap().unwrap() {
+        Message::Text(t) => serde_json::from_str(&t).unwrap(),
+        other => panic!("{url}: the first message is {other:?}, not the hello"),
+    };
+    let mut answers = Vec::new();
+    for p in pulses {
+        ws.send(Message::Binary(p.clone().into())).await.unwrap();
+        loop {
+            match ws.next().await.unwrap().unwrap() {
+                Message::Binary(b) => {
+                    answers.push(b.to_vec());
+                    break;
+                }
+                Message::Ping(_) | Message::Pong(_) => continue,
+                other => panic!("{url}: {other:?} where an answer was due"),
+            }
+        }
+    }
+    let _ = ws.close(None).await;
+    (hello, answers)
+}
+
+/// How a client's connection ended: the close frame's code and reason.
+pub async fn refused(url: &str, send: Message) -> (u16, String) {
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    ws.send(send).await.unwrap();
+    while let Some(m) = ws.next().await {
+        if let Ok(Message::Close(Some(frame))) = m {
+            return (frame.code.into(), frame.reason.to_string());
+        }
+        if m.is_err() {
+            break;
+        }
+    }
+    panic!("{url}: no close frame");
+}
+
+/// Every stream `streams` clients wide, each its own seed, answered as the
+/// model alone answers it; the hello says the interface.
+fn streams_equal_solo(serving: &Serving, name: &str, spec: &Path, pairs: &[(usize, usize)], pulses: usize) {
+    let loaded = Spec::from_toml_file(spec).unwrap().model.load().unwrap();
+    let interface = Interface::of(&loaded, pairs).unwrap();
+    let url = format!("ws://{}/v1/models/{name}/stream", serving.addr);
+    let inputs: Vec<Vec<Vec<u8>>> = (0..16)
+        .map(|s| noise_pulses(s as u64 + 1, pulses, interface.pulse_bytes()))
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let got = runtime.block_on(async {
+        let tasks: Vec<_> = inputs
+            .iter()
+            .map(|p| tokio::spawn({
+                let (url, p) = (url.clone(), p.clone());
+                async move { client(&url, &p).await }
+            }))
+            .collect();
+        let mut got = Vec::new();
+        for t in tasks {
+            got.push(t.await.unwrap());
+        }
+        got
+    });
+    for (s, ((hello, answers), pulses)) in got.iter().zip(&inputs).enumerate() {
+        assert_eq!(hello["protocol"], 1, "{hello}");
+        assert_eq!(hello["model"], name, "{hello}");
+        assert_eq!(hello["inputs"], serde_json::json!(interface.inputs), "{hello}");
+        assert_eq!(hello["outputs"], serde_json::json!(interface.outputs), "{hello}");
+        let want = solo(spec, pairs, pulses);
+        assert_eq!(answers.len(), want.len(), "{name} stream {s}");
+        for (k, (a, w)) in answers.iter().zip(&want).enumerate() {
+            assert_eq!(a, w, "{name} stream {s}: answer {k} differs from the model run alone");
+        }
+    }
+}
+
+/// A GRU (its state an input/output pair) and a conv stack (pulsified by
+/// its spec), written here, checked, served together by one process:
+/// 16 concurrent clients each, every answer the model run alone, bit for
+/// bit; `/v1/models` lists both with their interfaces.
+#[test]
+fn a_gru_and_a_conv_the_test_writes_are_served_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let gru = save(&fixtures::gru_cell(8, 16).unwrap().model, dir.path(), "gru.nnef.tar");
+    let config = TdnnConfig {
+        width: 8,
+        pulse: 4,
+        layout: Layout::Nchw,
+    };
+    let tdnn = save(&fixtures::tdnn_streaming(config).unwrap(), dir.path(), "tdnn.nnef.tar");
+    let gru_spec = checked_spec(dir.path(), "gru.toml", &[&gru, "--state", "1=1"]);
+    let tdnn_spec = checked_spec(dir.path(), "tdnn.toml", &[&tdnn, "--pulse", "4"]);
+    let serving = serve(&[
+        &format!("gru={}", gru_spec.display()),
+        &format!("tdnn={}", tdnn_spec.display()),
+    ])
+    .unwrap();
+    let listed: serde_json::Value = {
+        let mut s = std::net::TcpStream::connect(&serving.addr).unwrap();
+        use std::io::{Read, Write};
+        write!(s, "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        serde_json::from_str(body.split("\r\n\r\n").nth(1).unwrap()).unwrap()
+    };
+    let names: Vec<&str> = listed["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["gru", "tdnn"], "{listed}");
+    assert_eq!(listed["models"][0]["inputs"][0]["shape"], serde_json::json!([1, 8]), "{listed}");
+    streams_equal_solo(&serving, "gru", &gru_spec, &[(1, 1)], 12);
+    streams_equal_solo(&serving, "tdnn", &tdnn_spec, &[], 12);
+}
+
+/// Silero as a built-in spec, 16 clients each feeding 576 samples a pulse
+/// (their own context kept), every probability the model's alone.
+#[test]
+fn silero_as_a_builtin_spec_is_served_exactly() {
+    if or_skip("silero-vad", laned_models::silero::fetch()).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("silero.toml");
+    std::fs::write(&spec, "[model]\nbuiltin = \"silero\"\n[runner]\nmax_lanes = 32\n").unwrap();
+    let serving = serve(&[&format!("vad={}", spec.display())]).unwrap();
+    // The state pair ("state", 1) the built-in brings: input 2, output 1.
+    streams_equal_solo(&serving, "vad", &spec, &[(2, 1)], 6);
+}
+
+/// Bad input: a frame of the wrong length and a text frame are closed
+/// 1003 naming what was wanted, an unknown model is a 404 naming the
+/// models, while another stream goes on exact; a model whose rows mix
+/// keeps the server from starting, the reason named.
+#[test]
+fn bad_input_is_refused_by_name_and_touches_no_other_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let gru = save(&fixtures::gru_cell(8, 16).unwrap().model, dir.path(), "gru.nnef.tar");
+    let spec = checked_spec(dir.path(), "gru.toml", &[&gru, "--state", "1=1"]);
+    let serving = serve(&[&format!("gru={}", spec.display())]).unwrap();
+    let url = format!("ws://{}/v1/models/gru/stream", serving.addr);
+    let pulses = noise_pulses(7, 20, 32);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let good = tokio::spawn({
+            let (url, pulses) = (url.clone(), pulses.clone());
+            async move { client(&url, &pulses).await }
+        });
+        let (code, why) = refused(&url, Message::Binary(vec![0u8; 31].into())).await;
+        assert_eq!(code, 1003, "{why}");
+        assert!(why.contains("32") && why.contains("31"), "{why}");
+        let (code, why) = refused(&url, Message::Text("hello".into())).await;
+        assert_eq!(code, 1003, "{why}");
+        assert!(why.contains("binary"), "{why}");
+        let nan: Vec<u8> = f32::NAN.to_le_bytes().repeat(8);
+        let (_, answers) = client(&url, &[nan]).await;
+        assert_eq!(answers.len(), 1);
+        let (_, answers) = good.await.unwrap();
+        assert_eq!(answers, solo(&spec, &[(1, 1)], &pulses), "the good stream was touched");
+    });
+    let unknown = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(tokio_tungstenite::connect_async(format!("ws://{}/v1/models/nope/stream", serving.addr)));
+    match unknown {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            assert_eq!(r.status(), 404);
+            let body = String::from_utf8_lossy(r.body().as_deref().unwrap_or_default()).to_string();
+            assert!(body.contains("\"nope\"") && body.contains("gru"), "{body}");
+        }
+        other => panic!("an unknown model: {other:?}"),
+    }
+    // A model that mixes its streams (a max over the batch broadcast
+    // back): laned check refuses it, and so does laned serve.
+    let mixing = save(&super::max_over_batch(), dir.path(), "max.nnef.tar");
+    let spec = dir.path().join("max.toml");
+    std::fs::write(&spec, format!("[model]\nfile = {mixing:?}\n")).unwrap();
+    let why = serve(&[&format!("max={}", spec.display())]).err().unwrap();
+    assert!(why.contains("cannot be laned") && why.contains("mixes the streams"), "{why}");
+}

@@ -1,0 +1,58 @@
+//! What a served model's streams say on the wire, behind one interface:
+//! [`Protocol`] (one per served model) opens a [`Conversation`] (one per
+//! connection), which cuts the client's binary frames into the model's
+//! calls and turns each answer into messages. The session
+//! ([`crate::session`]) owns everything else (limits, admission, the
+//! hand-over, closing) and is the same for every protocol.
+//!
+//! Two protocols: [`crate::audio::Vad`] (Silero over PCM with speech
+//! events, `vad-server`'s) and [`crate::tensor::Tensors`] (any model, a
+//! binary frame a pulse, `laned serve`'s).
+
+use axum::extract::ws::Message;
+use tract_core::internal::*;
+
+/// A served model's wire protocol.
+pub trait Protocol: Send + Sync + 'static {
+    /// A connection's conversation, from its query string (`format=`,
+    /// say); `Err` is the reason it is refused (closed 1003 after the
+    /// upgrade).
+    fn open(&self, query: Option<&str>) -> Result<Box<dyn Conversation>, String>;
+
+    /// What a stream feeds and gets, where the protocol carries a model's
+    /// tensors as they are (listed by `GET /v1/models`).
+    fn interface(&self) -> Option<&laned_models::spec::Interface> {
+        None
+    }
+}
+
+/// One connection's side of a protocol: what it holds between frames
+/// (samples not yet a chunk, a chunk's context, hysteresis) and how it
+/// answers.
+pub trait Conversation: Send + Sync {
+    /// The first message after the upgrade, for a stream resuming at
+    /// `resume` (`handing`: the stream has an id and the server a store,
+    /// so it hands over and checkpoints) with id `id`; `None`: none.
+    fn hello(&self, id: Option<&str>, resume: u64, handing: bool) -> Option<String>;
+
+    /// Take a non-empty binary frame; `Err` is the reason it is refused
+    /// (closed 1003).
+    fn take(&mut self, frame: &[u8]) -> Result<(), String>;
+
+    /// The next call's inputs, once the frames taken hold one.
+    fn next_call(&mut self) -> Option<TVec<TValue>>;
+
+    /// The messages answering call `n` (counted from the stream's start).
+    fn answer(&mut self, n: u64, outputs: TVec<TValue>) -> Result<Vec<Message>, String>;
+
+    /// Why a text frame is refused (closed 1003).
+    fn text_refused(&self) -> &'static str;
+
+    /// What a record keeps of the conversation beside the model's state.
+    fn save(&self) -> serde_json::Map<String, serde_json::Value>;
+
+    /// Continue from what [`Conversation::save`] kept, at position `at`;
+    /// `Err` (nothing changed) for fields missing, unknown or out of
+    /// range.
+    fn restore(&mut self, saved: &serde_json::Map<String, serde_json::Value>, at: u64) -> Result<(), String>;
+}

@@ -1,0 +1,522 @@
+//! A running server: its routes, its listeners and its drain. One server
+//! serves one model (`vad-server`: [`start`]) or several (`laned serve`:
+//! [`start_models`]), each model its own runner and protocol, all of them
+//! sharing the limits, the connection cap, the probes and the store.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use laned_runner::LanedRunner;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+use tokio::sync::watch;
+use tract_core::internal::*;
+
+use crate::accept::{self, open_files_limit, PROBE_RESERVE};
+use crate::handover::{self, Store};
+use crate::protocol::Protocol;
+use crate::session::{self, Endpoint, Shared};
+use crate::settings::{Limits, Settings};
+use crate::PROBE_PLACES;
+
+/// A model to serve: its name (in its URL, its records' keys and its
+/// metrics), its runner and its protocol.
+pub struct Served {
+    /// The model's name: letters, digits, `-`, `_`, `.`.
+    pub name: String,
+    /// The runner serving it.
+    pub runner: LanedRunner,
+    /// Its protocol: [`Tensors`] for any model.
+    pub protocol: Arc<dyn Protocol>,
+}
+
+/// A running server.
+pub struct Server {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// The address answering only the probes, if one was asked for.
+    pub probe_addr: Option<SocketAddr>,
+    probe_task: Option<tokio::task::JoinHandle<()>>,
+    shared: Arc<Shared>,
+    endpoints: Vec<Arc<Endpoint>>,
+    closing: watch::Sender<bool>,
+    handing_over: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    /// Who the log lines say they come from.
+    who: String,
+}
+
+/// `vad-server`: builds the runner on `plan` (Silero) and serves it on
+/// `settings.listen` (port 0: any) at `/v1/vad`. Install the Prometheus
+/// recorder before calling this: the runner binds its metrics handles when
+/// it is built.
+pub async fn start(
+    plan: Arc<dyn Runnable>,
+    settings: Settings,
+    prometheus: Option<PrometheusHandle>,
+) -> Result<Server, String> {
+    settings.validate()?;
+    let runner = LanedRunner::new(plan, settings.runner_config()?).map_err(|e| e.to_string())?;
+    let endpoint = Endpoint {
+        name: "vad".into(),
+        who: "vad-server".into(),
+        runner,
+        protocol: Arc::new(crate::audio::Vad),
+        key_prefix: handover::KEY_PREFIX.into(),
+    };
+    let limits = Limits {
+        max_connections: Some(settings.connection_cap()),
+        ..settings.limits()
+    };
+    listen(limits, vec![endpoint], prometheus, "vad-server").await
+}
+
+/// `laned serve`: serves every model of `models` on `limits.listen`, each
+/// at `/v1/models/{name}/stream`, listed at `/v1/models`.
+pub async fn start_models(
+    models: Vec<Served>,
+    limits: Limits,
+    prometheus: Option<PrometheusHandle>,
+) -> Result<Server, String> {
+    limits.validate()?;
+    if models.is_empty() {
+        return Err("no model to serve: name at least one".into());
+    }
+    let mut endpoints: Vec<Endpoint> = Vec::new();
+    for m in models {
+        check_name(&m.name)?;
+        if endpoints.iter().any(|e| e.name == m.name) {
+            return Err(format!("model {:?} is named twice: each model's name is its own", m.name));
+        }
+        endpoints.push(Endpoint {
+            key_prefix: handover::key_prefix(&m.name),
+            who: format!("laned serve: model {}", m.name),
+            name: m.name,
+            runner: m.runner,
+            protocol: m.protocol,
+        });
+    }
+    let lanes = endpoints.iter().map(|e| e.runner.total_lanes()).sum();
+    let limits = Limits {
+        max_connections: Some(limits.connection_cap(lanes)),
+        ..limits
+    };
+    listen(limits, endpoints, prometheus, "laned serve").await
+}
+
+/// A model's name, checked: 1 to 64 ASCII letters, digits, `-`, `_`, `.`.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "model name {name:?}: 1 to 64 ASCII letters, digits, -, _ and . (it is a URL segment and a key)"
+        ))
+    }
+}
+
+async fn listen(
+    limits: Limits,
+    endpoints: Vec<Endpoint>,
+    prometheus: Option<PrometheusHandle>,
+    who: &str,
+) -> Result<Server, String> {
+    let listener = tokio::net::TcpListener::bind(limits.listen)
+        .await
+        .map_err(|e| format!("binding {}: {e}", limits.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let (closing, closing_rx) = watch::channel(false);
+    let (handing_over, handing_over_rx) = watch::channel(false);
+    let timeout = Duration::from_millis(limits.store_timeout_ms);
+    let store = match &limits.store {
+        Some(url) => {
+            let store = Store::open(url, timeout, limits.handover_ttl_s)?;
+            // Said at start, not fatal: the store may come up later.
+            if let Err(e) = store.get("-").await {
+                eprintln!("{who}: the store at {url} does not answer ({e}): streams start fresh and hand-overs are skipped until it does");
+            }
+            Some(Arc::new(store))
+        }
+        None => None,
+    };
+    let shared = Arc::new(Shared {
+        limits,
+        prometheus,
+        closing: closing_rx,
+        live: Arc::new(AtomicUsize::new(0)),
+        reading: Arc::new(AtomicUsize::new(0)),
+        store,
+        handing_over: handing_over_rx,
+        tally: Mutex::new(handover::Tally::default()),
+        checkpoint_said: accept::Said::new(),
+        live_ids: Mutex::new(std::collections::HashSet::new()),
+    });
+    let endpoints: Vec<Arc<Endpoint>> = endpoints.into_iter().map(Arc::new).collect();
+    let state = Routes {
+        shared: shared.clone(),
+        endpoints: endpoints.clone(),
+    };
+    let probes = Router::new()
+        .route("/ready", get(ready))
+        .route("/live", get(|| async { "live\n" }))
+        .route("/metrics", get(metrics));
+    let app = if who == "vad-server" {
+        probes.clone().route("/v1/vad", get(vad))
+    } else {
+        probes
+            .clone()
+            .route("/v1/models", get(models))
+            .route("/v1/models/{name}/stream", get(stream))
+            .route("/v1/models/{name}/ready", get(model_ready))
+    }
+    .with_state(state.clone());
+    // Past the cap: the probes, and 503 for anything else.
+    let probes = probes
+        .fallback(|| async {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server's connection cap is reached: retry later\n",
+            )
+        })
+        .with_state(state);
+    let cap = shared.limits.max_connections.unwrap_or(CONNECTION_FALLBACK);
+    let accept_limits = accept::Limits {
+        max_connections: cap,
+        header_timeout: Duration::from_millis(shared.limits.header_timeout_ms),
+    };
+    if let Some(files) = open_files_limit() {
+        let wanted = cap + PROBE_RESERVE + 64;
+        if files < wanted {
+            eprintln!(
+                "{who}: the open-files limit ({files}) is under the connection cap ({cap}) plus the probes' \
+                 reserve and the server's own files ({wanted} in all): raise it (ulimit -n) or lower max_connections"
+            );
+        }
+    }
+    let (probe_addr, probe_task) = match shared.limits.probe_listen {
+        Some(at) => {
+            let listener = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|e| format!("binding the probe address {at}: {e}"))?;
+            let probe_addr = listener.local_addr().map_err(|e| e.to_string())?;
+            let only = accept::Limits {
+                max_connections: PROBE_PLACES,
+                ..accept_limits
+            };
+            let (none, reading) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+            let task = tokio::spawn(accept::serve(
+                listener,
+                probes.clone(),
+                probes.clone(),
+                only,
+                none,
+                reading,
+            ));
+            (Some(probe_addr), Some(task))
+        }
+        None => (None, None),
+    };
+    let task = tokio::spawn(accept::serve(
+        listener,
+        app,
+        probes,
+        accept_limits,
+        shared.live.clone(),
+        shared.reading.clone(),
+    ));
+    Ok(Server {
+        addr,
+        probe_addr,
+        probe_task,
+        shared,
+        endpoints,
+        closing,
+        handing_over,
+        task,
+        who: who.to_string(),
+    })
+}
+
+/// The cap where none was computed (never: both starts set it).
+const CONNECTION_FALLBACK: usize = 1024;
+
+impl Server {
+    /// The runner (capacity, metrics) of the first model served.
+    pub fn runner(&self) -> &LanedRunner {
+        &self.endpoints[0].runner
+    }
+
+    /// The runner of model `name`.
+    pub fn runner_of(&self, name: &str) -> Option<&LanedRunner> {
+        self.endpoints.iter().find(|e| e.name == name).map(|e| &e.runner)
+    }
+
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        self.shared.live.load(Ordering::Acquire)
+    }
+
+    /// The graceful shutdown: stop admitting (`/ready` answers 503 at
+    /// once), let live connections go on until they end or the drain
+    /// deadline passes, close those left with 1001, stop serving. Returns
+    /// the streams still live at the deadline.
+    pub async fn shutdown(self) -> usize {
+        self.shutdown_or(std::future::pending()).await
+    }
+
+    /// [`Server::shutdown`], cut short when `now` completes (a second
+    /// SIGTERM, say): the drain ends then, the streams still live are
+    /// closed with 1001 as at the deadline.
+    pub async fn shutdown_or(self, now: impl std::future::Future<Output = ()>) -> usize {
+        let runners: Vec<LanedRunner> = self.endpoints.iter().map(|e| e.runner.clone()).collect();
+        for runner in &runners {
+            runner.stop_admitting();
+        }
+        // Streams with an id hand over (each after its call in flight) and
+        // close 1012; the others drain as before.
+        let _ = self.handing_over.send(self.shared.store.is_some());
+        let mut deadline = Instant::now() + Duration::from_millis(self.shared.limits.drain_deadline_ms);
+        let mut now = std::pin::pin!(now);
+        // The drain's wait, here where a second signal can cut it: until no
+        // lane is held, the deadline, or `now`.
+        loop {
+            let idle = runners.iter().all(|r| {
+                let capacity = r.capacity();
+                capacity.lanes_free == capacity.lanes
+            });
+            if idle || Instant::now() >= deadline {
+                break;
+            }
+            tokio::select! {
+                _ = &mut now => {
+                    eprintln!("{}: told again: ending the drain now", self.who);
+                    deadline = Instant::now();
+                    break;
+                }
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+        let drained = tokio::task::spawn_blocking(move || runners.iter().map(|r| r.drain(deadline).stragglers).sum())
+            .await
+            .unwrap_or(0);
+        let _ = self.closing.send(true);
+        // No new connection from here (a proxy retries it elsewhere): one
+        // accepted now would be cut by the exit without a close frame.
+        self.task.abort();
+        if let Some(probes) = &self.probe_task {
+            probes.abort();
+        }
+        // The close frames out, bounded: every session ended, and every
+        // connection still reading its request answered (it becomes a
+        // session that closes at once); checked twice, 50 ms apart, for a
+        // connection between the two counts.
+        let until = Instant::now() + Duration::from_secs(3);
+        let busy = |s: &Shared| s.live.load(Ordering::Acquire) + s.reading.load(Ordering::Acquire) > 0;
+        while Instant::now() < until {
+            if !busy(&self.shared) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if !busy(&self.shared) {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if self.shared.store.is_some() {
+            let tally = self.shared.tally.lock().unwrap_or_else(|e| e.into_inner());
+            println!("{}: {}", self.who, tally.summary());
+        }
+        drained
+    }
+}
+
+/// What every route sees.
+#[derive(Clone)]
+struct Routes {
+    shared: Arc<Shared>,
+    endpoints: Vec<Arc<Endpoint>>,
+}
+
+impl Routes {
+    fn endpoint(&self, name: &str) -> Option<Arc<Endpoint>> {
+        self.endpoints.iter().find(|e| e.name == name).cloned()
+    }
+}
+
+/// One runner's readiness line.
+fn readiness(runner: &LanedRunner) -> (bool, String) {
+    let capacity = runner.capacity();
+    let line = format!(
+        "accepting {} lanes_free {} spawners_waiting {}\n",
+        capacity.accepting, capacity.lanes_free, capacity.spawners_waiting
+    );
+    (capacity.is_ready(), line)
+}
+
+/// Ready when every model is: a line per model (the model's name first
+/// where there are several).
+async fn ready(State(routes): State<Routes>) -> Response {
+    let mut all = true;
+    let mut body = String::new();
+    for e in &routes.endpoints {
+        let (ok, line) = readiness(&e.runner);
+        all &= ok;
+        if routes.endpoints.len() > 1 {
+            body.push_str(&format!("model {} ", e.name));
+        }
+        body.push_str(&line);
+    }
+    let code = if all { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, body).into_response()
+}
+
+async fn model_ready(State(routes): State<Routes>, Path(name): Path<String>) -> Response {
+    match routes.endpoint(&name) {
+        Some(e) => {
+            let (ok, line) = readiness(&e.runner);
+            let code = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            (code, line).into_response()
+        }
+        None => unknown_model(&routes, &name),
+    }
+}
+
+fn unknown_model(routes: &Routes, name: &str) -> Response {
+    let names: Vec<&str> = routes.endpoints.iter().map(|e| e.name.as_str()).collect();
+    (
+        StatusCode::NOT_FOUND,
+        format!("no model {name:?} here: the models are {}\n", names.join(", ")),
+    )
+        .into_response()
+}
+
+async fn metrics(State(routes): State<Routes>) -> Response {
+    match &routes.shared.prometheus {
+        // Prometheus' text exposition format, as scrapers negotiate it.
+        Some(h) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            h.render(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "no Prometheus recorder installed\n").into_response(),
+    }
+}
+
+/// `GET /v1/models`: every model, its interface and its runner's shape.
+async fn models(State(routes): State<Routes>) -> Response {
+    let list: Vec<serde_json::Value> = routes
+        .endpoints
+        .iter()
+        .map(|e| {
+            let (inputs, outputs) = match e.protocol.interface() {
+                Some(i) => (json!(i.inputs), json!(i.outputs)),
+                None => (json!(null), json!(null)),
+            };
+            json!({
+                "name": e.name,
+                "stream": format!("/v1/models/{}/stream", e.name),
+                "protocol": crate::tensor::PROTOCOL_VERSION,
+                "inputs": inputs,
+                "outputs": outputs,
+                "lanes": e.runner.total_lanes(),
+                "shards": e.runner.shards(),
+                "mode": format!("{:?}", e.runner.mode()).to_lowercase(),
+                "policy": e.runner.policy().to_string(),
+                "state": e.runner.state_identity(),
+            })
+        })
+        .collect();
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        json!({ "models": list }).to_string(),
+    )
+        .into_response()
+}
+
+async fn vad(
+    ws: axum::extract::WebSocketUpgrade,
+    RawQuery(query): RawQuery,
+    headers: axum::http::HeaderMap,
+    State(routes): State<Routes>,
+) -> Response {
+    let endpoint = routes.endpoints[0].clone();
+    session::upgrade(ws, query, headers, routes.shared, endpoint).await
+}
+
+async fn stream(
+    ws: Result<axum::extract::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: axum::http::HeaderMap,
+    State(routes): State<Routes>,
+) -> Response {
+    let Some(endpoint) = routes.endpoint(&name) else {
+        return unknown_model(&routes, &name);
+    };
+    match ws {
+        Ok(ws) => session::upgrade(ws, query, headers, routes.shared, endpoint).await,
+        Err(rejection) => rejection.into_response(),
+    }
+}
+
+/// Installs the Prometheus recorder (before any runner is built: a runner
+/// binds its metrics handles then), with its upkeep every 5 s (the
+/// recorder keeps every histogram sample until upkeep drains it into the
+/// buckets; a deployment never scraped would grow without it). `None`,
+/// said, where one is installed already. Call it inside a tokio runtime.
+pub fn install_prometheus(who: &str) -> Option<PrometheusHandle> {
+    match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+        Ok(h) => {
+            let upkeep = h.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(Duration::from_secs(5));
+                loop {
+                    every.tick().await;
+                    upkeep.run_upkeep();
+                }
+            });
+            Some(h)
+        }
+        Err(e) => {
+            eprintln!("{who}: no /metrics: {e}");
+            None
+        }
+    }
+}
+
+impl Server {
+    /// Serves until SIGTERM (`term`, installed before the server said it
+    /// listens, so that none is missed) or ^C, then drains
+    /// ([`Server::shutdown_or`]); a second signal ends the drain at once.
+    /// Returns the streams closed at the deadline.
+    pub async fn run_until_signal(self, mut term: tokio::signal::unix::Signal) -> usize {
+        let who = self.who.clone();
+        tokio::select! {
+            _ = term.recv() => println!("{who}: SIGTERM: draining"),
+            _ = tokio::signal::ctrl_c() => println!("{who}: interrupted: draining"),
+        }
+        let again = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        };
+        let stragglers = self.shutdown_or(again).await;
+        println!("{who}: drained ({stragglers} streams closed at the deadline)");
+        stragglers
+    }
+}

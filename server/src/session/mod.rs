@@ -1,0 +1,659 @@
+//! One WebSocket connection, one laned stream, for any served model: the
+//! protocol ([`crate::protocol`]) says what the frames mean; everything
+//! else is here and the same for every model.
+//!
+//! A session's life, in order:
+//! 1. Before the upgrade ([`upgrade`]): the protocol opens the
+//!    connection's conversation from its query; with a store and a stream
+//!    id, the record held for the id is looked up and checked (the
+//!    runner's checks, then the protocol's), so that the position the
+//!    upgrade's `x-resume-chunk` names is where the stream resumes.
+//! 2. Admission ([`Session::admit`]): a refused query closes 1003, a bad
+//!    id 1008; during a drain a stream with an id is sent elsewhere
+//!    (1012); a second live session of an id is refused (1008); a lane is
+//!    waited for up to `admission_wait_ms` (1013 past it); a record found
+//!    is imported; the protocol's hello goes out.
+//! 3. Serving ([`Session::run`]): frames are read, control frames spent
+//!    from a budget, binary frames given to the conversation, and every
+//!    call it holds run, the socket read ahead (up to
+//!    [`crate::READ_AHEAD_BYTES`]) while a call is in flight. Between
+//!    calls: a drain hands the stream over (1012), the idle and
+//!    untaken-reply clocks close it (1008, its lane freed first), every
+//!    `checkpoint_every` calls a checkpoint is taken.
+//! 4. The end: the client's close removes its own record; every other end
+//!    sends its close frame from one place ([`close::close_with`]) and
+//!    lingers for the reply; dropping the stream frees the lane.
+
+mod close;
+mod cost;
+mod resume;
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::response::Response;
+use laned_runner::{LanedRunner, LanedStateHandle, SpawnError};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::watch;
+use tract_core::prelude::{TVec, TValue};
+
+pub(crate) use close::close_with;
+use close::refuse_transport_error;
+pub use cost::{CONTROL_BURST, CONTROL_PER_SEC};
+use cost::{too_many_frames, ControlBudget, Taken};
+use resume::{checkpoint, closed_by_client, look_up, try_hand_over, Resume};
+
+use crate::handover::{self, Store};
+use crate::protocol::{Conversation, Protocol};
+use crate::settings::Limits;
+use crate::{accept, READ_AHEAD_BYTES};
+
+/// Bytes a connection's writes gather before they go out.
+const WRITE_BUFFER: usize = 64 * 1024;
+
+/// Bytes a connection's unsent writes may hold at most: past it the client
+/// (which is not reading) is dropped.
+const MAX_WRITE_BUFFER: usize = 256 * 1024;
+
+/// What every connection of a server shares, whatever its model.
+pub(crate) struct Shared {
+    /// Read by every session; set at start.
+    pub limits: Limits,
+    pub prometheus: Option<PrometheusHandle>,
+    /// Set when the drain's deadline passes: every session closes 1001.
+    pub closing: watch::Receiver<bool>,
+    /// Live WebSocket sessions (the accept loop's cap counts them).
+    pub live: Arc<AtomicUsize>,
+    /// Connections reading their request (not yet sessions).
+    pub reading: Arc<AtomicUsize>,
+    /// The hand-over store, if one is configured.
+    pub store: Option<Arc<Store>>,
+    /// Set when the drain starts: streams with an id hand over.
+    pub handing_over: watch::Receiver<bool>,
+    /// The drain's hand-overs, added to by each session handing over.
+    pub tally: Mutex<handover::Tally>,
+    /// Checkpoint failures, logged once a second at most.
+    pub checkpoint_said: accept::Said,
+    /// The store keys of the streams live in a session now: one session
+    /// per id and model. Taken at admission, freed by [`LiveId`]'s drop.
+    pub live_ids: Mutex<HashSet<String>>,
+}
+
+/// One served model: its runner and protocol, and its records' keys.
+pub(crate) struct Endpoint {
+    /// Its name (`vad` for `vad-server`).
+    pub name: String,
+    /// Who log lines say they come from.
+    pub who: String,
+    pub runner: LanedRunner,
+    pub protocol: Arc<dyn Protocol>,
+    /// The prefix of its streams' keys in the store.
+    pub key_prefix: String,
+}
+
+impl Endpoint {
+    /// The store key of stream `id`.
+    pub(crate) fn key(&self, id: &str) -> String {
+        format!("{}{id}", self.key_prefix)
+    }
+}
+
+/// The stream id a connection gives: its `x-stream-id` header, else its
+/// `stream` URL parameter (browsers cannot set a WebSocket's headers);
+/// `Err` for one that is not an id ([`handover::check_id`]).
+fn stream_id_of(headers: &axum::http::HeaderMap, query: Option<&str>) -> Result<Option<String>, String> {
+    let id = match headers.get("x-stream-id") {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| "the x-stream-id header is not ASCII".to_string())?
+                .to_string(),
+        ),
+        None => query
+            .unwrap_or("")
+            .split('&')
+            .filter_map(|pair| pair.split_once('='))
+            .find(|(key, _)| *key == "stream")
+            .map(|(_, value)| value.to_string()),
+    };
+    match id {
+        Some(id) => handover::check_id(&id).map(|()| Some(id)),
+        None => Ok(None),
+    }
+}
+
+/// What the upgrade learnt of a connection.
+struct Opening {
+    conversation: Result<Box<dyn Conversation>, String>,
+    id: Result<Option<String>, String>,
+    resume: Resume,
+}
+
+/// Step 1: the upgrade of a connection to `endpoint`'s model.
+pub(crate) async fn upgrade(
+    ws: WebSocketUpgrade,
+    query: Option<String>,
+    headers: axum::http::HeaderMap,
+    shared: Arc<Shared>,
+    endpoint: Arc<Endpoint>,
+) -> Response {
+    let mut conversation = endpoint.protocol.open(query.as_deref());
+    let id = stream_id_of(&headers, query.as_deref());
+    let resume = match (&shared.store, &id, conversation.as_mut()) {
+        (Some(store), Ok(Some(id)), Ok(conversation)) => look_up(&endpoint, store, id, Some(conversation)).await,
+        (Some(store), Ok(Some(id)), Err(_)) => look_up(&endpoint, store, id, None).await,
+        _ => Resume::None,
+    };
+    let resume_chunk = resume.position();
+    let opening = Opening {
+        conversation,
+        id,
+        resume,
+    };
+    // Oversized frames are refused by the session with 1009: the transport
+    // itself takes frames up to twice the limit.
+    let cap = shared.limits.max_frame_bytes.saturating_mul(2).max(1 << 16);
+    // The write buffer is bounded: a client that does not read (pongs to a
+    // ping flood, replies it never takes) fills it and is dropped, rather
+    // than growing the server's memory without end.
+    let mut response = ws
+        .max_message_size(cap)
+        .max_frame_size(cap)
+        .write_buffer_size(WRITE_BUFFER)
+        .max_write_buffer_size(MAX_WRITE_BUFFER)
+        .on_upgrade(move |socket| async move {
+            shared.live.fetch_add(1, Ordering::AcqRel);
+            let _guard = LiveGuard(shared.clone());
+            if let Some(mut session) = Session::admit(socket, shared, endpoint, opening).await {
+                session.run().await;
+            }
+        });
+    // Where the client resends from, before any frame: a client reads it
+    // off the upgrade (the first message says it too, for browsers).
+    if let Some(chunk) = resume_chunk {
+        response
+            .headers_mut()
+            .insert("x-resume-chunk", axum::http::HeaderValue::from(chunk));
+    }
+    response
+}
+
+struct LiveGuard(Arc<Shared>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Frees a stream id (its store key) when its session ends.
+pub(crate) struct LiveId(Arc<Shared>, String);
+
+impl Drop for LiveId {
+    fn drop(&mut self) {
+        self.0
+            .live_ids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.1);
+    }
+}
+
+/// What a message read ahead holds: its payload and its place in the
+/// queue (so a flood of empty or control frames is bounded too).
+fn message_bytes(m: &Message) -> usize {
+    let payload = match m {
+        Message::Binary(b) => b.len(),
+        Message::Text(t) => t.len(),
+        Message::Ping(p) | Message::Pong(p) => p.len(),
+        Message::Close(_) => 0,
+    };
+    payload + std::mem::size_of::<Message>()
+}
+
+/// Until the flag is set (or its sender is gone).
+async fn closed(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|c| *c).await;
+}
+
+/// A stream being served: its lane and what it keeps beside it.
+pub(crate) struct Stream {
+    handle: LanedStateHandle,
+    conversation: Box<dyn Conversation>,
+    /// Calls answered: the next call's number.
+    chunk: u64,
+    /// This session's generation and owner token, on every record it writes.
+    writer: handover::Writer,
+    /// The last position this session wrote to the store, held while a
+    /// write is in flight (a checkpoint's task, a hand-over, a removal):
+    /// one write at a time, never an earlier position after a later one.
+    written: Arc<tokio::sync::Mutex<Option<u64>>>,
+}
+
+/// The session ended (its close, if any, sent).
+struct Ended;
+
+/// One admitted connection.
+struct Session {
+    socket: WebSocket,
+    shared: Arc<Shared>,
+    endpoint: Arc<Endpoint>,
+    /// `None` once the lane is given back (before a close that lingers).
+    stream: Option<Stream>,
+    /// The stream's id, where it hands over and checkpoints (a store and
+    /// an id).
+    handing: Option<String>,
+    live_id: Option<LiveId>,
+    /// A hand-over that failed is not tried again: the stream drains.
+    hand_over_failed: bool,
+    /// Frames read while a call was in flight, handled in order after it.
+    backlog: VecDeque<Message>,
+    /// Their bytes, bounded by `READ_AHEAD_BYTES`.
+    backlog_bytes: usize,
+    /// Only audio moves this on: pings, pongs and empty frames keep no lane.
+    idle_until: tokio::time::Instant,
+    budget: ControlBudget,
+    taken: Taken,
+}
+
+impl Session {
+    /// Step 2: admission, or `None` with the connection closed.
+    async fn admit(
+        mut socket: WebSocket,
+        shared: Arc<Shared>,
+        endpoint: Arc<Endpoint>,
+        opening: Opening,
+    ) -> Option<Session> {
+        let conversation = match opening.conversation {
+            Ok(c) => c,
+            Err(why) => {
+                close_with(&mut socket, crate::close::UNSUPPORTED, &why).await;
+                return None;
+            }
+        };
+        // An id is only read with a store (without one, any header is let
+        // through unread).
+        let id = match opening.id {
+            Ok(id) => id,
+            Err(why) if shared.store.is_some() => {
+                close_with(&mut socket, crate::close::IDLE, &why).await;
+                return None;
+            }
+            Err(_) => None,
+        };
+        let handing = id.clone().filter(|_| shared.store.is_some());
+        // Draining already: a stream with an id is told to go elsewhere with
+        // its record untouched.
+        if handing.is_some() && *shared.handing_over.borrow() {
+            close_with(&mut socket, crate::close::RESTART, "restarting: resume elsewhere").await;
+            return None;
+        }
+        // One live session per id: a second is refused while the first
+        // lives, so that nobody continues (or overwrites) another's stream.
+        let live_id = match &handing {
+            Some(id) => {
+                let key = endpoint.key(id);
+                if !shared
+                    .live_ids
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key.clone())
+                {
+                    let why = format!("stream id {id:?} is live in another session");
+                    close_with(&mut socket, crate::close::IDLE, &why).await;
+                    return None;
+                }
+                Some(LiveId(shared.clone(), key))
+            }
+            None => None,
+        };
+        let wait = Duration::from_millis(shared.limits.admission_wait_ms);
+        let spawned = tokio::select! {
+            r = tokio::time::timeout(wait, endpoint.runner.spawn_async()) => r,
+            _ = closed(shared.closing.clone()) => {
+                close_with(&mut socket, crate::close::GOING_AWAY, "the server is shutting down").await;
+                return None;
+            }
+        };
+        let handle = match spawned {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) => {
+                let code = match e {
+                    SpawnError::Draining | SpawnError::Closed if handing.is_some() => crate::close::RESTART,
+                    SpawnError::Draining | SpawnError::Closed => crate::close::GOING_AWAY,
+                    _ => crate::close::TRY_AGAIN_LATER,
+                };
+                close_with(&mut socket, code, &format!("no lane: {e}")).await;
+                return None;
+            }
+            Err(_) => {
+                let why = format!("no lane freed up within {wait:?}: try again later");
+                close_with(&mut socket, crate::close::TRY_AGAIN_LATER, &why).await;
+                return None;
+            }
+        };
+        let mut handle = handle;
+        let mut chunk = 0;
+        if let (Resume::From(record), Some(id)) = (&opening.resume, &handing) {
+            // The record was checked before the upgrade (the runner's and
+            // the protocol's checks, the conversation restored by the
+            // latter); an import can only fail now for the runner's end.
+            if let Err(e) = handle.import_state_async(&record.state).await {
+                let code = if e.end_reason().is_some() {
+                    crate::close::GOING_AWAY
+                } else {
+                    crate::close::INTERNAL
+                };
+                close_with(&mut socket, code, &format!("stream {id}: resuming: {e}")).await;
+                return None;
+            }
+            chunk = record.chunk;
+            handover::count("laned_resume_total", "resumed");
+        }
+        let admitted = (handle, conversation, chunk);
+        Session::serving(socket, shared, endpoint, admitted, opening.resume, handing, live_id).await
+    }
+
+    /// Admitted: the hello sent, the session ready to serve.
+    async fn serving(
+        mut socket: WebSocket,
+        shared: Arc<Shared>,
+        endpoint: Arc<Endpoint>,
+        (handle, conversation, chunk): (LanedStateHandle, Box<dyn Conversation>, u64),
+        resume: Resume,
+        handing: Option<String>,
+        live_id: Option<LiveId>,
+    ) -> Option<Session> {
+        if let Some(hello) = conversation.hello(handing.as_deref(), chunk, handing.is_some()) {
+            if socket.send(Message::Text(hello.into())).await.is_err() {
+                return None;
+            }
+        }
+        let idle = Duration::from_millis(shared.limits.idle_ms);
+        Some(Session {
+            socket,
+            stream: Some(Stream {
+                handle,
+                conversation,
+                chunk,
+                writer: handover::Writer::after(resume.found_generation()),
+                written: Arc::new(tokio::sync::Mutex::new(None)),
+            }),
+            handing,
+            live_id,
+            hand_over_failed: false,
+            backlog: VecDeque::new(),
+            backlog_bytes: 0,
+            idle_until: tokio::time::Instant::now() + idle,
+            budget: ControlBudget::new(),
+            taken: Taken::new(idle),
+            shared,
+            endpoint,
+        })
+    }
+
+    fn idle(&self) -> Duration {
+        Duration::from_millis(self.shared.limits.idle_ms)
+    }
+
+    fn stream(&self) -> &Stream {
+        self.stream.as_ref().expect("the stream lives while the session serves")
+    }
+
+    /// Closes the session with `code`: the lane goes back first (a client
+    /// that does not read may never answer the close).
+    async fn end(&mut self, code: u16, why: &str) -> Result<(), Ended> {
+        drop(self.stream.take());
+        close_with(&mut self.socket, code, why).await;
+        Err(Ended)
+    }
+
+    /// Closes the session with `code`, the lane held until the close is
+    /// done (where the stream ends because the client erred).
+    async fn refuse(&mut self, code: u16, why: &str) -> Result<(), Ended> {
+        close_with(&mut self.socket, code, why).await;
+        Err(Ended)
+    }
+
+    /// Step 3: serve until the session ends.
+    async fn run(&mut self) {
+        while self.serve_one().await.is_ok() {}
+    }
+
+    /// A hand-over, if the drain has started and none failed yet.
+    async fn hand_over_if_draining(&mut self) -> Result<(), Ended> {
+        let (Some(store), Some(id)) = (self.shared.store.clone(), self.handing.clone()) else {
+            return Ok(());
+        };
+        if self.hand_over_failed || !*self.shared.handing_over.borrow() {
+            return Ok(());
+        }
+        let shared = self.shared.clone();
+        let endpoint = self.endpoint.clone();
+        let stream = self.stream.as_ref().expect("serving");
+        if try_hand_over(
+            &mut self.socket,
+            (&shared, &endpoint),
+            &store,
+            (&id, &mut self.live_id),
+            stream,
+        )
+        .await
+        {
+            return Err(Ended);
+        }
+        self.hand_over_failed = true;
+        Ok(())
+    }
+
+    /// The idle and untaken-reply clocks: checked here too, not only by the
+    /// read's timeout (a timeout looks at its clock only when the read is
+    /// pending, and a flood of pings keeps the read ready).
+    async fn clocks(&mut self) -> Result<(), Ended> {
+        if tokio::time::Instant::now() >= self.idle_until {
+            let why = format!("no audio for {:?}: the lane goes to others", self.idle());
+            return self.end(crate::close::IDLE, &why).await;
+        }
+        self.untaken().await
+    }
+
+    async fn untaken(&mut self) -> Result<(), Ended> {
+        if self.taken.overdue() {
+            let why = format!("replies untaken for {:?}: the lane goes to others", self.idle());
+            return self.end(crate::close::IDLE, &why).await;
+        }
+        Ok(())
+    }
+
+    /// The next message: from the backlog, else read (up to the clocks).
+    async fn next_message(&mut self) -> Result<Option<Option<Result<Message, axum::Error>>>, Ended> {
+        if let Some(m) = self.backlog.pop_front() {
+            self.backlog_bytes -= message_bytes(&m);
+            return Ok(Some(Some(Ok(m))));
+        }
+        let read_until = self
+            .taken
+            .deadline()
+            .map_or(self.idle_until, |d| d.min(self.idle_until));
+        let watching = self.handing.is_some() && !self.hand_over_failed;
+        tokio::select! {
+            m = tokio::time::timeout_at(read_until, self.socket.recv()) => Ok(m.ok()),
+            _ = closed(self.shared.closing.clone()) => {
+                self.refuse(crate::close::GOING_AWAY, "the server is shutting down").await.map(|_| None)
+            }
+            // Handed over at the loop's top (a flag dropped unset, the
+            // server gone, is not waited on again).
+            _ = closed(self.shared.handing_over.clone()), if watching => {
+                self.hand_over_failed |= !*self.shared.handing_over.borrow();
+                Ok(None)
+            }
+        }
+    }
+
+    /// One message read and served.
+    async fn serve_one(&mut self) -> Result<(), Ended> {
+        self.hand_over_if_draining().await?;
+        self.clocks().await?;
+        // `None`: a clock ran out or the drain started; the next turn of
+        // the loop says which.
+        let Some(msg) = self.next_message().await? else {
+            return Ok(());
+        };
+        let max = self.shared.limits.max_frame_bytes;
+        let bytes = match msg {
+            // Gone: dropping the handle frees the lane.
+            None => return Err(Ended),
+            Some(Err(e)) => {
+                refuse_transport_error(&mut self.socket, e, max).await;
+                return Err(Ended);
+            }
+            Some(Ok(Message::Close(_))) => return self.closed_by_client().await,
+            Some(Ok(m @ (Message::Ping(_) | Message::Pong(_)))) => {
+                if matches!(m, Message::Pong(_)) {
+                    self.taken.ponged();
+                }
+                if !self.budget.spend() {
+                    return self.refuse(crate::close::IDLE, &too_many_frames()).await;
+                }
+                return Ok(());
+            }
+            Some(Ok(Message::Text(_))) => {
+                let why = self.stream().conversation.text_refused();
+                return self.refuse(crate::close::UNSUPPORTED, why).await;
+            }
+            Some(Ok(Message::Binary(b))) => b,
+        };
+        if bytes.len() > max {
+            let why = format!("frame of {} bytes over the {max}-byte limit", bytes.len());
+            return self.refuse(crate::close::TOO_BIG, &why).await;
+        }
+        if bytes.is_empty() {
+            if !self.budget.spend() {
+                return self.refuse(crate::close::IDLE, &too_many_frames()).await;
+            }
+            return Ok(());
+        }
+        self.idle_until = tokio::time::Instant::now() + self.idle();
+        let taken = self.stream.as_mut().expect("serving").conversation.take(&bytes);
+        if let Err(why) = taken {
+            return self.refuse(crate::close::UNSUPPORTED, &why).await;
+        }
+        self.serve_calls().await
+    }
+
+    async fn closed_by_client(&mut self) -> Result<(), Ended> {
+        let handing = match (&self.shared.store, &self.handing) {
+            (Some(store), Some(id)) => Some((store, self.endpoint.key(id))),
+            _ => None,
+        };
+        let stream = self.stream.as_ref().expect("serving");
+        closed_by_client(&mut self.socket, handing, stream).await;
+        Err(Ended)
+    }
+
+    /// Every call the conversation holds, each answered in order.
+    async fn serve_calls(&mut self) -> Result<(), Ended> {
+        loop {
+            // Between calls: a drain hands over here (the client resends
+            // what is left from the position the close names).
+            self.hand_over_if_draining().await?;
+            self.untaken().await?;
+            let Some(inputs) = self.stream.as_mut().expect("serving").conversation.next_call() else {
+                return Ok(());
+            };
+            let out = self.call(inputs).await?;
+            let stream = self.stream.as_mut().expect("serving");
+            let n = stream.chunk;
+            stream.chunk += 1;
+            let mut replies = match stream.conversation.answer(n, out) {
+                Ok(replies) => replies,
+                Err(why) => return self.end(crate::close::INTERNAL, &format!("answering: {why}")).await,
+            };
+            replies.extend(self.taken.ping(n));
+            let idle = self.idle();
+            for r in replies {
+                // A client not taking its replies stalls the send once the
+                // buffers fill: past `idle`, it is dropped (no close frame
+                // could reach it either).
+                match tokio::time::timeout(idle, self.socket.send(r)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) | Err(_) => return Err(Ended),
+                }
+            }
+            let every = self.shared.limits.checkpoint_every;
+            if let (Some(store), Some(id)) = (&self.shared.store, &self.handing) {
+                let stream = self.stream();
+                if every > 0 && stream.chunk.is_multiple_of(every) {
+                    checkpoint(&self.shared, store, self.endpoint.key(id), stream).await;
+                }
+            }
+        }
+    }
+
+    /// One call, the socket read meanwhile: a client gone drops the call
+    /// (cancelled) and frees its lane at once.
+    async fn call(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, Ended> {
+        let max = self.shared.limits.max_frame_bytes;
+        let closing = self.shared.closing.clone();
+        let Session {
+            socket,
+            stream,
+            backlog,
+            backlog_bytes,
+            ..
+        } = self;
+        let stream = stream.as_mut().expect("serving");
+        enum Read {
+            Gone,
+            Failed(axum::Error),
+            Close,
+            Closing,
+        }
+        let out = {
+            let call = stream.handle.call_async(inputs);
+            tokio::pin!(call);
+            loop {
+                tokio::select! {
+                    r = &mut call => break Ok(r),
+                    m = socket.recv(), if *backlog_bytes < READ_AHEAD_BYTES => match m {
+                        None => break Err(Read::Gone),
+                        Some(Err(e)) => break Err(Read::Failed(e)),
+                        Some(Ok(Message::Close(_))) => break Err(Read::Close),
+                        Some(Ok(m)) => {
+                            *backlog_bytes += message_bytes(&m);
+                            backlog.push_back(m);
+                        }
+                    },
+                    _ = closed(closing.clone()) => break Err(Read::Closing),
+                }
+            }
+        };
+        match out {
+            Ok(Ok(out)) => Ok(out),
+            Ok(Err(e)) => {
+                let code = if e.end_reason().is_some() {
+                    crate::close::GOING_AWAY
+                } else {
+                    crate::close::INTERNAL
+                };
+                self.refuse(code, &format!("stream ended: {e}")).await?;
+                Err(Ended)
+            }
+            Err(Read::Gone) => Err(Ended),
+            Err(Read::Failed(e)) => {
+                refuse_transport_error(&mut self.socket, e, max).await;
+                Err(Ended)
+            }
+            Err(Read::Close) => {
+                self.closed_by_client().await?;
+                Err(Ended)
+            }
+            Err(Read::Closing) => {
+                self.refuse(crate::close::GOING_AWAY, "the server is shutting down").await?;
+                Err(Ended)
+            }
+        }
+    }
+}

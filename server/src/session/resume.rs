@@ -1,0 +1,232 @@
+//! A session's side of the hand-over ([`crate::handover`]): the record
+//! looked up before the upgrade ([`look_up`]), checkpoints off the answer
+//! path ([`checkpoint`]), the hand-over on a drain ([`try_hand_over`]) and
+//! the record removed on a clean close ([`closed_by_client`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::ws::WebSocket;
+
+use super::{close_with, Endpoint, LiveId, Shared, Stream};
+use crate::close;
+use crate::handover::{self, Record, Store};
+use crate::protocol::Conversation;
+
+/// What a connection resumes from: `None` without a store or an id.
+pub(crate) enum Resume {
+    None,
+    /// Position 0, nothing held (or nothing usable); the generation of a
+    /// record refused, if one was read (the new session's is above it).
+    Fresh(Option<u64>),
+    From(Box<Record>),
+}
+
+impl Resume {
+    /// The generation of the record this session found, if any.
+    pub(crate) fn found_generation(&self) -> Option<u64> {
+        match self {
+            Resume::None => None,
+            Resume::Fresh(generation) => *generation,
+            Resume::From(record) => Some(record.generation),
+        }
+    }
+
+    /// Where the client resends from, when it has an id and there is a store.
+    pub(crate) fn position(&self) -> Option<u64> {
+        match self {
+            Resume::None => None,
+            Resume::Fresh(_) => Some(0),
+            Resume::From(r) => Some(r.chunk),
+        }
+    }
+}
+
+/// The generation a record refused at parse says it has, if it says one.
+fn generation_in(bytes: &[u8]) -> Option<u64> {
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()?
+        .get("generation")?
+        .as_u64()
+}
+
+/// The record under `id`, if it is one this server may continue (and
+/// `conversation` restored from it): every other outcome starts the stream
+/// fresh, with a log line where something was wrong (the store failing, a
+/// record too large, unreadable, out of range, of another model or refused
+/// by the runner's or the protocol's checks). Decided here, before the
+/// upgrade, so that where the client is told to resume from is where the
+/// stream resumes.
+pub(crate) async fn look_up(
+    endpoint: &Endpoint,
+    store: &Store,
+    id: &str,
+    conversation: Option<&mut Box<dyn Conversation>>,
+) -> Resume {
+    let who = &endpoint.who;
+    let bytes = match store.get(&endpoint.key(id)).await {
+        Ok(handover::Found::Bytes(b)) => b,
+        Ok(handover::Found::Nothing) => {
+            handover::count("laned_resume_total", "fresh");
+            return Resume::Fresh(None);
+        }
+        Ok(handover::Found::TooBig(n)) => {
+            eprintln!(
+                "{who}: stream {id}: the record held for it is refused ({n} bytes, over the {}-byte limit; left unread): it starts fresh",
+                handover::MAX_RECORD_BYTES
+            );
+            handover::count("laned_resume_total", "refused");
+            return Resume::Fresh(None);
+        }
+        Err(e) => {
+            eprintln!("{who}: stream {id}: no record read ({e}): it starts fresh");
+            handover::count("laned_resume_total", "failed");
+            return Resume::Fresh(None);
+        }
+    };
+    let refused = |why: String, generation: Option<u64>| {
+        eprintln!("{who}: stream {id}: the record held for it is refused ({why}): it starts fresh");
+        handover::count("laned_resume_total", "refused");
+        Resume::Fresh(generation)
+    };
+    let record = match Record::from_bytes(&bytes) {
+        Ok(r) => r,
+        // Superseded by this session's records where its generation can
+        // still be read.
+        Err(why) => return refused(format!("{} bytes, {why}", bytes.len()), generation_in(&bytes)),
+    };
+    // The runner's own check: its format, its model's identity (naming
+    // both), each tensor's type and shape.
+    if let Err(e) = endpoint.runner.check_state(&record.state) {
+        return refused(format!("its state: {e}"), Some(record.generation));
+    }
+    if let Some(conversation) = conversation {
+        if let Err(why) = conversation.restore(&record.framing, record.chunk) {
+            return refused(why, Some(record.generation));
+        }
+    }
+    Resume::From(Box::new(record))
+}
+
+/// The stream's record as it stands (its state exported from the runner),
+/// and how long the export took.
+async fn record_of(stream: &Stream) -> Result<(Record, Duration), String> {
+    let started = Instant::now();
+    let state = stream
+        .handle
+        .export_state_async()
+        .await
+        .map_err(|e| format!("exporting the state: {e}"))?;
+    let record = Record::of(stream.chunk, stream.conversation.save(), state, &stream.writer);
+    Ok((record, started.elapsed()))
+}
+
+/// A stream's state to the store, after any checkpoint in flight (so a
+/// later position is never overwritten by an earlier one): `Ok` with its
+/// bytes and the times the export (from the runner) and the write (to the
+/// store) took.
+async fn hand_over(store: &Store, key: &str, stream: &Stream) -> Result<(usize, Duration, Duration), String> {
+    let (record, export) = record_of(stream).await?;
+    let written = stream.written.clone().lock_owned().await;
+    let started = Instant::now();
+    let bytes = put_after(store, key, &record, written).await?;
+    Ok((bytes, export, started.elapsed()))
+}
+
+/// Writes `record` unless the stream's last write was at a later position
+/// (`written`: the last position written, held for the write); the bytes
+/// written (0: none).
+async fn put_after(
+    store: &Store,
+    key: &str,
+    record: &Record,
+    mut written: tokio::sync::OwnedMutexGuard<Option<u64>>,
+) -> Result<usize, String> {
+    if written.is_some_and(|at| at > record.chunk) {
+        return Ok(0);
+    }
+    let bytes = store.put(key, record).await.map_err(|e| e.to_string())?;
+    *written = Some(record.chunk);
+    Ok(bytes)
+}
+
+/// A checkpoint, off the answer path: the record is taken now, written by
+/// a task of its own. At most one is in flight per stream: one due while
+/// the last is still being written is dropped (counted `dropped`), so a
+/// slow or hung store costs the stream no wait and no memory.
+pub(crate) async fn checkpoint(shared: &Arc<Shared>, store: &Arc<Store>, key: String, stream: &Stream) {
+    let Ok(written) = stream.written.clone().try_lock_owned() else {
+        handover::count("laned_checkpoint_total", "dropped");
+        return;
+    };
+    let record = match record_of(stream).await {
+        Ok((record, _)) => record,
+        Err(why) => {
+            handover::count("laned_checkpoint_total", "failed");
+            shared
+                .checkpoint_said
+                .say(|| format!("{key}: a checkpoint skipped ({why})"));
+            return;
+        }
+    };
+    let (shared, store) = (shared.clone(), store.clone());
+    tokio::spawn(async move {
+        match put_after(&store, &key, &record, written).await {
+            Ok(_) => handover::count("laned_checkpoint_total", "ok"),
+            Err(why) => {
+                handover::count("laned_checkpoint_total", "failed");
+                shared
+                    .checkpoint_said
+                    .say(|| format!("{key}: a checkpoint skipped ({why})"));
+            }
+        }
+    });
+}
+
+/// Hands the stream over and closes it 1012 (`true`: the session ends), or
+/// says why it could not (`false`: it drains as without a store).
+pub(crate) async fn try_hand_over(
+    socket: &mut WebSocket,
+    (shared, endpoint): (&Shared, &Endpoint),
+    store: &Store,
+    (id, live_id): (&str, &mut Option<LiveId>),
+    stream: &Stream,
+) -> bool {
+    match hand_over(store, &endpoint.key(id), stream).await {
+        Ok((bytes, export, write)) => {
+            shared
+                .tally
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .add(bytes, export, write);
+            handover::count("laned_handover_total", "ok");
+            let why = format!("restarting: resume at chunk {}", stream.chunk);
+            // Handed over: the id is free for the client's reconnect (here
+            // or elsewhere) while the close waits for its reply.
+            drop(live_id.take());
+            close_with(socket, close::RESTART, &why).await;
+            true
+        }
+        Err(why) => {
+            shared.tally.lock().unwrap_or_else(|e| e.into_inner()).failed += 1;
+            handover::count("laned_handover_total", "failed");
+            eprintln!(
+                "{}: stream {id}: hand-over skipped ({why}): it drains as without a store",
+                endpoint.who
+            );
+            false
+        }
+    }
+}
+
+/// The client closed: flush the close reply tungstenite queued, and drop
+/// the stream's record if it is still this session's (a later stream of
+/// the same id starts fresh; a newer session's record stays).
+pub(crate) async fn closed_by_client(socket: &mut WebSocket, handing: Option<(&Arc<Store>, String)>, stream: &Stream) {
+    let _ = futures_util::SinkExt::close(socket).await;
+    if let Some((store, key)) = handing {
+        // After any checkpoint in flight, which would write it back.
+        let _written = stream.written.clone().lock_owned().await;
+        let _ = store.remove_own(&key, &stream.writer).await;
+    }
+}

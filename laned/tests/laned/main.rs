@@ -5,6 +5,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+mod serve;
+
 use laned_testkit::fixtures::{self, Layout, TdnnConfig};
 use tract_core::internal::*;
 use tract_pulse::internal::tract_nnef;
@@ -40,6 +42,20 @@ fn save(model: &TypedModel, dir: &Path, name: &str) -> String {
         .write_to_tar(model, std::fs::File::create(&path).unwrap())
         .unwrap();
     path.to_string_lossy().into_owned()
+}
+
+/// A model whose rows mix: each row less the maximum over the whole batch.
+fn max_over_batch() -> TypedModel {
+    let mut model = TypedModel::default();
+    let b = model.symbols.sym("B");
+    let x = model.add_source("x", f32::fact(dims!(b, 3))).unwrap();
+    let reduce = tract_core::ops::nn::Reduce::new(tvec![0], tract_core::ops::nn::Reducer::Max);
+    let max = model.wire_node("max_over_streams", reduce, &[x]).unwrap();
+    let y = model
+        .wire_node("minus_max", tract_core::ops::math::sub(), &[x, max[0]])
+        .unwrap();
+    model.select_output_outlets(&y).unwrap();
+    model
 }
 
 /// A streaming TDNN, pulsified by the tool: it can be laned; the facts
@@ -228,16 +244,7 @@ fn dtln_model_1_can_be_laned_and_model_2_names_its_fixed_reshape() {
 #[test]
 fn a_reduction_over_the_batch_broadcast_back_is_refused_by_running_it() {
     let dir = tempfile::tempdir().unwrap();
-    let mut model = TypedModel::default();
-    let b = model.symbols.sym("B");
-    let x = model.add_source("x", f32::fact(dims!(b, 3))).unwrap();
-    let reduce = tract_core::ops::nn::Reduce::new(tvec![0], tract_core::ops::nn::Reducer::Max);
-    let max = model.wire_node("max_over_streams", reduce, &[x]).unwrap();
-    let y = model
-        .wire_node("minus_max", tract_core::ops::math::sub(), &[x, max[0]])
-        .unwrap();
-    model.select_output_outlets(&y).unwrap();
-    let path = save(&model, dir.path(), "max.nnef.tar");
+    let path = save(&max_over_batch(), dir.path(), "max.nnef.tar");
     let out = laned(&["check", &path]);
     let said = text(&out);
     assert_eq!(out.status.code(), Some(1), "{said}");

@@ -21,8 +21,6 @@ use super::{laned, or_skip, save, text};
 pub struct Serving {
     child: Child,
     pub addr: String,
-    /// Its output after the listening line.
-    pub rest: std::sync::mpsc::Receiver<String>,
 }
 
 impl Drop for Serving {
@@ -45,7 +43,6 @@ pub fn serve(args: &[&str]) -> Result<Serving, String> {
         .unwrap();
     let stdout = BufReader::new(child.stdout.take().unwrap());
     let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
     let errors = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
     let mut said = String::new();
     let mut lines = stdout.lines();
@@ -55,12 +52,9 @@ pub fn serve(args: &[&str]) -> Result<Serving, String> {
         said.push('\n');
         if let Some(addr) = line.strip_prefix("laned serve listening on ") {
             let addr = addr.trim().to_string();
-            std::thread::spawn(move || {
-                for line in lines.map_while(Result::ok) {
-                    let _ = tx.send(line);
-                }
-            });
-            return Ok(Serving { child, addr, rest: rx });
+            // Kept read, so that the server never blocks on a full pipe.
+            std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
+            return Ok(Serving { child, addr });
         }
     }
     let status = child.wait().unwrap();
@@ -307,4 +301,68 @@ fn bad_input_is_refused_by_name_and_touches_no_other_stream() {
     std::fs::write(&spec, format!("[model]\nfile = {mixing:?}\n")).unwrap();
     let why = serve(&[&format!("max={}", spec.display())]).err().unwrap();
     assert!(why.contains("cannot be laned") && why.contains("mixes the streams"), "{why}");
+}
+
+/// A Python with `websockets` and `numpy`: a venv made (once) under the
+/// target's scratch folder; `None` after saying `SKIPPED` where Python or
+/// the registry is not to be had here (CI fails on that word).
+fn python() -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-client-venv");
+    let bin = venv.join("bin/python");
+    let ready = |bin: &Path| {
+        Command::new(bin)
+            .args(["-c", "import websockets, numpy"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if ready(&bin) {
+        return Some(bin);
+    }
+    let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("SKIPPED: no python3 with venv here to make {}", venv.display());
+        return None;
+    }
+    let pip = Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", "websockets>=13", "numpy"])
+        .status();
+    if !pip.is_ok_and(|s| s.success()) || !ready(&bin) {
+        eprintln!("SKIPPED: pip could not install websockets and numpy into {}", venv.display());
+        return None;
+    }
+    Some(bin)
+}
+
+/// The Python client (clients/python) against a real `laned serve`: a raw
+/// file of pulses in, every answer out equal to the model run alone.
+#[test]
+fn the_python_client_gets_the_answers_of_the_model_alone() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gru = save(&fixtures::gru_cell(8, 16).unwrap().model, dir.path(), "gru.nnef.tar");
+    let spec = checked_spec(dir.path(), "gru.toml", &[&gru, "--state", "1=1"]);
+    let serving = serve(&[&format!("gru={}", spec.display())]).unwrap();
+    let pulses = noise_pulses(11, 25, 32);
+    let (src, dst) = (dir.path().join("in.raw"), dir.path().join("out.raw"));
+    std::fs::write(&src, pulses.concat()).unwrap();
+    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python/laned_client.py");
+    let out = Command::new(&python)
+        .arg(&client)
+        .arg(format!("ws://{}/v1/models/gru/stream", serving.addr))
+        .args([&src, &dst])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let got = std::fs::read(&dst).unwrap();
+    assert_eq!(got, solo(&spec, &[(1, 1)], &pulses).concat(), "the Python client's answers");
+    // A file that is not whole pulses is refused, exit 2, naming its length.
+    std::fs::write(&src, vec![0u8; 33]).unwrap();
+    let out = Command::new(&python)
+        .arg(&client)
+        .arg(format!("ws://{}/v1/models/gru/stream", serving.addr))
+        .args([&src, &dst])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("33 bytes"), "{}", text(&out));
 }

@@ -23,6 +23,14 @@ pub struct Serving {
     pub addr: String,
 }
 
+impl Serving {
+    /// SIGTERM: the server drains, handing streams over to the store.
+    pub fn terminate(&self) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    }
+}
+
 impl Drop for Serving {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -365,4 +373,160 @@ fn the_python_client_gets_the_answers_of_the_model_alone() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("33 bytes"), "{}", text(&out));
+}
+
+/// `redis-server` on a free port (no persistence), killed when dropped;
+/// `None` after `SKIPPED` where it is not installed.
+struct Redis {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Redis {
+    fn start() -> Option<Redis> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .spawn();
+        let Ok(child) = child else {
+            eprintln!("SKIPPED: redis-server is not installed (Debian's `redis-server`; .ci/run installs it)");
+            return None;
+        };
+        let redis = Redis { child, port, _dir: dir };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            use std::io::{Read, Write};
+            let pong = std::net::TcpStream::connect(("127.0.0.1", port)).and_then(|mut s| {
+                s.write_all(b"PING\r\n")?;
+                let mut b = [0u8; 5];
+                s.read_exact(&mut b).map(|_| b)
+            });
+            if pong.is_ok_and(|b| &b == b"+PONG") {
+                return Some(redis);
+            }
+            assert!(std::time::Instant::now() < until, "redis-server never answered");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `pulses` from `from` on, each answered in turn, as stream `id`;
+/// stops at a close, returning the answers, the hello and the close code
+/// and reason if one came.
+async fn client_with_id(
+    url: &str,
+    id: &str,
+    pulses: &[Vec<u8>],
+) -> (serde_json::Value, Vec<Vec<u8>>, Option<(u16, String)>) {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = url.into_client_request().unwrap();
+    request.headers_mut().insert("x-stream-id", id.parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    let hello: serde_json::Value = match ws.next().await.unwrap().unwrap() {
+        Message::Text(t) => serde_json::from_str(&t).unwrap(),
+        other => panic!("{other:?}"),
+    };
+    let from = hello["resume"].as_u64().unwrap() as usize;
+    let mut answers = Vec::new();
+    for p in &pulses[from..] {
+        ws.send(Message::Binary(p.clone().into())).await.unwrap();
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Binary(b))) => {
+                    answers.push(b.to_vec());
+                    break;
+                }
+                Some(Ok(Message::Close(Some(f)))) => return (hello, answers, Some((f.code.into(), f.reason.to_string()))),
+                Some(Ok(_)) => continue,
+                other => panic!("{other:?}"),
+            }
+        }
+        // Real time, roughly: the drain has streams to hand over.
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let _ = ws.close(None).await;
+    (hello, answers, None)
+}
+
+/// Two models on two `laned serve` replicas sharing a Redis: the first
+/// replica is told SIGTERM mid-stream; each stream is handed over (1012,
+/// its position named), resumes on the second from its record (the
+/// hello's `resume`), and its answers, both replicas' together, are the
+/// model's alone.
+#[test]
+fn a_restart_hands_every_stream_of_two_models_over() {
+    let Some(redis) = Redis::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let big = save(&fixtures::gru_cell(8, 16).unwrap().model, dir.path(), "big.nnef.tar");
+    let small = save(&fixtures::gru_cell(4, 8).unwrap().model, dir.path(), "small.nnef.tar");
+    let big_spec = checked_spec(dir.path(), "big.toml", &[&big, "--state", "1=1"]);
+    let small_spec = checked_spec(dir.path(), "small.toml", &[&small, "--state", "1=1"]);
+    let models = [
+        format!("big={}", big_spec.display()),
+        format!("small={}", small_spec.display()),
+    ];
+    let args = |store: &str| -> Vec<String> {
+        let mut a = models.to_vec();
+        a.extend(["--store".into(), store.into(), "--drain-deadline-ms".into(), "5000".into()]);
+        a
+    };
+    let first = serve(&args(&redis.url()).iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+    let second = serve(&args(&redis.url()).iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+    let streams: Vec<(&str, PathBuf, usize, Vec<Vec<u8>>)> = (0..8)
+        .map(|s| {
+            let (name, spec, bytes) = if s % 2 == 0 { ("big", &big_spec, 32) } else { ("small", &small_spec, 16) };
+            (name, spec.clone(), s, noise_pulses(100 + s as u64, 200, bytes))
+        })
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let results = runtime.block_on(async {
+        let tasks: Vec<_> = streams
+            .iter()
+            .map(|(name, _, s, pulses)| {
+                let (a, b) = (first.addr.clone(), second.addr.clone());
+                let (name, id, pulses) = (name.to_string(), format!("call-{s}"), pulses.clone());
+                tokio::spawn(async move {
+                    let url = |addr: &str| format!("ws://{addr}/v1/models/{name}/stream");
+                    let (hello, mut answers, closed) = client_with_id(&url(&a), &id, &pulses).await;
+                    assert_eq!(hello["resume"], 0, "{hello}");
+                    let (code, why) = closed.expect("the stream was not handed over");
+                    assert_eq!(code, 1012, "{why}");
+                    assert!(why.contains(&format!("resume at chunk {}", answers.len())), "{why}");
+                    let (hello, more, closed) = client_with_id(&url(&b), &id, &pulses).await;
+                    assert_eq!(hello["resume"].as_u64(), Some(answers.len() as u64), "{hello}");
+                    assert!(closed.is_none(), "{closed:?}");
+                    answers.extend(more);
+                    answers
+                })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        first.terminate();
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.unwrap());
+        }
+        results
+    });
+    for ((name, spec, s, pulses), answers) in streams.iter().zip(results) {
+        let want = solo(spec, &[(1, 1)], pulses);
+        assert_eq!(answers.len(), want.len(), "{name} stream {s}");
+        assert!(answers == want, "{name} stream {s}: answers across the restart differ from the model alone");
+    }
 }

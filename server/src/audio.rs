@@ -151,7 +151,7 @@ impl Conversation for VadStream {
     }
 
     fn take(&mut self, frame: &[u8]) -> Result<(), String> {
-        if frame.len() % self.format.width() != 0 {
+        if !frame.len().is_multiple_of(self.format.width()) {
             return Err(format!(
                 "{} bytes is not a whole number of {:?} samples",
                 frame.len(),

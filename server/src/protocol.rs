@@ -2,7 +2,7 @@
 //! [`Protocol`] (one per served model) opens a [`Conversation`] (one per
 //! connection), which cuts the client's binary frames into the model's
 //! calls and turns each answer into messages. The session
-//! ([`crate::session`]) owns everything else (limits, admission, the
+//! (the session (`session/`)) owns everything else (limits, admission, the
 //! hand-over, closing) and is the same for every protocol.
 //!
 //! Two protocols: [`crate::audio::Vad`] (Silero over PCM with speech

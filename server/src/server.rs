@@ -33,7 +33,7 @@ pub struct Served {
     pub name: String,
     /// The runner serving it.
     pub runner: LanedRunner,
-    /// Its protocol: [`Tensors`] for any model.
+    /// Its protocol: [`crate::tensor::Tensors`] for any model.
     pub protocol: Arc<dyn Protocol>,
 }
 

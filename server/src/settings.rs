@@ -50,14 +50,14 @@ pub struct Settings {
     /// milliseconds: idle TCP and slowloris requests are closed then.
     pub header_timeout_ms: u64,
     /// A second address answering only the probes (`/live`, `/ready`,
-    /// `/metrics`), with places of its own ([`PROBE_PLACES`]): what an
+    /// `/metrics`), with places of its own ([`crate::PROBE_PLACES`]): what an
     /// orchestrator's probes should ask, so that no flood of the main
     /// address can fail them. `None`: none (the main address's reserve
     /// answers them).
     pub probe_listen: Option<SocketAddr>,
     /// The hand-over store, a Redis URL (`redis://127.0.0.1:6379/`);
     /// `None`: no hand-over (a drained stream is closed 1001, a stream
-    /// always starts fresh). See [`handover`].
+    /// always starts fresh). See [`crate::handover`].
     pub store: Option<String>,
     /// How long a stream's record lives in the store, in seconds.
     pub handover_ttl_s: u64,
@@ -111,7 +111,7 @@ impl Settings {
 
     /// Refuse settings the server cannot serve with, naming the setting,
     /// the value and what it takes: checked before the model is loaded
-    /// (by `vad-server`) and again by [`start`].
+    /// (by `vad-server`) and again by [`crate::start`].
     pub fn validate(&self) -> Result<(), String> {
         if self.lanes == 0 {
             return Err("lanes is 0: no stream could be served (at least 1)".into());

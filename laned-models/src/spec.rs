@@ -230,7 +230,9 @@ pub struct Loaded {
 
 impl fmt::Debug for Loaded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Loaded").field("facts", &self.facts).finish_non_exhaustive()
+        f.debug_struct("Loaded")
+            .field("facts", &self.facts)
+            .finish_non_exhaustive()
     }
 }
 
@@ -263,7 +265,11 @@ fn dtype_of(text: &str) -> Result<DatumType, String> {
         "i8" => i8::datum_type(),
         "u8" => u8::datum_type(),
         "bool" => bool::datum_type(),
-        other => return Err(format!("dtype {other:?} is not one of f32, f64, f16, i64, i32, i16, i8, u8, bool")),
+        other => {
+            return Err(format!(
+                "dtype {other:?} is not one of f32, f64, f16, i64, i32, i16, i8, u8, bool"
+            ))
+        }
     })
 }
 
@@ -320,9 +326,11 @@ fn read(path: &Path, inputs: &[InputFact]) -> Result<TypedModel, LoadError> {
                 "{name} is read as NNEF, which carries its own facts: input facts are for ONNX files"
             )));
         }
-        tract_nnef::nnef()
-            .model_for_path(path)
-            .map_err(|e| LoadError(format!("reading {name} as NNEF (a .nnef.tgz, .nnef.tar or directory): {e:#}")))
+        tract_nnef::nnef().model_for_path(path).map_err(|e| {
+            LoadError(format!(
+                "reading {name} as NNEF (a .nnef.tgz, .nnef.tar or directory): {e:#}"
+            ))
+        })
     }
 }
 
@@ -353,7 +361,10 @@ impl ModelSpec {
         }
         for fill in &self.fills {
             if !fill.value.is_finite() {
-                return Err(LoadError(format!("fill of input {}: {} is not a number", fill.index, fill.value)));
+                return Err(LoadError(format!(
+                    "fill of input {}: {} is not a number",
+                    fill.index, fill.value
+                )));
             }
         }
         match (&self.file, self.builtin) {
@@ -404,7 +415,8 @@ impl ModelSpec {
             }
             Builtin::DtlnChain => {
                 let files = crate::dtln::fetch().map_err(LoadError::of)?;
-                let prepare = |m: TypedModel| -> TractResult<Arc<dyn Runnable>> { Ok(DefaultRuntime.prepare(m)?.into()) };
+                let prepare =
+                    |m: TypedModel| -> TractResult<Arc<dyn Runnable>> { Ok(DefaultRuntime.prepare(m)?.into()) };
                 let chain = crate::dtln::Chain::new(
                     prepare(crate::dtln::load_model_1(&files.model_1)?)?,
                     prepare(crate::dtln::load_model_2(&files.model_2)?)?,
@@ -682,7 +694,9 @@ impl Interface {
             });
         }
         if inputs.is_empty() {
-            return Err(LoadError("the model leaves a stream nothing to feed: every input is state or filled".into()));
+            return Err(LoadError(
+                "the model leaves a stream nothing to feed: every input is state or filled".into(),
+            ));
         }
         Ok(Interface {
             inputs,
@@ -774,7 +788,11 @@ impl Interface {
             .iter()
             .map(|t| {
                 let t = t.cast_to::<f64>().map_err(|e| format!("{e:#}"))?;
-                Ok(t.to_plain_array_view::<f64>().map_err(|e| format!("{e:#}"))?.iter().copied().collect())
+                Ok(t.to_plain_array_view::<f64>()
+                    .map_err(|e| format!("{e:#}"))?
+                    .iter()
+                    .copied()
+                    .collect())
             })
             .collect()
     }
@@ -785,7 +803,12 @@ impl Interface {
 fn from_le(dt: DatumType, shape: &[usize], bytes: &[u8]) -> TractResult<TValue> {
     let mut t = Tensor::zero_dt(dt, shape)?;
     let raw = t.as_bytes_mut();
-    ensure!(raw.len() == bytes.len(), "{} bytes for {dt:?} {shape:?}, wanted {}", bytes.len(), raw.len());
+    ensure!(
+        raw.len() == bytes.len(),
+        "{} bytes for {dt:?} {shape:?}, wanted {}",
+        bytes.len(),
+        raw.len()
+    );
     if dt == bool::datum_type() {
         for (to, from) in raw.iter_mut().zip(bytes) {
             *to = (*from != 0) as u8;
@@ -828,7 +851,10 @@ mod tests {
                     shape: "B,S,40".into(),
                     dtype: "f32".into(),
                 }],
-                fills: vec![Fill { index: 1, value: 16000.0 }],
+                fills: vec![Fill {
+                    index: 1,
+                    value: 16000.0,
+                }],
                 ..ModelSpec::file("gru.onnx")
             },
             runner: RunnerConfig::builder()
@@ -852,8 +878,15 @@ mod tests {
             builtin: Some(Builtin::Silero),
             ..ModelSpec::file("x.onnx")
         };
-        assert!(both.load_in(None).unwrap_err().to_string().contains("a file and a builtin"));
-        let missing = ModelSpec::file("/nonexistent/gru.onnx").load_in(None).unwrap_err().to_string();
+        assert!(both
+            .load_in(None)
+            .unwrap_err()
+            .to_string()
+            .contains("a file and a builtin"));
+        let missing = ModelSpec::file("/nonexistent/gru.onnx")
+            .load_in(None)
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains("/nonexistent/gru.onnx"), "{missing}");
     }
 
@@ -862,11 +895,25 @@ mod tests {
     #[test]
     fn little_endian_round_trip() {
         let t = from_le(f32::datum_type(), &[1, 2], &[0, 0, 128, 63, 0, 0, 0, 64]).unwrap();
-        assert_eq!(t.to_plain_array_view::<f32>().unwrap().iter().copied().collect::<Vec<_>>(), vec![1.0, 2.0]);
+        assert_eq!(
+            t.to_plain_array_view::<f32>()
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![1.0, 2.0]
+        );
         let mut out = vec![];
         to_le(&t, &mut out);
         assert_eq!(out, vec![0, 0, 128, 63, 0, 0, 0, 64]);
         let i = from_le(i64::datum_type(), &[1], &7i64.to_le_bytes()).unwrap();
-        assert_eq!(i.to_plain_array_view::<i64>().unwrap().iter().copied().collect::<Vec<_>>(), vec![7]);
+        assert_eq!(
+            i.to_plain_array_view::<i64>()
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![7]
+        );
     }
 }

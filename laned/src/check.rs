@@ -189,7 +189,13 @@ pub fn check(args: &Args) -> TractResult<Report> {
             config.max_lanes = 64;
             config.shards = None;
             let mut model = loaded.spec.clone();
-            model.fills = fills.iter().map(|(index, value)| Fill { index: *index, value: *value }).collect();
+            model.fills = fills
+                .iter()
+                .map(|(index, value)| Fill {
+                    index: *index,
+                    value: *value,
+                })
+                .collect();
             let spec = Spec { model, runner: config };
             Ok(spec.to_toml().map_err(|e| format_err!("writing the spec: {e}"))?)
         }

@@ -69,4 +69,3 @@ pub const CONNECTION_MARGIN: usize = 64;
 /// Connections the probe address serves at once; past it, a new one
 /// takes the place of the oldest.
 pub const PROBE_PLACES: usize = 64;
-

@@ -93,7 +93,10 @@ pub async fn start_models(
     for m in models {
         check_name(&m.name)?;
         if endpoints.iter().any(|e| e.name == m.name) {
-            return Err(format!("model {:?} is named twice: each model's name is its own", m.name));
+            return Err(format!(
+                "model {:?} is named twice: each model's name is its own",
+                m.name
+            ));
         }
         endpoints.push(Endpoint {
             key_prefix: handover::key_prefix(&m.name),
@@ -377,7 +380,11 @@ async fn ready(State(routes): State<Routes>) -> Response {
         }
         body.push_str(&line);
     }
-    let code = if all { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let code = if all {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     (code, body).into_response()
 }
 
@@ -385,7 +392,11 @@ async fn model_ready(State(routes): State<Routes>, Path(name): Path<String>) -> 
     match routes.endpoint(&name) {
         Some(e) => {
             let (ok, line) = readiness(&e.runner);
-            let code = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            let code = if ok {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
             (code, line).into_response()
         }
         None => unknown_model(&routes, &name),

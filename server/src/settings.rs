@@ -245,7 +245,6 @@ pub fn load_plan(model: Option<&Path>) -> Result<Arc<dyn Runnable>, String> {
     Ok(plan.into())
 }
 
-
 /// What every served model's sessions share: where to listen, the limits
 /// a client meets, the drain and the hand-over store. Field by field as
 /// [`Settings`]' fields of the same names, with the same defaults;
@@ -309,8 +308,7 @@ impl Limits {
     /// Connections served at once: `max_connections`, else `lanes` (every
     /// served model's) plus [`CONNECTION_MARGIN`].
     pub fn connection_cap(&self, lanes: usize) -> usize {
-        self.max_connections
-            .unwrap_or(lanes.saturating_add(CONNECTION_MARGIN))
+        self.max_connections.unwrap_or(lanes.saturating_add(CONNECTION_MARGIN))
     }
 }
 
@@ -348,7 +346,10 @@ mod tests {
         assert_eq!(limits.idle_ms, 500);
         assert_eq!(limits.max_frame_bytes, Settings::default().max_frame_bytes);
         assert_eq!(limits.connection_cap(10), 10 + CONNECTION_MARGIN);
-        let bad = Limits { idle_ms: 0, ..Limits::default() };
+        let bad = Limits {
+            idle_ms: 0,
+            ..Limits::default()
+        };
         assert!(bad.validate().unwrap_err().contains("idle_ms"));
         assert!(toml::from_str::<Limits>("lanes = 8").is_err());
     }

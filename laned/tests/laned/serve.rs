@@ -181,10 +181,12 @@ fn streams_equal_solo(serving: &Serving, name: &str, spec: &Path, pairs: &[(usiz
     let got = runtime.block_on(async {
         let tasks: Vec<_> = inputs
             .iter()
-            .map(|p| tokio::spawn({
-                let (url, p) = (url.clone(), p.clone());
-                async move { client(&url, &p).await }
-            }))
+            .map(|p| {
+                tokio::spawn({
+                    let (url, p) = (url.clone(), p.clone());
+                    async move { client(&url, &p).await }
+                })
+            })
             .collect();
         let mut got = Vec::new();
         for t in tasks {
@@ -241,7 +243,11 @@ fn a_gru_and_a_conv_the_test_writes_are_served_exactly() {
         .map(|m| m["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["gru", "tdnn"], "{listed}");
-    assert_eq!(listed["models"][0]["inputs"][0]["shape"], serde_json::json!([1, 8]), "{listed}");
+    assert_eq!(
+        listed["models"][0]["inputs"][0]["shape"],
+        serde_json::json!([1, 8]),
+        "{listed}"
+    );
     streams_equal_solo(&serving, "gru", &gru_spec, &[(1, 1)], 12);
     streams_equal_solo(&serving, "tdnn", &tdnn_spec, &[], 12);
 }
@@ -293,7 +299,10 @@ fn bad_input_is_refused_by_name_and_touches_no_other_stream() {
     });
     let unknown = tokio::runtime::Runtime::new()
         .unwrap()
-        .block_on(tokio_tungstenite::connect_async(format!("ws://{}/v1/models/nope/stream", serving.addr)));
+        .block_on(tokio_tungstenite::connect_async(format!(
+            "ws://{}/v1/models/nope/stream",
+            serving.addr
+        )));
     match unknown {
         Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
             assert_eq!(r.status(), 404);
@@ -308,7 +317,10 @@ fn bad_input_is_refused_by_name_and_touches_no_other_stream() {
     let spec = dir.path().join("max.toml");
     std::fs::write(&spec, format!("[model]\nfile = {mixing:?}\n")).unwrap();
     let why = serve(&[&format!("max={}", spec.display())]).err().unwrap();
-    assert!(why.contains("cannot be laned") && why.contains("mixes the streams"), "{why}");
+    assert!(
+        why.contains("cannot be laned") && why.contains("mixes the streams"),
+        "{why}"
+    );
 }
 
 /// A Python with `websockets` and `numpy`: a venv made (once) under the
@@ -335,7 +347,10 @@ fn python() -> Option<PathBuf> {
         .args(["install", "--quiet", "websockets>=13", "numpy"])
         .status();
     if !pip.is_ok_and(|s| s.success()) || !ready(&bin) {
-        eprintln!("SKIPPED: pip could not install websockets and numpy into {}", venv.display());
+        eprintln!(
+            "SKIPPED: pip could not install websockets and numpy into {}",
+            venv.display()
+        );
         return None;
     }
     Some(bin)
@@ -362,7 +377,11 @@ fn the_python_client_gets_the_answers_of_the_model_alone() {
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let got = std::fs::read(&dst).unwrap();
-    assert_eq!(got, solo(&spec, &[(1, 1)], &pulses).concat(), "the Python client's answers");
+    assert_eq!(
+        got,
+        solo(&spec, &[(1, 1)], &pulses).concat(),
+        "the Python client's answers"
+    );
     // A file that is not whole pulses is refused, exit 2, naming its length.
     std::fs::write(&src, vec![0u8; 33]).unwrap();
     let out = Command::new(&python)
@@ -385,10 +404,23 @@ struct Redis {
 
 impl Redis {
     fn start() -> Option<Redis> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(dir.path())
             .stdout(Stdio::null())
@@ -452,7 +484,9 @@ async fn client_with_id(
                     answers.push(b.to_vec());
                     break;
                 }
-                Some(Ok(Message::Close(Some(f)))) => return (hello, answers, Some((f.code.into(), f.reason.to_string()))),
+                Some(Ok(Message::Close(Some(f)))) => {
+                    return (hello, answers, Some((f.code.into(), f.reason.to_string())))
+                }
                 Some(Ok(_)) => continue,
                 other => panic!("{other:?}"),
             }
@@ -483,14 +517,23 @@ fn a_restart_hands_every_stream_of_two_models_over() {
     ];
     let args = |store: &str| -> Vec<String> {
         let mut a = models.to_vec();
-        a.extend(["--store".into(), store.into(), "--drain-deadline-ms".into(), "5000".into()]);
+        a.extend([
+            "--store".into(),
+            store.into(),
+            "--drain-deadline-ms".into(),
+            "5000".into(),
+        ]);
         a
     };
     let first = serve(&args(&redis.url()).iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
     let second = serve(&args(&redis.url()).iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
     let streams: Vec<(&str, PathBuf, usize, Vec<Vec<u8>>)> = (0..8)
         .map(|s| {
-            let (name, spec, bytes) = if s % 2 == 0 { ("big", &big_spec, 32) } else { ("small", &small_spec, 16) };
+            let (name, spec, bytes) = if s % 2 == 0 {
+                ("big", &big_spec, 32)
+            } else {
+                ("small", &small_spec, 16)
+            };
             (name, spec.clone(), s, noise_pulses(100 + s as u64, 200, bytes))
         })
         .collect();
@@ -527,6 +570,9 @@ fn a_restart_hands_every_stream_of_two_models_over() {
     for ((name, spec, s, pulses), answers) in streams.iter().zip(results) {
         let want = solo(spec, &[(1, 1)], pulses);
         assert_eq!(answers.len(), want.len(), "{name} stream {s}");
-        assert!(answers == want, "{name} stream {s}: answers across the restart differ from the model alone");
+        assert!(
+            answers == want,
+            "{name} stream {s}: answers across the restart differ from the model alone"
+        );
     }
 }

@@ -38,12 +38,12 @@ use axum::response::Response;
 use laned_runner::{LanedRunner, LanedStateHandle, SpawnError};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
-use tract_core::prelude::{TVec, TValue};
+use tract_core::prelude::{TValue, TVec};
 
 pub(crate) use close::close_with;
 use close::refuse_transport_error;
-pub use cost::{CONTROL_BURST, CONTROL_PER_SEC};
 use cost::{too_many_frames, ControlBudget, Taken};
+pub use cost::{CONTROL_BURST, CONTROL_PER_SEC};
 use resume::{checkpoint, closed_by_client, look_up, try_hand_over, Resume};
 
 use crate::handover::{self, Store};
@@ -651,7 +651,8 @@ impl Session {
                 Err(Ended)
             }
             Err(Read::Closing) => {
-                self.refuse(crate::close::GOING_AWAY, "the server is shutting down").await?;
+                self.refuse(crate::close::GOING_AWAY, "the server is shutting down")
+                    .await?;
                 Err(Ended)
             }
         }

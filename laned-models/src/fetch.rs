@@ -237,6 +237,12 @@ pub(crate) fn folder_or_cached(
         .collect()
 }
 
+/// Whether `text` is a SHA-256 as this crate writes one: 64 lowercase hex
+/// digits.
+pub fn is_sha256(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// The lowercase hex SHA-256 of the file at `path`.
 pub fn sha256_of(path: &Path) -> Result<String, FetchError> {
     let mut file = std::fs::File::open(path).map_err(|e| FetchError::io(path, e))?;

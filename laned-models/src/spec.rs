@@ -94,7 +94,7 @@ pub enum Builtin {
 }
 
 /// What model a spec serves, and how to read it: the `[model]` table.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     /// The model file: `.onnx`, or tract's NNEF (`.nnef.tgz`, `.nnef.tar`,
@@ -104,6 +104,11 @@ pub struct ModelSpec {
     /// A built-in model instead of a file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub builtin: Option<Builtin>,
+    /// The model's name (tract's `tract.name`), which the runner's metrics
+    /// carry as their `runnable` label; `laned serve` sets it to the name
+    /// it serves the model under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// The SHA-256 the file must have (lowercase hex); `None`: read as it
     /// is. (A built-in model is always checked against its pin.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -125,6 +130,21 @@ pub struct ModelSpec {
 
 fn default_symbol() -> String {
     "S".into()
+}
+
+impl Default for ModelSpec {
+    fn default() -> ModelSpec {
+        ModelSpec {
+            file: None,
+            builtin: None,
+            name: None,
+            sha256: None,
+            pulse: None,
+            symbol: default_symbol(),
+            inputs: Vec::new(),
+            fills: Vec::new(),
+        }
+    }
 }
 
 /// One ONNX input's fact: `shape` a comma-separated list of numbers and
@@ -247,7 +267,8 @@ impl Loaded {
     }
 }
 
-fn symbol_on_axis_0(fact: &TypedFact) -> Option<Symbol> {
+/// The symbol on axis 0 of `fact`, if its first dim is one.
+pub fn symbol_on_axis_0(fact: &TypedFact) -> Option<Symbol> {
     match fact.shape.dims().first() {
         Some(TDim::Sym(s)) => Some(s.clone()),
         _ => None,
@@ -339,7 +360,6 @@ impl ModelSpec {
     pub fn file(file: impl Into<PathBuf>) -> ModelSpec {
         ModelSpec {
             file: Some(file.into()),
-            symbol: default_symbol(),
             ..ModelSpec::default()
         }
     }
@@ -354,10 +374,8 @@ impl ModelSpec {
     /// [`ModelSpec::load`], fetching a built-in model into `cache` (or the
     /// default cache).
     pub fn load_in(&self, cache: Option<&Path>) -> Result<Loaded, LoadError> {
-        if let Some(sha) = &self.sha256 {
-            if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-                return Err(LoadError(format!("sha256 {sha:?} is not 64 lowercase hex digits")));
-            }
+        if let Some(sha) = self.sha256.as_deref().filter(|sha| !crate::fetch::is_sha256(sha)) {
+            return Err(LoadError(format!("sha256 {sha:?} is not 64 lowercase hex digits")));
         }
         for fill in &self.fills {
             if !fill.value.is_finite() {
@@ -445,7 +463,7 @@ impl ModelSpec {
 
     /// Pulsify where asked, list the facts, prepare the plan.
     fn finish(&self, model: TypedModel, mut facts: Vec<String>, state: StateSpec) -> Result<Loaded, LoadError> {
-        let model = match self.pulse {
+        let mut model = match self.pulse {
             None => model,
             Some(0) => return Err(LoadError("pulse is 0: wanted a positive number of frames".into())),
             Some(pulse) => {
@@ -460,6 +478,9 @@ impl ModelSpec {
                 pulsed.into_typed()?
             }
         };
+        if let Some(name) = &self.name {
+            model.set_name(name.clone());
+        }
         let batch = (0..model.inputs.len()).find_map(|ix| symbol_on_axis_0(model.input_fact(ix).ok()?));
         facts.push(match &batch {
             Some(b) => format!("batch symbol: {b} (axis 0)"),
@@ -589,26 +610,29 @@ fn width(dt: DatumType) -> Option<usize> {
     (dt.is_number() || dt == bool::datum_type()).then(|| dt.size_of())
 }
 
-/// `fact`'s shape for one stream (1 on `batch_axis`), or an error naming
-/// the port and its free dim.
-fn one_stream(what: &str, fact: &TypedFact, batch_axis: Option<usize>) -> Result<Vec<usize>, LoadError> {
+/// `fact`'s shape for one stream: 1 on `batch_axis`, every other dim a
+/// number; `Err` with the axis and the dim that is not.
+pub fn one_stream_shape(fact: &TypedFact, batch_axis: Option<usize>) -> Result<Vec<usize>, (usize, TDim)> {
     fact.shape
         .dims()
         .iter()
         .enumerate()
-        .map(|(axis, d)| {
-            if Some(axis) == batch_axis {
-                Ok(1)
-            } else {
-                d.to_usize().map_err(|_| {
-                    LoadError(format!(
-                        "{what} {:?} has the free dim {d} on axis {axis}: a stream's pulse needs every dim but the batch a number (pulse = N in [model], or the input's fact with numbers)",
-                        fact.shape
-                    ))
-                })
-            }
+        .map(|(axis, d)| match d.to_usize() {
+            _ if Some(axis) == batch_axis => Ok(1),
+            Ok(n) => Ok(n),
+            Err(_) => Err((axis, d.clone())),
         })
         .collect()
+}
+
+/// [`one_stream_shape`], or an error naming the port and its free dim.
+fn one_stream(what: &str, fact: &TypedFact, batch_axis: Option<usize>) -> Result<Vec<usize>, LoadError> {
+    one_stream_shape(fact, batch_axis).map_err(|(axis, d)| {
+        LoadError(format!(
+            "{what} {:?} has the free dim {d} on axis {axis}: a stream's pulse needs every dim but the batch a number (pulse = N in [model], or the input's fact with numbers)",
+            fact.shape
+        ))
+    })
 }
 
 impl Interface {

@@ -6,6 +6,7 @@
 //! axis. Floats are noise in [-1, 1) (a model's cost rarely depends on the
 //! values); other types zeros, or what `--fill IX=VALUE` says.
 
+use laned_models::spec::one_stream_shape;
 use laned_testkit::fixtures::Lcg;
 use tract_core::internal::*;
 
@@ -95,24 +96,14 @@ impl Feed {
                     Kind::State { axis, .. } => Some(axis),
                     Kind::Shared => None,
                 };
-                let shape = fact
-                    .shape
-                    .dims()
-                    .iter()
-                    .enumerate()
-                    .map(|(axis, d)| {
-                        if Some(axis) == batch_axis {
-                            Ok(1)
-                        } else {
-                            d.to_usize().with_context(|| {
-                                format!(
-                                    "input {ix} {name:?} {:?} has the free dim {d} on axis {axis}: running it needs every dim but the batch a number (--pulse P, or --input {ix}=DIMS with numbers)",
-                                    fact.shape
-                                )
-                            })
-                        }
-                    })
-                    .collect::<TractResult<TVec<usize>>>()?;
+                let shape: TVec<usize> = one_stream_shape(fact, batch_axis)
+                    .map_err(|(axis, d)| {
+                        format_err!(
+                            "input {ix} {name:?} {:?} has the free dim {d} on axis {axis}: running it needs every dim but the batch a number (--pulse P, or --input {ix}=DIMS with numbers)",
+                            fact.shape
+                        )
+                    })?
+                    .into();
                 Ok(Port {
                     datum_type: fact.datum_type,
                     shape,

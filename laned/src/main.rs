@@ -13,9 +13,12 @@
 //!   SIGTERM, then drains (handing streams over where a store is set).
 //!   Exit status: 0 drained, 1 a model could not be served (named), 2 the
 //!   arguments or config are wrong.
+//! - `laned client URL IN OUT` sends one stream's pulses (a raw file or a
+//!   WAV) and writes every answer; exit status as `vad-client`'s.
 
 mod bench;
 mod check;
+mod client;
 mod compare;
 mod feed;
 mod model;
@@ -48,6 +51,9 @@ enum Command {
     /// `laned check` prints it), every limit and the hand-over of
     /// vad-server.
     Serve(serve::Args),
+    /// One stream of a model `laned serve` serves: a raw file of pulses
+    /// or a WAV in, every answer's bytes out, resumed across restarts.
+    Client(client::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,5 +61,6 @@ fn main() -> ExitCode {
         Command::Check(args) => check::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Client(args) => client::run(&args),
     }
 }

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use laned_models::spec::{InputFact, ModelSpec};
+use laned_models::spec::{symbol_on_axis_0, InputFact, ModelSpec};
 use laned_runner::{PortRef, StatePair};
 use tract_core::internal::*;
 
@@ -77,13 +77,6 @@ impl Loaded {
     /// Whether outlet fact `fact` carries the batch symbol on axis 0.
     pub fn batched(&self, fact: &TypedFact) -> bool {
         self.batch.is_some() && symbol_on_axis_0(fact) == self.batch
-    }
-}
-
-fn symbol_on_axis_0(fact: &TypedFact) -> Option<Symbol> {
-    match fact.shape.dims().first() {
-        Some(TDim::Sym(s)) => Some(s.clone()),
-        _ => None,
     }
 }
 

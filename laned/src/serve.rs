@@ -129,7 +129,9 @@ fn config(args: &Args) -> Result<(Limits, Vec<(String, PathBuf)>), String> {
 /// whose streams' rows mix is never served.
 pub fn model(name: &str, path: &Path) -> Result<(Served, Vec<String>), String> {
     laned_server::check_name(name)?;
-    let spec = Spec::from_toml_file(path).map_err(|e| e.to_string())?;
+    let mut spec = Spec::from_toml_file(path).map_err(|e| e.to_string())?;
+    // The runner's metrics carry the name served under (`runnable`).
+    spec.model.name = Some(name.to_string());
     let loaded = spec.model.load().map_err(|e| format!("{}: {e}", path.display()))?;
     let config = loaded.runner_config(&spec.runner);
     let mut facts = loaded.facts.clone();

@@ -403,13 +403,14 @@ impl Store {
 }
 
 /// The counters of the hand-over, through the `metrics` facade (the
-/// recorder `/metrics` renders): `laned_handover_total{outcome}` (a
-/// drained stream's record written, `ok`, or not, `failed`),
-/// `laned_checkpoint_total{outcome}`, `laned_resume_total{outcome}`
-/// (`resumed`, `fresh`: no record, `refused`: a record unreadable or of
-/// another model, `failed`: the store failed).
-pub(crate) fn count(name: &'static str, outcome: &'static str) {
-    metrics::counter!(name, "outcome" => outcome).increment(1);
+/// recorder `/metrics` renders), each labelled with the served `model`'s
+/// name (`vad` for `vad-server`) and the `outcome`:
+/// `laned_handover_total` (a drained stream's record written, `ok`, or
+/// not, `failed`), `laned_checkpoint_total` (`ok`, `failed`, `dropped`),
+/// `laned_resume_total` (`resumed`, `fresh`: no record, `refused`: a
+/// record unreadable or of another model, `failed`: the store failed).
+pub(crate) fn count(name: &'static str, model: &str, outcome: &'static str) {
+    metrics::counter!(name, "model" => model.to_string(), "outcome" => outcome).increment(1);
 }
 
 /// The hand-overs of one drain, for its summary line.

@@ -50,7 +50,7 @@ pub struct Server {
     handing_over: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
     /// Who the log lines say they come from.
-    who: String,
+    who: &'static str,
 }
 
 /// `vad-server`: builds the runner on `plan` (Silero) and serves it on
@@ -71,11 +71,8 @@ pub async fn start(
         protocol: Arc::new(crate::audio::Vad),
         key_prefix: handover::KEY_PREFIX.into(),
     };
-    let limits = Limits {
-        max_connections: Some(settings.connection_cap()),
-        ..settings.limits()
-    };
-    listen(limits, vec![endpoint], prometheus, "vad-server").await
+    let cap = settings.connection_cap();
+    listen(settings.limits(), cap, vec![endpoint], prometheus, Paths::Vad).await
 }
 
 /// `laned serve`: serves every model of `models` on `limits.listen`, each
@@ -106,12 +103,8 @@ pub async fn start_models(
             protocol: m.protocol,
         });
     }
-    let lanes = endpoints.iter().map(|e| e.runner.total_lanes()).sum();
-    let limits = Limits {
-        max_connections: Some(limits.connection_cap(lanes)),
-        ..limits
-    };
-    listen(limits, endpoints, prometheus, "laned serve").await
+    let cap = limits.connection_cap(endpoints.iter().map(|e| e.runner.total_lanes()).sum());
+    listen(limits, cap, endpoints, prometheus, Paths::Models).await
 }
 
 /// A model's name, checked: 1 to 64 ASCII letters, digits, `-`, `_`, `.`.
@@ -130,12 +123,34 @@ pub fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// Where a server's streams are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Paths {
+    /// `vad-server`'s one model at `/v1/vad`.
+    Vad,
+    /// Each model at `/v1/models/{name}/stream`, listed at `/v1/models`.
+    Models,
+}
+
+impl Paths {
+    /// Who the server's log lines say they come from.
+    fn who(self) -> &'static str {
+        match self {
+            Paths::Vad => "vad-server",
+            Paths::Models => "laned serve",
+        }
+    }
+}
+
+/// Serves `endpoints` on `limits.listen`, `cap` connections at once.
 async fn listen(
     limits: Limits,
+    cap: usize,
     endpoints: Vec<Endpoint>,
     prometheus: Option<PrometheusHandle>,
-    who: &str,
+    paths: Paths,
 ) -> Result<Server, String> {
+    let who = paths.who();
     let listener = tokio::net::TcpListener::bind(limits.listen)
         .await
         .map_err(|e| format!("binding {}: {e}", limits.listen))?;
@@ -175,14 +190,13 @@ async fn listen(
         .route("/ready", get(ready))
         .route("/live", get(|| async { "live\n" }))
         .route("/metrics", get(metrics));
-    let app = if who == "vad-server" {
-        probes.clone().route("/v1/vad", get(vad))
-    } else {
-        probes
+    let app = match paths {
+        Paths::Vad => probes.clone().route("/v1/vad", get(vad)),
+        Paths::Models => probes
             .clone()
             .route("/v1/models", get(models))
             .route("/v1/models/{name}/stream", get(stream))
-            .route("/v1/models/{name}/ready", get(model_ready))
+            .route("/v1/models/{name}/ready", get(model_ready)),
     }
     .with_state(state.clone());
     // Past the cap: the probes, and 503 for anything else.
@@ -194,7 +208,6 @@ async fn listen(
             )
         })
         .with_state(state);
-    let cap = shared.limits.max_connections.unwrap_or(CONNECTION_FALLBACK);
     let accept_limits = accept::Limits {
         max_connections: cap,
         header_timeout: Duration::from_millis(shared.limits.header_timeout_ms),
@@ -248,12 +261,9 @@ async fn listen(
         closing,
         handing_over,
         task,
-        who: who.to_string(),
+        who,
     })
 }
-
-/// The cap where none was computed (never: both starts set it).
-const CONNECTION_FALLBACK: usize = 1024;
 
 impl Server {
     /// The runner (capacity, metrics) of the first model served.
@@ -515,7 +525,7 @@ impl Server {
     /// ([`Server::shutdown_or`]); a second signal ends the drain at once.
     /// Returns the streams closed at the deadline.
     pub async fn run_until_signal(self, mut term: tokio::signal::unix::Signal) -> usize {
-        let who = self.who.clone();
+        let who = self.who;
         tokio::select! {
             _ = term.recv() => println!("{who}: SIGTERM: draining"),
             _ = tokio::signal::ctrl_c() => println!("{who}: interrupted: draining"),

@@ -120,10 +120,12 @@ impl Settings {
             return Err("shards is 0: there would be no state to serve on (at least 1)".into());
         }
         self.limits().validate()?;
-        if let Some(sha) = &self.model_sha256 {
-            if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-                return Err(format!("model_sha256 {sha:?} is not 64 lowercase hex digits"));
-            }
+        if let Some(sha) = self
+            .model_sha256
+            .as_deref()
+            .filter(|sha| !laned_models::fetch::is_sha256(sha))
+        {
+            return Err(format!("model_sha256 {sha:?} is not 64 lowercase hex digits"));
         }
         self.turn_policy().map(|_| ())
     }

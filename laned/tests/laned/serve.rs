@@ -228,14 +228,7 @@ fn a_gru_and_a_conv_the_test_writes_are_served_exactly() {
         &format!("tdnn={}", tdnn_spec.display()),
     ])
     .unwrap();
-    let listed: serde_json::Value = {
-        let mut s = std::net::TcpStream::connect(&serving.addr).unwrap();
-        use std::io::{Read, Write};
-        write!(s, "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
-        serde_json::from_str(body.split("\r\n\r\n").nth(1).unwrap()).unwrap()
-    };
+    let listed: serde_json::Value = serde_json::from_str(&http_get(&serving.addr, "/v1/models")).unwrap();
     let names: Vec<&str> = listed["models"]
         .as_array()
         .unwrap()
@@ -250,6 +243,29 @@ fn a_gru_and_a_conv_the_test_writes_are_served_exactly() {
     );
     streams_equal_solo(&serving, "gru", &gru_spec, &[(1, 1)], 12);
     streams_equal_solo(&serving, "tdnn", &tdnn_spec, &[], 12);
+    // Each model's runner counts its own turns, labelled by its name.
+    let metrics = http_get(&serving.addr, "/metrics");
+    for name in ["gru", "tdnn"] {
+        let turns = format!("tract_autobatch_turns_total{{runnable=\"{name}\"}}");
+        assert!(
+            metrics.lines().any(|l| l.starts_with(&turns)),
+            "no {turns} in\n{metrics}"
+        );
+    }
+}
+
+/// The body of `GET path` from `addr` (empty where nothing answers).
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
 }
 
 /// Silero as a built-in spec, 16 clients each feeding 576 samples a pulse
@@ -369,12 +385,16 @@ fn the_python_client_gets_the_answers_of_the_model_alone() {
     let (src, dst) = (dir.path().join("in.raw"), dir.path().join("out.raw"));
     std::fs::write(&src, pulses.concat()).unwrap();
     let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python/laned_client.py");
-    let out = Command::new(&python)
-        .arg(&client)
-        .arg(format!("ws://{}/v1/models/gru/stream", serving.addr))
-        .args([&src, &dst])
-        .output()
-        .unwrap();
+    let url = format!("ws://{}/v1/models/gru/stream", serving.addr);
+    let run = || {
+        Command::new(&python)
+            .arg(&client)
+            .arg(&url)
+            .args([&src, &dst])
+            .output()
+            .unwrap()
+    };
+    let out = run();
     assert!(out.status.success(), "{}", text(&out));
     let got = std::fs::read(&dst).unwrap();
     assert_eq!(
@@ -384,12 +404,7 @@ fn the_python_client_gets_the_answers_of_the_model_alone() {
     );
     // A file that is not whole pulses is refused, exit 2, naming its length.
     std::fs::write(&src, vec![0u8; 33]).unwrap();
-    let out = Command::new(&python)
-        .arg(&client)
-        .arg(format!("ws://{}/v1/models/gru/stream", serving.addr))
-        .args([&src, &dst])
-        .output()
-        .unwrap();
+    let out = run();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("33 bytes"), "{}", text(&out));
 }
@@ -458,9 +473,10 @@ impl Drop for Redis {
     }
 }
 
-/// Sends `pulses` from `from` on, each answered in turn, as stream `id`;
-/// stops at a close, returning the answers, the hello and the close code
-/// and reason if one came.
+/// Sends `pulses` from the hello's `resume` on, each answered in turn, as
+/// stream `id`, about one every 5 ms; stops at a close (its code and
+/// reason) or a dropped connection (1006), returning the hello, the
+/// answers and how it ended (`None`: every pulse answered).
 async fn client_with_id(
     url: &str,
     id: &str,
@@ -477,7 +493,9 @@ async fn client_with_id(
     let from = hello["resume"].as_u64().unwrap() as usize;
     let mut answers = Vec::new();
     for p in &pulses[from..] {
-        ws.send(Message::Binary(p.clone().into())).await.unwrap();
+        if ws.send(Message::Binary(p.clone().into())).await.is_err() {
+            return (hello, answers, Some((1006, "dropped".into())));
+        }
         loop {
             match ws.next().await {
                 Some(Ok(Message::Binary(b))) => {
@@ -487,8 +505,10 @@ async fn client_with_id(
                 Some(Ok(Message::Close(Some(f)))) => {
                     return (hello, answers, Some((f.code.into(), f.reason.to_string())))
                 }
+                Some(Ok(Message::Close(None))) | Some(Err(_)) | None => {
+                    return (hello, answers, Some((1006, "dropped".into())))
+                }
                 Some(Ok(_)) => continue,
-                other => panic!("{other:?}"),
             }
         }
         // Real time, roughly: the drain has streams to hand over.
@@ -575,4 +595,259 @@ fn a_restart_hands_every_stream_of_two_models_over() {
             "{name} stream {s}: answers across the restart differ from the model alone"
         );
     }
+}
+
+/// A replica killed outright (SIGKILL) with checkpoints every 4 pulses:
+/// every stream resumes on the other replica from its last checkpoint
+/// (at most 4 pulses back, resent), and its answers are the model's alone.
+#[test]
+fn a_replica_killed_outright_loses_no_stream_with_checkpoints() {
+    let Some(redis) = Redis::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gru = save(&fixtures::gru_cell(8, 16).unwrap().model, dir.path(), "gru.nnef.tar");
+    let spec = checked_spec(dir.path(), "gru.toml", &[&gru, "--state", "1=1"]);
+    let model = format!("gru={}", spec.display());
+    let args = [model.as_str(), "--store", &redis.url(), "--checkpoint-every", "4"];
+    let mut first = serve(&args).unwrap();
+    let second = serve(&args).unwrap();
+    let streams: Vec<Vec<Vec<u8>>> = (0..6).map(|s| noise_pulses(300 + s, 200, 32)).collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let results = runtime.block_on(async {
+        let tasks: Vec<_> = streams
+            .iter()
+            .enumerate()
+            .map(|(s, pulses)| {
+                let (a, b) = (first.addr.clone(), second.addr.clone());
+                let pulses = pulses.clone();
+                tokio::spawn(async move {
+                    let (id, url) = (format!("kill-{s}"), |addr: &str| {
+                        format!("ws://{addr}/v1/models/gru/stream")
+                    });
+                    let (_, mut answers, ended) = client_with_id(&url(&a), &id, &pulses).await;
+                    assert_eq!(ended.as_ref().map(|e| e.0), Some(1006), "{ended:?}");
+                    let (hello, more, ended) = client_with_id(&url(&b), &id, &pulses).await;
+                    assert!(ended.is_none(), "{ended:?}");
+                    let from = hello["resume"].as_u64().unwrap() as usize;
+                    assert!(
+                        from % 4 == 0 && from <= answers.len() && answers.len() - from <= 4,
+                        "resumed at {from} after {} answers",
+                        answers.len()
+                    );
+                    answers.truncate(from);
+                    answers.extend(more);
+                    answers
+                })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let _ = first.child.kill();
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.unwrap());
+        }
+        results
+    });
+    for (s, (pulses, answers)) in streams.iter().zip(results).enumerate() {
+        assert!(
+            answers == solo(&spec, &[(1, 1)], pulses),
+            "stream {s}: answers across the kill differ from the model alone"
+        );
+    }
+}
+
+/// HAProxy (Debian's) on the shipped `deploy/haproxy/haproxy.cfg`, its
+/// addresses pointed at `replicas`, killed when dropped; `None` after
+/// `SKIPPED` where it is not installed.
+struct Proxy {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    fn start(replicas: [&str; 2]) -> Option<Proxy> {
+        if Command::new("haproxy").arg("-v").output().is_err() {
+            eprintln!("SKIPPED: haproxy is not installed (Debian's `haproxy`; .ci/run installs it)");
+            return None;
+        }
+        let front = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+        let shipped =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/haproxy/haproxy.cfg")).unwrap();
+        assert!(shipped.contains("127.0.0.1:9001") && shipped.contains("127.0.0.1:8000"));
+        let cfg = shipped
+            .replace("127.0.0.1:8000", &front)
+            .replace("127.0.0.1:9001", replicas[0])
+            .replace("127.0.0.1:9002", replicas[1]);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("haproxy.cfg"), cfg).unwrap();
+        let child = Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(dir.path().join("haproxy.cfg"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let proxy = Proxy {
+            child,
+            addr: front,
+            _dir: dir,
+        };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !http_get(&proxy.addr, "/ready").starts_with("model") {
+            assert!(std::time::Instant::now() < until, "haproxy never forwarded /ready");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Some(proxy)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The path a user takes, end to end: two models checked, their specs
+/// served by two replicas behind the shipped HAProxy with Redis, 8 `laned
+/// client` processes (real time, a pulse every 5 ms) with stream ids; one
+/// replica is told SIGTERM mid-stream: every client resumes through the
+/// proxy, exits 0, and its answers are the model's alone.
+#[test]
+fn a_rolling_restart_behind_haproxy_loses_nothing_for_laned_client() {
+    let Some(redis) = Redis::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let big = save(&fixtures::gru_cell(8, 16).unwrap().model, dir.path(), "big.nnef.tar");
+    let small = save(&fixtures::gru_cell(4, 8).unwrap().model, dir.path(), "small.nnef.tar");
+    let big_spec = checked_spec(dir.path(), "big.toml", &[&big, "--state", "1=1"]);
+    let small_spec = checked_spec(dir.path(), "small.toml", &[&small, "--state", "1=1"]);
+    let (big_arg, small_arg) = (
+        format!("big={}", big_spec.display()),
+        format!("small={}", small_spec.display()),
+    );
+    let url = redis.url();
+    let args = [
+        big_arg.as_str(),
+        &small_arg,
+        "--store",
+        &url,
+        "--drain-deadline-ms",
+        "5000",
+    ];
+    let first = serve(&args).unwrap();
+    let second = serve(&args).unwrap();
+    let Some(proxy) = Proxy::start([&first.addr, &second.addr]) else {
+        return;
+    };
+    let streams: Vec<(&str, &PathBuf, Vec<Vec<u8>>)> = (0..8)
+        .map(|s| match s % 2 {
+            0 => ("big", &big_spec, noise_pulses(500 + s, 300, 32)),
+            _ => ("small", &small_spec, noise_pulses(500 + s, 300, 16)),
+        })
+        .collect();
+    let clients: Vec<(Child, PathBuf)> = streams
+        .iter()
+        .enumerate()
+        .map(|(s, (name, _, pulses))| {
+            let (src, dst) = (
+                dir.path().join(format!("in-{s}.raw")),
+                dir.path().join(format!("out-{s}.raw")),
+            );
+            std::fs::write(&src, pulses.concat()).unwrap();
+            let child = Command::new(env!("CARGO_BIN_EXE_laned"))
+                .args(["client", &format!("ws://{}/v1/models/{name}/stream", proxy.addr)])
+                .args([&src, &dst])
+                .args([
+                    "--stream",
+                    &format!("rolling-{s}"),
+                    "--every-ms",
+                    "5",
+                    "--resume-for-ms",
+                    "20000",
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (child, dst)
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    first.terminate();
+    let mut resumed = 0;
+    for ((child, dst), (s, (name, spec, pulses))) in clients.into_iter().zip(streams.iter().enumerate()) {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{name} stream {s}: {}", text(&out));
+        resumed += text(&out).contains("reconnecting") as usize;
+        let got = std::fs::read(dst).unwrap();
+        assert!(
+            got == solo(spec, &[(1, 1)], pulses).concat(),
+            "{name} stream {s}: answers differ from the model alone"
+        );
+    }
+    // The hash put streams on both replicas: some were handed over.
+    assert!(resumed > 0, "no client was handed over");
+}
+
+/// `laned client` on a WAV into the DTLN chain served as a built-in (one
+/// f32 input of 128 samples): every denoised pulse the chain's alone; an
+/// input that is not whole pulses exits 2, an unknown model 5.
+#[test]
+fn laned_client_feeds_a_wav_to_the_dtln_chain_exactly() {
+    if or_skip("DTLN", laned_models::dtln::fetch()).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("dtln.toml");
+    std::fs::write(&spec, "[model]\nbuiltin = \"dtln-chain\"\n").unwrap();
+    let serving = serve(&[&format!("dtln={}", spec.display())]).unwrap();
+    let url = format!("ws://{}/v1/models/dtln/stream", serving.addr);
+    // 20 pulses and 50 samples: the last pulse padded with zeros.
+    let samples: Vec<i16> = (0..128 * 20 + 50)
+        .map(|k| ((k * 7919) % 20000) as i16 - 10000)
+        .collect();
+    let wav = dir.path().join("in.wav");
+    let spec_wav = hound::WavSpec {
+        channels: 1,
+        sample_rate: 16000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut writer = hound::WavWriter::create(&wav, spec_wav).unwrap();
+    samples.iter().for_each(|s| writer.write_sample(*s).unwrap());
+    writer.finalize().unwrap();
+    let mut bytes: Vec<u8> = samples
+        .iter()
+        .flat_map(|s| (*s as f32 / 32768.0).to_le_bytes())
+        .collect();
+    bytes.resize(128 * 4 * 21, 0);
+    let pulses: Vec<Vec<u8>> = bytes.chunks(512).map(<[u8]>::to_vec).collect();
+    let out_path = dir.path().join("out.raw");
+    let client = |url: &str, input: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_laned"))
+            .args(["client", url])
+            .args([input, &out_path])
+            .output()
+            .unwrap()
+    };
+    let out = client(&url, &wav);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let pairs = [(1, 1), (2, 2), (3, 3), (4, 4)];
+    assert!(
+        std::fs::read(&out_path).unwrap() == solo(&spec, &pairs, &pulses).concat(),
+        "the denoised audio differs from the chain alone"
+    );
+    let odd = dir.path().join("odd.raw");
+    std::fs::write(&odd, vec![0u8; 100]).unwrap();
+    let out = client(&url, &odd);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("100 bytes"), "{}", text(&out));
+    let out = client(&format!("ws://{}/v1/models/nope/stream", serving.addr), &odd);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    assert!(text(&out).contains("404"), "{}", text(&out));
 }

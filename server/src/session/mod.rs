@@ -23,6 +23,14 @@
 //! 4. The end: the client's close removes its own record; every other end
 //!    sends its close frame from one place ([`close::close_with`]) and
 //!    lingers for the reply; dropping the stream frees the lane.
+//!
+//! A session is one task and its async fns are not cancel-safe (a call
+//! dropped mid-way is cancelled, a close dropped mid-way is not sent):
+//! nothing races them but the socket's reads (`recv`, cancel-safe), the
+//! closing and drain flags (`watch`, cancel-safe) and the call itself,
+//! whose drop cancels it and frees nothing early (the runner settles it).
+//! Nothing here blocks the executor: calls are `call_async`, the store's
+//! operations async and bounded, the drain on a blocking thread.
 
 mod close;
 mod cost;
@@ -350,7 +358,7 @@ impl Session {
                 return None;
             }
             chunk = record.chunk;
-            handover::count("laned_resume_total", "resumed");
+            handover::count("laned_resume_total", &endpoint.name, "resumed");
         }
         let admitted = (handle, conversation, chunk);
         Session::serving(socket, shared, endpoint, admitted, opening.resume, handing, live_id).await
@@ -404,7 +412,7 @@ impl Session {
 
     /// Closes the session with `code`: the lane goes back first (a client
     /// that does not read may never answer the close).
-    async fn end(&mut self, code: u16, why: &str) -> Result<(), Ended> {
+    async fn end<T>(&mut self, code: u16, why: &str) -> Result<T, Ended> {
         drop(self.stream.take());
         close_with(&mut self.socket, code, why).await;
         Err(Ended)
@@ -412,7 +420,7 @@ impl Session {
 
     /// Closes the session with `code`, the lane held until the close is
     /// done (where the stream ends because the client erred).
-    async fn refuse(&mut self, code: u16, why: &str) -> Result<(), Ended> {
+    async fn refuse<T>(&mut self, code: u16, why: &str) -> Result<T, Ended> {
         close_with(&mut self.socket, code, why).await;
         Err(Ended)
     }
@@ -481,7 +489,7 @@ impl Session {
         tokio::select! {
             m = tokio::time::timeout_at(read_until, self.socket.recv()) => Ok(m.ok()),
             _ = closed(self.shared.closing.clone()) => {
-                self.refuse(crate::close::GOING_AWAY, "the server is shutting down").await.map(|_| None)
+                self.refuse(crate::close::GOING_AWAY, "the server is shutting down").await
             }
             // Handed over at the loop's top (a flag dropped unset, the
             // server gone, is not waited on again).
@@ -543,7 +551,7 @@ impl Session {
         self.serve_calls().await
     }
 
-    async fn closed_by_client(&mut self) -> Result<(), Ended> {
+    async fn closed_by_client<T>(&mut self) -> Result<T, Ended> {
         let handing = match (&self.shared.store, &self.handing) {
             (Some(store), Some(id)) => Some((store, self.endpoint.key(id))),
             _ => None,
@@ -586,7 +594,7 @@ impl Session {
             if let (Some(store), Some(id)) = (&self.shared.store, &self.handing) {
                 let stream = self.stream();
                 if every > 0 && stream.chunk.is_multiple_of(every) {
-                    checkpoint(&self.shared, store, self.endpoint.key(id), stream).await;
+                    checkpoint((&self.shared, &self.endpoint), store, id, stream).await;
                 }
             }
         }
@@ -638,8 +646,7 @@ impl Session {
                 } else {
                     crate::close::INTERNAL
                 };
-                self.refuse(code, &format!("stream ended: {e}")).await?;
-                Err(Ended)
+                self.refuse(code, &format!("stream ended: {e}")).await
             }
             Err(Read::Gone) => Err(Ended),
             Err(Read::Failed(e)) => {

@@ -67,7 +67,7 @@ pub(crate) async fn look_up(
     let bytes = match store.get(&endpoint.key(id)).await {
         Ok(handover::Found::Bytes(b)) => b,
         Ok(handover::Found::Nothing) => {
-            handover::count("laned_resume_total", "fresh");
+            handover::count("laned_resume_total", &endpoint.name, "fresh");
             return Resume::Fresh(None);
         }
         Ok(handover::Found::TooBig(n)) => {
@@ -75,18 +75,18 @@ pub(crate) async fn look_up(
                 "{who}: stream {id}: the record held for it is refused ({n} bytes, over the {}-byte limit; left unread): it starts fresh",
                 handover::MAX_RECORD_BYTES
             );
-            handover::count("laned_resume_total", "refused");
+            handover::count("laned_resume_total", &endpoint.name, "refused");
             return Resume::Fresh(None);
         }
         Err(e) => {
             eprintln!("{who}: stream {id}: no record read ({e}): it starts fresh");
-            handover::count("laned_resume_total", "failed");
+            handover::count("laned_resume_total", &endpoint.name, "failed");
             return Resume::Fresh(None);
         }
     };
     let refused = |why: String, generation: Option<u64>| {
         eprintln!("{who}: stream {id}: the record held for it is refused ({why}): it starts fresh");
-        handover::count("laned_resume_total", "refused");
+        handover::count("laned_resume_total", &endpoint.name, "refused");
         Resume::Fresh(generation)
     };
     let record = match Record::from_bytes(&bytes) {
@@ -154,27 +154,33 @@ async fn put_after(
 /// a task of its own. At most one is in flight per stream: one due while
 /// the last is still being written is dropped (counted `dropped`), so a
 /// slow or hung store costs the stream no wait and no memory.
-pub(crate) async fn checkpoint(shared: &Arc<Shared>, store: &Arc<Store>, key: String, stream: &Stream) {
+pub(crate) async fn checkpoint(
+    (shared, endpoint): (&Arc<Shared>, &Arc<Endpoint>),
+    store: &Arc<Store>,
+    id: &str,
+    stream: &Stream,
+) {
+    let key = endpoint.key(id);
     let Ok(written) = stream.written.clone().try_lock_owned() else {
-        handover::count("laned_checkpoint_total", "dropped");
+        handover::count("laned_checkpoint_total", &endpoint.name, "dropped");
         return;
     };
     let record = match record_of(stream).await {
         Ok((record, _)) => record,
         Err(why) => {
-            handover::count("laned_checkpoint_total", "failed");
+            handover::count("laned_checkpoint_total", &endpoint.name, "failed");
             shared
                 .checkpoint_said
                 .say(|| format!("{key}: a checkpoint skipped ({why})"));
             return;
         }
     };
-    let (shared, store) = (shared.clone(), store.clone());
+    let (shared, endpoint, store) = (shared.clone(), endpoint.clone(), store.clone());
     tokio::spawn(async move {
         match put_after(&store, &key, &record, written).await {
-            Ok(_) => handover::count("laned_checkpoint_total", "ok"),
+            Ok(_) => handover::count("laned_checkpoint_total", &endpoint.name, "ok"),
             Err(why) => {
-                handover::count("laned_checkpoint_total", "failed");
+                handover::count("laned_checkpoint_total", &endpoint.name, "failed");
                 shared
                     .checkpoint_said
                     .say(|| format!("{key}: a checkpoint skipped ({why})"));
@@ -199,7 +205,7 @@ pub(crate) async fn try_hand_over(
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .add(bytes, export, write);
-            handover::count("laned_handover_total", "ok");
+            handover::count("laned_handover_total", &endpoint.name, "ok");
             let why = format!("restarting: resume at chunk {}", stream.chunk);
             // Handed over: the id is free for the client's reconnect (here
             // or elsewhere) while the close waits for its reply.
@@ -209,7 +215,7 @@ pub(crate) async fn try_hand_over(
         }
         Err(why) => {
             shared.tally.lock().unwrap_or_else(|e| e.into_inner()).failed += 1;
-            handover::count("laned_handover_total", "failed");
+            handover::count("laned_handover_total", &endpoint.name, "failed");
             eprintln!(
                 "{}: stream {id}: hand-over skipped ({why}): it drains as without a store",
                 endpoint.who

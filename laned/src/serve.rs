@@ -61,6 +61,10 @@ pub struct Args {
     /// Connections at once [default: every model's lanes + 64].
     #[arg(long)]
     pub max_connections: Option<usize>,
+    /// The largest frame any model's pulse may be, in bytes (each model's
+    /// streams may send one pulse a frame, no more) [default: 1048576].
+    #[arg(long)]
+    pub max_frame_bytes: Option<usize>,
 }
 
 /// `laned serve`'s config file.
@@ -116,6 +120,9 @@ fn config(args: &Args) -> Result<(Limits, Vec<(String, PathBuf)>), String> {
     set(&mut l.admission_wait_ms, args.admission_wait_ms);
     if let Some(v) = args.max_connections {
         l.max_connections = Some(v);
+    }
+    if let Some(v) = args.max_frame_bytes {
+        l.max_frame_bytes = v;
     }
     if config.models.is_empty() {
         return Err("no model to serve: give NAME=SPEC.toml, or [models] in --config".into());

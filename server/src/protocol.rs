@@ -24,6 +24,13 @@ pub trait Protocol: Send + Sync + 'static {
     fn interface(&self) -> Option<&laned_models::spec::Interface> {
         None
     }
+
+    /// The largest binary frame a stream ever needs to send, where the
+    /// protocol knows it (one pulse, for tensors); `None`: any up to the
+    /// server's `max_frame_bytes`.
+    fn max_frame_bytes(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// One connection's side of a protocol: what it holds between frames

@@ -70,6 +70,7 @@ pub async fn start(
         runner,
         protocol: Arc::new(crate::audio::Vad),
         key_prefix: handover::KEY_PREFIX.into(),
+        max_frame_bytes: settings.max_frame_bytes,
     };
     let cap = settings.connection_cap();
     listen(settings.limits(), cap, vec![endpoint], prometheus, Paths::Vad).await
@@ -95,7 +96,20 @@ pub async fn start_models(
                 m.name
             ));
         }
+        // A frame is one pulse: the limit derived from the model, which
+        // the server's own limit must allow.
+        let max_frame_bytes = match m.protocol.max_frame_bytes() {
+            Some(pulse) if pulse > limits.max_frame_bytes => {
+                return Err(format!(
+                    "model {:?}: a pulse is {pulse} bytes, over max_frame_bytes ({}): raise it",
+                    m.name, limits.max_frame_bytes
+                ))
+            }
+            Some(pulse) => pulse,
+            None => limits.max_frame_bytes,
+        };
         endpoints.push(Endpoint {
+            max_frame_bytes,
             key_prefix: handover::key_prefix(&m.name),
             who: format!("laned serve: model {}", m.name),
             name: m.name,

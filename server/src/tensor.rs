@@ -72,6 +72,10 @@ impl Protocol for Tensors {
     fn interface(&self) -> Option<&Interface> {
         Some(&self.interface)
     }
+
+    fn max_frame_bytes(&self) -> Option<usize> {
+        Some(self.interface.pulse_bytes())
+    }
 }
 
 /// One connection: the pulse taken and not yet called.

@@ -31,8 +31,9 @@ tasks:
                            ideal loop, ours (threads, tasks), tract's LanedRunnable,
                            pinned to N cores (default 1)
                            (bench/src/bin/audio-bench.rs)
-  bench --scenario serve [--server-cores N] [--quick]
-                           the vad-server binary (pinned to N cores, default 1) driven by
+  bench --scenario serve [--model silero|gru] [--server-cores N] [--quick]
+                           the vad-server binary (or, --model gru, `laned serve` on a GRU
+                           the bench writes) (pinned to N cores, default 1) driven by
                            real WebSocket clients on the other cores, against the same
                            model in-process on the server's cores: capacity at p99 <= 50 ms
                            and CPU per chunk (bench/src/bin/serve-bench.rs)
@@ -151,12 +152,21 @@ fn bench_audio(args: &[String]) -> bool {
 fn bench_serve(args: &[String]) -> bool {
     let mut server_cores = 1usize;
     let mut rest = vec![];
+    let mut gru = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--scenario" => {
                 it.next();
             }
+            "--model" => match it.next().map(String::as_str) {
+                Some("gru") => gru = true,
+                Some("silero") => (),
+                other => {
+                    eprintln!("bench: --scenario serve serves --model silero (vad-server) or gru (laned serve), not {other:?}");
+                    return false;
+                }
+            },
             "--server-cores" => match it.next().map(|n| n.parse()) {
                 Some(Ok(n)) if n > 0 => server_cores = n,
                 other => {
@@ -167,7 +177,12 @@ fn bench_serve(args: &[String]) -> bool {
             _ => rest.push(arg.clone()),
         }
     }
-    if !(build_release("laned-server", "vad-server") && build_release("laned-bench", "serve-bench")) {
+    let (package, server_bin) = if gru {
+        ("laned", "laned")
+    } else {
+        ("laned-server", "vad-server")
+    };
+    if !(build_release(package, server_bin) && build_release("laned-bench", "serve-bench")) {
         return false;
     }
     let allowed = cpus::allowed();
@@ -185,8 +200,9 @@ fn bench_serve(args: &[String]) -> bool {
         .args(["-c", &client_cpus])
         .arg(release.join("serve-bench"))
         .arg("--server")
-        .arg(release.join("vad-server"))
+        .arg(release.join(server_bin))
         .args(["--server-cpus", &server_cpus])
+        .args(gru.then_some("--gru"))
         .args(rest);
     run(command)
 }

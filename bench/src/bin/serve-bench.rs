@@ -11,6 +11,12 @@
 //! runner directly (`laned_bench::tasks::real_time`), with the server's
 //! runner settings (worker mode, one shard, a lane per stream, no linger).
 //!
+//! With `--gru`, the model is one the bench writes (a GRU of 40 features
+//! and 64 hidden, its state an input/output pair, as issue 50 describes a
+//! user's), served by `laned serve` (`--server` is then the `laned`
+//! binary) in the tensor protocol: a pulse every 32 ms per stream, one
+//! binary answer each; in-process, the same spec's runner.
+//!
 //! Both report capacity, the most streams whose p99 stays within 50 ms
 //! (`laned_bench::load::search_capacity`), and CPU per chunk: the server
 //! process's own CPU (from `/proc/<pid>/stat`), and for the in-process run
@@ -39,15 +45,17 @@ use tokio_tungstenite::tungstenite::Message;
 use tract_core::internal::*;
 
 const HELP: &str = "\
-serve-bench --server PATH [--server-cpus LIST] [--seconds 2] [--max 2048] [--quick]
-serve-bench --in-process [--seconds 2] [--max 2048]
+serve-bench --server PATH [--server-cpus LIST] [--seconds 2] [--max 2048] [--quick] [--gru]
+serve-bench --in-process [--seconds 2] [--max 2048] [--gru]
 
 Real time, Silero VAD: a 512-sample chunk every 32 ms per stream; capacity is
 the most streams with end-to-end p99 latency within 50 ms. With --server,
 starts the vad-server binary at PATH for each probe (pinned with taskset to
 LIST, default 0), drives it with WebSocket clients from this process, and
 runs this binary again with --in-process on the same CPUs for the in-process
-figure. Each probe lasts 1.5 x --seconds (at least 1 s).
+figure. Each probe lasts 1.5 x --seconds (at least 1 s). With --gru, a GRU the
+bench writes (40 in, 64 hidden, its state a pair), served by `laned serve` (PATH
+the laned binary), a pulse every 32 ms per stream.
 ";
 
 const PERIOD: Duration = Duration::from_millis(32);
@@ -66,6 +74,7 @@ struct Args {
     in_process: bool,
     seconds: f64,
     max: usize,
+    gru: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -75,6 +84,7 @@ fn args() -> Result<Args, String> {
         in_process: false,
         seconds: 2.0,
         max: 2048,
+        gru: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -86,6 +96,7 @@ fn args() -> Result<Args, String> {
             "--seconds" => a.seconds = cli::number(&value("--seconds")?, "--seconds")?,
             "--max" => a.max = cli::number(&value("--max")?, "--max")?,
             "--quick" => a.seconds = 0.7,
+            "--gru" => a.gru = true,
             "--help" | "-h" => {
                 print!("{HELP}");
                 std::process::exit(0);
@@ -97,6 +108,78 @@ fn args() -> Result<Args, String> {
         return Err(format!("--server PATH or --in-process is required\n\n{HELP}"));
     }
     Ok(a)
+}
+
+/// What is served: Silero by `vad-server`, or the bench's GRU by `laned
+/// serve`.
+enum Served {
+    Vad(PathBuf),
+    Gru(Gru),
+}
+
+/// The bench's GRU: its folder (the NNEF file, a spec per lane count),
+/// loaded, and what a stream feeds.
+struct Gru {
+    dir: PathBuf,
+    loaded: laned_models::spec::Loaded,
+    interface: laned_models::spec::Interface,
+}
+
+/// Features and hidden size of the bench's GRU.
+const GRU: (usize, usize) = (40, 64);
+
+impl Gru {
+    /// Written (the same bytes each time) and loaded.
+    fn write() -> TractResult<Gru> {
+        let dir = std::env::temp_dir().join(format!("laned-serve-bench-gru-{}x{}", GRU.0, GRU.1));
+        std::fs::create_dir_all(&dir)?;
+        let model = laned_testkit::fixtures::gru_cell(GRU.0, GRU.1)?.model;
+        tract_pulse::internal::tract_nnef::nnef()
+            .write_to_tar(&model, std::fs::File::create(dir.join("gru.nnef.tar"))?)?;
+        let spec = Gru::spec(&dir, 2)?;
+        let loaded = spec.model.load().map_err(|e| format_err!("{e}"))?;
+        let runner = LanedRunner::new(loaded.plan.clone(), loaded.runner_config(&spec.runner))?;
+        let interface =
+            laned_models::spec::Interface::of(&loaded, &runner.explicit_state()).map_err(|e| format_err!("{e}"))?;
+        Ok(Gru { dir, loaded, interface })
+    }
+
+    /// The spec serving it with `lanes` lanes, as the server's: one shard,
+    /// worker mode, no linger.
+    fn spec(dir: &std::path::Path, lanes: usize) -> TractResult<laned_models::spec::Spec> {
+        Ok(laned_models::spec::Spec {
+            model: laned_models::spec::ModelSpec::file(dir.join("gru.nnef.tar")),
+            runner: Gru::config(lanes),
+        })
+    }
+
+    fn config(lanes: usize) -> RunnerConfig {
+        RunnerConfig::builder()
+            .state(StateSpec::Pairs(vec![StatePair::new(1, 1)]))
+            .max_lanes(lanes)
+            .shards(1)
+            .mode(Mode::Worker)
+            .linger(Duration::ZERO)
+            .build()
+    }
+
+    /// Its spec file for `lanes` lanes.
+    fn spec_file(&self, lanes: usize) -> TractResult<PathBuf> {
+        let path = self.dir.join(format!("gru-{lanes}.toml"));
+        std::fs::write(
+            &path,
+            Gru::spec(&self.dir, lanes)?.to_toml().map_err(|e| format_err!("{e}"))?,
+        )?;
+        Ok(path)
+    }
+
+    /// Stream `s`'s pulse as bytes: noise.
+    fn pulse(&self, s: usize) -> Vec<u8> {
+        let mut rng = Lcg(s as u64 * 2 + 1);
+        (0..self.interface.pulse_bytes() / 4)
+            .flat_map(|_| (0.1 * rng.uniform()).to_le_bytes())
+            .collect()
+    }
 }
 
 /// One probe: its stream count, p99 latency and CPU per chunk.
@@ -152,25 +235,44 @@ fn search(max: usize, mut probe: impl FnMut(usize) -> TractResult<Probe>) -> Tra
 
 /// The in-process figure: streams as tasks on a runtime of a worker per
 /// CPU this process may use, calling the runner the server would build.
-fn in_process(plan: &Arc<dyn Runnable>, args: &Args) -> TractResult<Search> {
+fn in_process(served: &Served, args: &Args) -> TractResult<Search> {
     let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cores)
         .enable_time()
         .build()?;
     let probe_for = probe_duration(args);
+    let silero_plan: Option<Arc<dyn Runnable>> = match served {
+        Served::Vad(model) => Some(DefaultRuntime.prepare(silero::load(model)?)?.into()),
+        Served::Gru(_) => None,
+    };
     search(args.max, |n| {
-        let config = RunnerConfig::builder()
-            .state(StateSpec::Pairs(vec![StatePair::new("state", 1)]))
-            .max_lanes(n)
-            .mode(Mode::Worker)
-            .linger(Duration::ZERO)
-            .build();
-        let system = TaskSystem::Ours(LanedRunner::new(plan.clone(), config)?);
-        let inputs = |s| Context::default().inputs(&chunk(s));
-        tasks::real_time(&rt, &system, n, PERIOD, WARM_UP, n as u64, inputs)?;
+        let (system, inputs): (TaskSystem, Box<dyn Fn(usize) -> TVec<TValue> + Sync>) = match served {
+            Served::Vad(_) => {
+                let config = RunnerConfig::builder()
+                    .state(StateSpec::Pairs(vec![StatePair::new("state", 1)]))
+                    .max_lanes(n)
+                    .mode(Mode::Worker)
+                    .linger(Duration::ZERO)
+                    .build();
+                let plan = silero_plan.clone().expect("loaded above");
+                let runner = LanedRunner::new(plan, config)?;
+                (
+                    TaskSystem::Ours(runner),
+                    Box::new(|s| Context::default().inputs(&chunk(s))),
+                )
+            }
+            Served::Gru(gru) => {
+                let runner = LanedRunner::new(gru.loaded.plan.clone(), Gru::config(n))?;
+                let pulses: Vec<TVec<TValue>> = (0..n)
+                    .map(|s| gru.interface.call_inputs(&gru.pulse(s)).map_err(|e| format_err!("{e}")))
+                    .collect::<TractResult<_>>()?;
+                (TaskSystem::Ours(runner), Box::new(move |s| pulses[s % n].clone()))
+            }
+        };
+        tasks::real_time(&rt, &system, n, PERIOD, WARM_UP, n as u64, &inputs)?;
         let before = load::process_cpu_time();
-        let lat = tasks::real_time(&rt, &system, n, PERIOD, probe_for, n as u64, inputs)?;
+        let lat = tasks::real_time(&rt, &system, n, PERIOD, probe_for, n as u64, &inputs)?;
         let cpu = before.zip(load::process_cpu_time()).map(|(a, b)| b.saturating_sub(a));
         Ok(Probe {
             streams: n,
@@ -193,28 +295,36 @@ struct Server {
 }
 
 impl Server {
-    fn start(binary: &PathBuf, cpus: &str, model: &std::path::Path, lanes: usize) -> TractResult<Server> {
+    fn start(binary: &PathBuf, cpus: &str, served: &Served, lanes: usize) -> TractResult<Server> {
         let mut command = Command::new("taskset");
         command.args(["-c", cpus]).arg(binary);
+        let listening = match served {
+            Served::Vad(model) => {
+                command
+                    .args([
+                        "--listen",
+                        "127.0.0.1:0",
+                        "--lanes",
+                        &lanes.to_string(),
+                        "--shards",
+                        "1",
+                    ])
+                    .args(["--mode", "worker", "--policy", "immediate"])
+                    .arg("--model")
+                    .arg(model);
+                "vad-server listening on "
+            }
+            Served::Gru(gru) => {
+                let spec = gru.spec_file(lanes)?;
+                command
+                    .arg("serve")
+                    .arg(format!("gru={}", spec.display()))
+                    .args(["--listen", "127.0.0.1:0"]);
+                "laned serve listening on "
+            }
+        };
         command
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--lanes",
-                &lanes.to_string(),
-                "--shards",
-                "1",
-            ])
-            .args([
-                "--mode",
-                "worker",
-                "--policy",
-                "immediate",
-                "--admission-wait-ms",
-                "10000",
-            ])
-            .arg("--model")
-            .arg(model)
+            .args(["--admission-wait-ms", "10000"])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         let mut child = command
@@ -229,7 +339,7 @@ impl Server {
             let Some(stdout) = stdout else { return };
             let mut tx = Some(tx);
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(addr) = line.strip_prefix("vad-server listening on ") {
+                if let Some(addr) = line.strip_prefix(listening) {
                     if let Some(tx) = tx.take() {
                         let _ = tx.send(addr.trim().to_string());
                     }
@@ -259,13 +369,27 @@ type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<t
 
 /// One probe over the network: `n` clients connected, then each sending a
 /// chunk every period from a random phase, waiting for its probability.
-fn over_network(rt: &tokio::runtime::Runtime, server: &Server, n: usize, duration: Duration) -> TractResult<Probe> {
+fn over_network(
+    rt: &tokio::runtime::Runtime,
+    (server, served): (&Server, &Served),
+    n: usize,
+    duration: Duration,
+) -> TractResult<Probe> {
     let pid = server.child.id();
     let addr = server.addr;
+    let (path, frames): (&str, Vec<Vec<u8>>) = match served {
+        Served::Vad(_) => (
+            "/v1/vad",
+            (0..n)
+                .map(|s| chunk(s).iter().flat_map(|x| x.to_le_bytes()).collect())
+                .collect(),
+        ),
+        Served::Gru(gru) => ("/v1/models/gru/stream", (0..n).map(|s| gru.pulse(s)).collect()),
+    };
     rt.block_on(async move {
         let mut sockets = Vec::with_capacity(n);
         for _ in 0..n {
-            let url = format!("ws://{addr}/v1/vad");
+            let url = format!("ws://{addr}{path}");
             let (ws, _) = tokio_tungstenite::connect_async(url.as_str()).await.with_context(|| {
                 format!(
                     "connecting stream {} of {n} to {url} (many streams need a high open-files limit: `ulimit -n`)",
@@ -279,8 +403,8 @@ fn over_network(rt: &tokio::runtime::Runtime, server: &Server, n: usize, duratio
         let tasks: Vec<_> = sockets
             .into_iter()
             .enumerate()
-            .map(|(s, ws)| {
-                let frame: Vec<u8> = chunk(s).iter().flat_map(|x| x.to_le_bytes()).collect();
+            .zip(frames)
+            .map(|((s, ws), frame)| {
                 let offset =
                     Duration::from_nanos(Lcg((n as u64).wrapping_add(s as u64) | 1).next() % PERIOD.as_nanos() as u64);
                 tokio::spawn(client(ws, frame, warm + offset, t0, t0 + duration))
@@ -330,8 +454,10 @@ async fn client(mut ws: Ws, frame: Vec<u8>, first: Instant, counted: Instant, en
                 .await
                 .map_err(|_| format_err!("no answer within {ANSWER_TIMEOUT:?}: the server is wedged"))?;
             match next {
+                // vad-server's answer, or laned serve's.
                 Some(Ok(Message::Text(t))) if t.contains("probability") => break,
-                // Speech events and pings.
+                Some(Ok(Message::Binary(_))) => break,
+                // Speech events, laned serve's hello, pings.
                 Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_))) => continue,
                 Some(Ok(other)) => bail!("the server answered {other:?}"),
                 Some(Err(e)) => return Err(e.into()),
@@ -380,19 +506,30 @@ fn table_row(label: &str, search: &Search) -> String {
 
 fn main() -> TractResult<()> {
     let args = cli::or_exit(args());
-    let model = cli::model_or_exit(silero::fetch(), "Silero VAD");
+    let served = if args.gru {
+        Served::Gru(Gru::write()?)
+    } else {
+        Served::Vad(cli::model_or_exit(silero::fetch(), "Silero VAD"))
+    };
     if args.in_process {
-        let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(silero::load(&model)?)?.into();
-        let search = in_process(&plan, &args)?;
+        let search = in_process(&served, &args)?;
         println!("{}", serde_json::to_string(&search)?);
         return Ok(());
     }
     let server = args.server.clone().expect("checked in args()");
     let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+    let what = match &served {
+        Served::Vad(model) => format!("Silero VAD ({}) by vad-server", model.display()),
+        Served::Gru(gru) => format!(
+            "a GRU the bench wrote ({} in, {} hidden, its state a pair; {}) by laned serve",
+            GRU.0,
+            GRU.1,
+            gru.dir.display()
+        ),
+    };
     println!(
-        "Silero VAD ({}): a chunk every 32 ms per stream, capacity = most streams with p99 <= 50 ms; \
+        "{what}: a pulse every 32 ms per stream, capacity = most streams with p99 <= 50 ms; \
          server (and the in-process run) on CPUs {}, clients on {cores} CPU(s)",
-        model.display(),
         args.server_cpus
     );
     eprintln!("in-process, on CPUs {}:", args.server_cpus);
@@ -407,6 +544,7 @@ fn main() -> TractResult<()> {
             "--max",
             &args.max.to_string(),
         ])
+        .args(args.gru.then_some("--gru"))
         .stderr(Stdio::inherit())
         .output()
         .context("running the in-process search under taskset")?;
@@ -419,15 +557,21 @@ fn main() -> TractResult<()> {
         .build()?;
     let duration = probe_duration(&args);
     let remote = search(args.max, |n| {
-        let started = Server::start(&server, &args.server_cpus, &model, n)?;
-        over_network(&rt, &started, n, duration)
+        let started = Server::start(&server, &args.server_cpus, &served, n)?;
+        over_network(&rt, (&started, &served), n, duration)
     })?;
     println!("\n| system | capacity (streams) | CPU per chunk at capacity (µs) | disputed (passed/probes) | probes (streams: p99 ms) |");
     println!("|---|---|---|---|---|");
     println!("{}", table_row("in-process (tasks calling the runner)", &local));
     println!(
         "{}",
-        table_row("vad-server over WebSocket (server process CPU)", &remote)
+        table_row(
+            match served {
+                Served::Vad(_) => "vad-server over WebSocket (server process CPU)",
+                Served::Gru(_) => "laned serve over WebSocket (server process CPU)",
+            },
+            &remote
+        )
     );
     // Cost per chunk depends on how full the turns are: compared at one
     // count, the largest both searches probed.

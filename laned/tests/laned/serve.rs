@@ -304,6 +304,10 @@ fn bad_input_is_refused_by_name_and_touches_no_other_stream() {
         let (code, why) = refused(&url, Message::Binary(vec![0u8; 31].into())).await;
         assert_eq!(code, 1003, "{why}");
         assert!(why.contains("32") && why.contains("31"), "{why}");
+        // One pulse is the largest frame: more is refused as too big.
+        let (code, why) = refused(&url, Message::Binary(vec![0u8; 33].into())).await;
+        assert_eq!(code, 1009, "{why}");
+        assert!(why.contains("32-byte limit"), "{why}");
         let (code, why) = refused(&url, Message::Text("hello".into())).await;
         assert_eq!(code, 1003, "{why}");
         assert!(why.contains("binary"), "{why}");
@@ -473,6 +477,21 @@ impl Drop for Redis {
     }
 }
 
+/// Streams that have had [`GOING`] answers on one connection.
+type Going = std::sync::Arc<std::sync::atomic::AtomicUsize>;
+
+/// Answers a stream has had before a replica may be stopped under it.
+const GOING: usize = 10;
+
+/// Until `n` streams are going (bounded: 30 s).
+async fn all_going(going: &Going, n: usize) {
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while going.load(std::sync::atomic::Ordering::Relaxed) < n {
+        assert!(tokio::time::Instant::now() < until, "the streams never got going");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// Sends `pulses` from the hello's `resume` on, each answered in turn, as
 /// stream `id`, about one every 5 ms; stops at a close (its code and
 /// reason) or a dropped connection (1006), returning the hello, the
@@ -481,6 +500,7 @@ async fn client_with_id(
     url: &str,
     id: &str,
     pulses: &[Vec<u8>],
+    going: &Going,
 ) -> (serde_json::Value, Vec<Vec<u8>>, Option<(u16, String)>) {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let mut request = url.into_client_request().unwrap();
@@ -500,6 +520,9 @@ async fn client_with_id(
             match ws.next().await {
                 Some(Ok(Message::Binary(b))) => {
                     answers.push(b.to_vec());
+                    if answers.len() == GOING {
+                        going.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     break;
                 }
                 Some(Ok(Message::Close(Some(f)))) => {
@@ -558,20 +581,21 @@ fn a_restart_hands_every_stream_of_two_models_over() {
         })
         .collect();
     let runtime = tokio::runtime::Runtime::new().unwrap();
+    let going = Going::default();
     let results = runtime.block_on(async {
         let tasks: Vec<_> = streams
             .iter()
             .map(|(name, _, s, pulses)| {
-                let (a, b) = (first.addr.clone(), second.addr.clone());
+                let (a, b, going) = (first.addr.clone(), second.addr.clone(), going.clone());
                 let (name, id, pulses) = (name.to_string(), format!("call-{s}"), pulses.clone());
                 tokio::spawn(async move {
                     let url = |addr: &str| format!("ws://{addr}/v1/models/{name}/stream");
-                    let (hello, mut answers, closed) = client_with_id(&url(&a), &id, &pulses).await;
+                    let (hello, mut answers, closed) = client_with_id(&url(&a), &id, &pulses, &going).await;
                     assert_eq!(hello["resume"], 0, "{hello}");
                     let (code, why) = closed.expect("the stream was not handed over");
                     assert_eq!(code, 1012, "{why}");
                     assert!(why.contains(&format!("resume at chunk {}", answers.len())), "{why}");
-                    let (hello, more, closed) = client_with_id(&url(&b), &id, &pulses).await;
+                    let (hello, more, closed) = client_with_id(&url(&b), &id, &pulses, &going).await;
                     assert_eq!(hello["resume"].as_u64(), Some(answers.len() as u64), "{hello}");
                     assert!(closed.is_none(), "{closed:?}");
                     answers.extend(more);
@@ -579,7 +603,7 @@ fn a_restart_hands_every_stream_of_two_models_over() {
                 })
             })
             .collect();
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        all_going(&going, streams.len()).await;
         first.terminate();
         let mut results = Vec::new();
         for t in tasks {
@@ -612,20 +636,21 @@ fn a_replica_killed_outright_loses_no_stream_with_checkpoints() {
     let second = serve(&args).unwrap();
     let streams: Vec<Vec<Vec<u8>>> = (0..6).map(|s| noise_pulses(300 + s, 200, 32)).collect();
     let runtime = tokio::runtime::Runtime::new().unwrap();
+    let going = Going::default();
     let results = runtime.block_on(async {
         let tasks: Vec<_> = streams
             .iter()
             .enumerate()
             .map(|(s, pulses)| {
-                let (a, b) = (first.addr.clone(), second.addr.clone());
+                let (a, b, going) = (first.addr.clone(), second.addr.clone(), going.clone());
                 let pulses = pulses.clone();
                 tokio::spawn(async move {
                     let (id, url) = (format!("kill-{s}"), |addr: &str| {
                         format!("ws://{addr}/v1/models/gru/stream")
                     });
-                    let (_, mut answers, ended) = client_with_id(&url(&a), &id, &pulses).await;
+                    let (_, mut answers, ended) = client_with_id(&url(&a), &id, &pulses, &going).await;
                     assert_eq!(ended.as_ref().map(|e| e.0), Some(1006), "{ended:?}");
-                    let (hello, more, ended) = client_with_id(&url(&b), &id, &pulses).await;
+                    let (hello, more, ended) = client_with_id(&url(&b), &id, &pulses, &going).await;
                     assert!(ended.is_none(), "{ended:?}");
                     let from = hello["resume"].as_u64().unwrap() as usize;
                     assert!(
@@ -639,7 +664,7 @@ fn a_replica_killed_outright_loses_no_stream_with_checkpoints() {
                 })
             })
             .collect();
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        all_going(&going, streams.len()).await;
         let _ = first.child.kill();
         let mut results = Vec::new();
         for t in tasks {
@@ -777,7 +802,20 @@ fn a_rolling_restart_behind_haproxy_loses_nothing_for_laned_client() {
             (child, dst)
         })
         .collect();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Every client streaming (a lane each, over both replicas) before the
+    // first replica is told to stop.
+    let taken = |addr: &str| -> usize {
+        http_get(addr, "/ready")
+            .lines()
+            .filter_map(|l| l.split("lanes_free ").nth(1)?.split(' ').next()?.parse::<usize>().ok())
+            .map(|free| 64 - free)
+            .sum()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while taken(&first.addr) + taken(&second.addr) < streams.len() {
+        assert!(std::time::Instant::now() < until, "the clients never all streamed");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     first.terminate();
     let mut resumed = 0;
     for ((child, dst), (s, (name, spec, pulses))) in clients.into_iter().zip(streams.iter().enumerate()) {

@@ -100,6 +100,9 @@ pub(crate) struct Endpoint {
     pub protocol: Arc<dyn Protocol>,
     /// The prefix of its streams' keys in the store.
     pub key_prefix: String,
+    /// The largest binary frame its streams may send: the protocol's
+    /// (a pulse, for tensors), else the server's `max_frame_bytes`.
+    pub max_frame_bytes: usize,
 }
 
 impl Endpoint {
@@ -162,7 +165,7 @@ pub(crate) async fn upgrade(
     };
     // Oversized frames are refused by the session with 1009: the transport
     // itself takes frames up to twice the limit.
-    let cap = shared.limits.max_frame_bytes.saturating_mul(2).max(1 << 16);
+    let cap = endpoint.max_frame_bytes.saturating_mul(2).max(1 << 16);
     // The write buffer is bounded: a client that does not read (pongs to a
     // ping flood, replies it never takes) fills it and is dropped, rather
     // than growing the server's memory without end.
@@ -509,7 +512,7 @@ impl Session {
         let Some(msg) = self.next_message().await? else {
             return Ok(());
         };
-        let max = self.shared.limits.max_frame_bytes;
+        let max = self.endpoint.max_frame_bytes;
         let bytes = match msg {
             // Gone: dropping the handle frees the lane.
             None => return Err(Ended),
@@ -603,7 +606,7 @@ impl Session {
     /// One call, the socket read meanwhile: a client gone drops the call
     /// (cancelled) and frees its lane at once.
     async fn call(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, Ended> {
-        let max = self.shared.limits.max_frame_bytes;
+        let max = self.endpoint.max_frame_bytes;
         let closing = self.shared.closing.clone();
         let Session {
             socket,

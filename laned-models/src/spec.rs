@@ -13,27 +13,31 @@
 //! output's name, type and per-stream shape, so that a server can cut a
 //! client's bytes into calls without knowing the model.
 //!
-//! ```no_run
-//! use std::sync::Arc;
+//! ```
 //! use laned_models::spec::{Interface, Spec};
 //! use laned_runner::LanedRunner;
+//! use tract_pulse::internal::tract_nnef;
 //!
-//! // A user's GRU, its state an input/output pair (as `laned check` printed it).
-//! let spec: Spec = toml::from_str(r#"
-//!     [model]
-//!     file = "gru.onnx"
-//!     inputs = [{ index = 0, shape = "B,1,40" }, { index = 1, shape = "1,B,64" }]
-//!     [runner]
-//!     state = { pairs = [{ input = "h", output = "hn" }] }
-//! "#)?;
+//! // A user's GRU (40 features in, 64 hidden), its state an input/output
+//! // pair, in a file (tract's NNEF here; an ONNX file is read the same way,
+//! // `inputs = [{ index = 0, shape = "B,40" }, ...]` giving its facts).
+//! let dir = tempfile::tempdir()?;
+//! let file = dir.path().join("gru.nnef.tar");
+//! let gru = laned_testkit::fixtures::gru_cell(40, 64)?.model;
+//! tract_nnef::nnef().write_to_tar(&gru, std::fs::File::create(&file)?)?;
+//!
+//! // Its spec, as `laned check gru.nnef.tar --state 1=1` prints it.
+//! let spec: Spec = toml::from_str(&format!(
+//!     "[model]\nfile = {file:?}\n[runner]\nmax_lanes = 8\nstate = {{ pairs = [{{ input = 1, output = 1 }}] }}\n"
+//! ))?;
 //! let loaded = spec.model.load()?;
 //! let runner = LanedRunner::new(loaded.plan.clone(), loaded.runner_config(&spec.runner))?;
 //! let interface = Interface::of(&loaded, &runner.explicit_state())?;
+//! assert_eq!(interface.inputs[0].shape, [1, 40]);
 //! let mut stream = runner.try_spawn()?;
-//! let pulse = vec![0u8; interface.pulse_bytes()];
+//! let pulse = vec![0u8; interface.pulse_bytes()]; // 40 f32, little-endian
 //! let answer = stream.call(interface.call_inputs(&pulse)?)?;
-//! let bytes = interface.answer_bytes(&answer)?;
-//! assert_eq!(bytes.len(), interface.answer_len());
+//! assert_eq!(interface.answer_bytes(&answer)?.len(), 64 * 4);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

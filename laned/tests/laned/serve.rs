@@ -268,19 +268,38 @@ fn http_get(addr: &str, path: &str) -> String {
         .unwrap_or_default()
 }
 
-/// Silero as a built-in spec, 16 clients each feeding 576 samples a pulse
-/// (their own context kept), every probability the model's alone.
+/// Silero twice in one process: the spec `laned check` prints for the
+/// published ONNX (its facts, state pair and sample rate given on the
+/// command line) and the built-in spec; 16 clients each, feeding 576
+/// samples a pulse (their own context kept), every probability the
+/// model's alone.
 #[test]
-fn silero_as_a_builtin_spec_is_served_exactly() {
-    if or_skip("silero-vad", laned_models::silero::fetch()).is_none() {
+fn silero_checked_and_built_in_is_served_exactly() {
+    let Some(path) = or_skip("silero-vad", laned_models::silero::fetch()) else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
-    let spec = dir.path().join("silero.toml");
-    std::fs::write(&spec, "[model]\nbuiltin = \"silero\"\n[runner]\nmax_lanes = 32\n").unwrap();
-    let serving = serve(&[&format!("vad={}", spec.display())]).unwrap();
-    // The state pair ("state", 1) the built-in brings: input 2, output 1.
-    streams_equal_solo(&serving, "vad", &spec, &[(2, 1)], 6);
+    let path = path.to_string_lossy().into_owned();
+    let args = [
+        path.as_str(),
+        "--state",
+        "2=1",
+        "--input",
+        "0=batch,576",
+        "--fill",
+        "1=16000",
+    ];
+    let checked = checked_spec(dir.path(), "checked.toml", &args);
+    let builtin = dir.path().join("silero.toml");
+    std::fs::write(&builtin, "[model]\nbuiltin = \"silero\"\n[runner]\nmax_lanes = 32\n").unwrap();
+    let serving = serve(&[
+        &format!("silero={}", checked.display()),
+        &format!("vad={}", builtin.display()),
+    ])
+    .unwrap();
+    // The state pair: input 2, output 1 ("state" in the built-in).
+    streams_equal_solo(&serving, "silero", &checked, &[(2, 1)], 6);
+    streams_equal_solo(&serving, "vad", &builtin, &[(2, 1)], 6);
 }
 
 /// Bad input: a frame of the wrong length and a text frame are closed
@@ -832,9 +851,10 @@ fn a_rolling_restart_behind_haproxy_loses_nothing_for_laned_client() {
     assert!(resumed > 0, "no client was handed over");
 }
 
-/// `laned client` on a WAV into the DTLN chain served as a built-in (one
-/// f32 input of 128 samples): every denoised pulse the chain's alone; an
-/// input that is not whole pulses exits 2, an unknown model 5.
+/// The DTLN chain served as a built-in (one f32 input of 128 samples):
+/// 16 clients, then `laned client` on a WAV, every denoised pulse the
+/// chain's alone; an input that is not whole pulses exits 2, an unknown
+/// model 5.
 #[test]
 fn laned_client_feeds_a_wav_to_the_dtln_chain_exactly() {
     if or_skip("DTLN", laned_models::dtln::fetch()).is_none() {
@@ -844,6 +864,8 @@ fn laned_client_feeds_a_wav_to_the_dtln_chain_exactly() {
     let spec = dir.path().join("dtln.toml");
     std::fs::write(&spec, "[model]\nbuiltin = \"dtln-chain\"\n").unwrap();
     let serving = serve(&[&format!("dtln={}", spec.display())]).unwrap();
+    let pairs = [(1, 1), (2, 2), (3, 3), (4, 4)];
+    streams_equal_solo(&serving, "dtln", &spec, &pairs, 8);
     let url = format!("ws://{}/v1/models/dtln/stream", serving.addr);
     // 20 pulses and 50 samples: the last pulse padded with zeros.
     let samples: Vec<i16> = (0..128 * 20 + 50)
@@ -875,7 +897,6 @@ fn laned_client_feeds_a_wav_to_the_dtln_chain_exactly() {
     };
     let out = client(&url, &wav);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let pairs = [(1, 1), (2, 2), (3, 3), (4, 4)];
     assert!(
         std::fs::read(&out_path).unwrap() == solo(&spec, &pairs, &pulses).concat(),
         "the denoised audio differs from the chain alone"

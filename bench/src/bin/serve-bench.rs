@@ -114,7 +114,7 @@ fn args() -> Result<Args, String> {
 /// serve`.
 enum Served {
     Vad(PathBuf),
-    Gru(Gru),
+    Gru(Box<Gru>),
 }
 
 /// The bench's GRU: its folder (the NNEF file, a spec per lane count),
@@ -507,7 +507,7 @@ fn table_row(label: &str, search: &Search) -> String {
 fn main() -> TractResult<()> {
     let args = cli::or_exit(args());
     let served = if args.gru {
-        Served::Gru(Gru::write()?)
+        Served::Gru(Box::new(Gru::write()?))
     } else {
         Served::Vad(cli::model_or_exit(silero::fetch(), "Silero VAD"))
     };

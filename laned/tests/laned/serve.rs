@@ -673,7 +673,7 @@ fn a_replica_killed_outright_loses_no_stream_with_checkpoints() {
                     assert!(ended.is_none(), "{ended:?}");
                     let from = hello["resume"].as_u64().unwrap() as usize;
                     assert!(
-                        from % 4 == 0 && from <= answers.len() && answers.len() - from <= 4,
+                        from.is_multiple_of(4) && from <= answers.len() && answers.len() - from <= 4,
                         "resumed at {from} after {} answers",
                         answers.len()
                     );

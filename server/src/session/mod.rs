@@ -328,7 +328,7 @@ impl Session {
                 return None;
             }
         };
-        let handle = match spawned {
+        let mut handle = match spawned {
             Ok(Ok(h)) => h,
             Ok(Err(e)) => {
                 let code = match e {
@@ -345,7 +345,6 @@ impl Session {
                 return None;
             }
         };
-        let mut handle = handle;
         let mut chunk = 0;
         if let (Resume::From(record), Some(id)) = (&opening.resume, &handing) {
             // The record was checked before the upgrade (the runner's and

@@ -45,6 +45,7 @@ pub struct Metrics {
     lanes_taken: AtomicU64,
     lanes_max: AtomicU64,
     seats_queued: AtomicU64,
+    learned_width: AtomicU64,
     spawners_waiting: AtomicU64,
     admissions: AtomicU64,
     admissions_waited: AtomicU64,
@@ -78,6 +79,7 @@ impl Metrics {
             lanes_taken: AtomicU64::new(0),
             lanes_max: AtomicU64::new(0),
             seats_queued: AtomicU64::new(0),
+            learned_width: AtomicU64::new(0),
             spawners_waiting: AtomicU64::new(0),
             admissions: AtomicU64::new(0),
             admissions_waited: AtomicU64::new(0),
@@ -129,6 +131,12 @@ impl Metrics {
     /// Seats queued for a turn (the gauge's last value).
     pub fn seats_queued(&self) -> u64 {
         self.seats_queued.load(Ordering::Relaxed)
+    }
+
+    /// The turn width learned to cost least per row, where it caps turns; 0
+    /// where none does (a gauge).
+    pub fn set_learned_width(&self, width: usize) {
+        self.learned_width.store(width as u64, Ordering::Relaxed);
     }
 
     /// Spawners waiting for a lane now (a gauge).
@@ -190,6 +198,7 @@ impl Metrics {
             lanes_taken: self.lanes_taken.load(Ordering::Relaxed),
             lanes_max: self.lanes_max.load(Ordering::Relaxed),
             seats_queued: self.seats_queued.load(Ordering::Relaxed),
+            learned_width: self.learned_width.load(Ordering::Relaxed),
             spawners_waiting: self.spawners_waiting.load(Ordering::Relaxed),
             admissions: self.admissions.load(Ordering::Relaxed),
             admissions_waited: self.admissions_waited.load(Ordering::Relaxed),
@@ -225,6 +234,11 @@ pub struct Snapshot {
     /// Seats queued for a turn at the instant of the snapshot (a gauge).
     #[serde(default)]
     pub seats_queued: u64,
+    /// The turn width learned to cost least per row, where it caps turns;
+    /// 0 where none does (a gauge; a runner's snapshot holds its shards'
+    /// widest).
+    #[serde(default)]
+    pub learned_width: u64,
     /// Spawners waiting for a lane at the instant of the snapshot (a
     /// gauge; runner-wide, so in the runner's snapshot, not a shard's).
     #[serde(default)]
@@ -268,7 +282,8 @@ impl Snapshot {
     }
 
     /// What happened after `earlier`, a snapshot of the same metrics. Gauges
-    /// (`lanes_taken`, `lanes_max`, `seats_queued`, `spawners_waiting`) keep
+    /// (`lanes_taken`, `lanes_max`, `seats_queued`, `learned_width`,
+    /// `spawners_waiting`) keep
     /// this snapshot's value.
     pub fn delta(&self, earlier: &Snapshot) -> Snapshot {
         let occupancy = self
@@ -286,6 +301,7 @@ impl Snapshot {
             lanes_taken: self.lanes_taken,
             lanes_max: self.lanes_max,
             seats_queued: self.seats_queued,
+            learned_width: self.learned_width,
             spawners_waiting: self.spawners_waiting,
             admissions: self.admissions.saturating_sub(earlier.admissions),
             admissions_waited: self.admissions_waited.saturating_sub(earlier.admissions_waited),
@@ -314,6 +330,7 @@ impl Snapshot {
             lanes_taken: self.lanes_taken + other.lanes_taken,
             lanes_max: self.lanes_max + other.lanes_max,
             seats_queued: self.seats_queued + other.seats_queued,
+            learned_width: self.learned_width.max(other.learned_width),
             spawners_waiting: self.spawners_waiting + other.spawners_waiting,
             admissions: self.admissions + other.admissions,
             admissions_waited: self.admissions_waited + other.admissions_waited,

@@ -150,6 +150,14 @@ pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
     );
     scalar(
         &mut out,
+        "laned_learned_width",
+        "gauge",
+        "The turn width learned to cost least per row, where it caps turns (0: no cap)",
+        labels,
+        s.learned_width,
+    );
+    scalar(
+        &mut out,
         "laned_spawners_waiting",
         "gauge",
         "Spawners waiting for a lane",
@@ -316,6 +324,7 @@ mod tests {
             "laned_lanes_max",
             "laned_lanes_free",
             "laned_seats_queued",
+            "laned_learned_width",
             "laned_spawners_waiting",
         ] {
             assert!(text.lines().any(|l| l == format!("{gauge} 0")), "{gauge}: {text}");

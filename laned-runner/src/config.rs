@@ -62,6 +62,13 @@ pub struct RunnerConfig {
     /// one kept for the later rows of wide calls). `None`:
     /// tract's knob `TRACT_MAX_SEATS`, else 256.
     pub max_seats: Option<usize>,
+    /// Cap each turn at the width learned to cost least per row (on by
+    /// default): a model that runs slower per row batched wide is served in
+    /// turns of its cheapest width, never worse than a state per stream
+    /// would be. Off where `max_seats` is given: a width set is the width
+    /// served. `LanedRunner::learned_width` and the `learned_width` metric
+    /// say what was learned; `laned_runner`'s `width` module how.
+    pub learn_width: bool,
     /// How long a turn waits for more seats once one is queued, in
     /// microseconds; it starts early once every held lane has a seat queued.
     /// `None`: tract's knob `TRACT_TURN_LINGER_US`, else 0.
@@ -92,6 +99,7 @@ impl Default for RunnerConfig {
             max_lanes: 64,
             shards: None,
             max_seats: None,
+            learn_width: true,
             linger_us: None,
             mode: Mode::Worker,
             policy: None,
@@ -184,6 +192,7 @@ impl RunnerConfig {
             // The state has one lane more than the streams (see `Engine`), so
             // a turn can seat that many.
             max_seats: max_seats.min(self.max_lanes + 1),
+            learn_width: self.learn_width && self.max_seats.is_none(),
             policy: self.policy.unwrap_or(if linger_us == 0 {
                 TurnPolicy::Immediate
             } else {
@@ -323,6 +332,7 @@ pub(crate) struct Resolved {
     pub idle_timeout: Option<Duration>,
     pub max_lanes: usize,
     pub max_seats: usize,
+    pub learn_width: bool,
     pub policy: TurnPolicy,
     pub mode: Mode,
 }
@@ -349,6 +359,13 @@ impl RunnerConfigBuilder {
     /// The widest turn (see [`RunnerConfig::max_seats`]).
     pub fn max_seats(mut self, seats: usize) -> Self {
         self.config.max_seats = Some(seats);
+        self
+    }
+
+    /// Whether turns are capped at the learned width (see
+    /// [`RunnerConfig::learn_width`]).
+    pub fn learn_width(mut self, learn: bool) -> Self {
+        self.config.learn_width = learn;
         self
     }
 

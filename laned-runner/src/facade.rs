@@ -63,6 +63,10 @@ mod on {
             metrics::describe_gauge!("laned_lanes_max", "Lanes a shard of a laned runner has");
             metrics::describe_gauge!("laned_lanes_free", "Lanes of a shard free for a new stream");
             metrics::describe_gauge!("laned_seats_queued", "Seats queued on a shard for a turn");
+            metrics::describe_gauge!(
+                "laned_learned_width",
+                "The turn width a shard learned to cost least per row, where it caps turns (0: no cap)"
+            );
             metrics::describe_gauge!("laned_spawners_waiting", "Spawners waiting for a lane of the runner");
             metrics::describe_counter!("laned_admissions_total", "Streams given a lane");
             metrics::describe_counter!(
@@ -110,6 +114,7 @@ mod on {
         lanes_max: usize,
         lanes_free: Gauge,
         seats_queued: Gauge,
+        learned_width: Gauge,
         admissions: Counter,
         admissions_waited: Counter,
         admission_wait: Histogram,
@@ -135,6 +140,7 @@ mod on {
                 lanes_max,
                 lanes_free: metrics::gauge!("laned_lanes_free", per_shard.clone()),
                 seats_queued: metrics::gauge!("laned_seats_queued", per_shard.clone()),
+                learned_width: metrics::gauge!("laned_learned_width", per_shard.clone()),
                 admissions: metrics::counter!("laned_admissions_total", labels.clone()),
                 admissions_waited: metrics::counter!("laned_admissions_waited_total", labels.clone()),
                 admission_wait: metrics::histogram!("laned_admission_wait_seconds", labels.clone()),
@@ -167,6 +173,10 @@ mod on {
 
         pub fn seats_queued(&self, seats: usize) {
             self.seats_queued.set(seats as f64);
+        }
+
+        pub fn learned_width(&self, width: usize) {
+            self.learned_width.set(width as f64);
         }
 
         pub fn admission(&self, waited: Option<Duration>) {
@@ -243,6 +253,7 @@ mod on {
         pub fn queue_wait(&self, _wait: Duration) {}
         pub fn lanes(&self, _taken: usize) {}
         pub fn seats_queued(&self, _seats: usize) {}
+        pub fn learned_width(&self, _width: usize) {}
         pub fn admission(&self, _waited: Option<Duration>) {}
         pub fn failed_seats(&self, _seats: usize) {}
         pub fn failed_turn(&self) {}

@@ -66,6 +66,7 @@ mod sync;
 mod trace;
 mod wake;
 mod wire;
+mod width;
 
 pub use cancel::CancelToken;
 pub use capacity::{Capacity, ShardCapacity};

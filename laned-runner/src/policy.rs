@@ -269,12 +269,15 @@ pub fn recheck_after(policy: &TurnPolicy, q: &QueueState, now: Instant) -> usize
 pub struct LearnedTurnTimes {
     /// Nanoseconds per occupancy; 0 while unknown.
     ewma_ns: Box<[AtomicU64]>,
+    /// Turns recorded per occupancy (saturating), for the learned width.
+    seen: Box<[AtomicU64]>,
 }
 
 impl LearnedTurnTimes {
     pub fn new(max_occupancy: usize) -> LearnedTurnTimes {
         LearnedTurnTimes {
             ewma_ns: (0..=max_occupancy.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            seen: (0..=max_occupancy.max(1)).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -286,6 +289,18 @@ impl LearnedTurnTimes {
         let old = slot.load(Ordering::Relaxed);
         let new = if old == 0 { ns } else { (old * 7 + ns) / 8 };
         slot.store(new.max(1), Ordering::Relaxed);
+        if let Some(seen) = self.seen.get(occupancy) {
+            let n = seen.load(Ordering::Relaxed);
+            seen.store(n.saturating_add(1), Ordering::Relaxed);
+        }
+    }
+
+    /// The learned time of a turn of `occupancy` seats, once at least
+    /// `samples` such turns were recorded.
+    pub fn counted(&self, occupancy: usize, samples: u32) -> Option<Duration> {
+        let seen = self.seen.get(occupancy)?.load(Ordering::Relaxed);
+        let ns = self.ewma_ns.get(occupancy)?.load(Ordering::Relaxed);
+        (seen >= u64::from(samples) && ns > 0).then(|| Duration::from_nanos(ns))
     }
 
     /// The learned points, as (occupancy, turn time).

@@ -20,6 +20,8 @@ pub(crate) type CallResult = Result<Answer, RunError>;
 pub(crate) struct Live {
     pub policy: TurnPolicy,
     pub max_seats: usize,
+    /// Whether turns are capped at the learned width (`crate::width`).
+    pub learn_width: bool,
 }
 
 /// What a call is answered with. A one-row call gets the whole turn's

@@ -160,6 +160,7 @@ impl LanedRunner {
         let live = Arc::new(ArcSwap::from_pointee(Live {
             policy: config.policy,
             max_seats: config.max_seats,
+            learn_width: config.learn_width,
         }));
         let name = inner.typed_model().and_then(|m| m.name());
         let admission = Arc::new(Admission::new(
@@ -617,10 +618,33 @@ impl LanedRunner {
     }
 
     /// Change the widest turn while serving (clamped to the state's lanes,
-    /// 1 at least).
+    /// 1 at least). A width set is the width served: the learned width no
+    /// longer caps turns.
     pub fn set_max_seats(&self, max_seats: usize) {
         let max_seats = max_seats.clamp(1, self.core.config.max_lanes + 1);
-        self.update_live(|live| Live { max_seats, ..*live });
+        self.update_live(|live| Live {
+            max_seats,
+            learn_width: false,
+            ..*live
+        });
+    }
+
+    /// The turn width each shard learned to cost least per row, where it
+    /// caps that shard's turns (`None`: no cap learned, every queued seat
+    /// may sit, up to `max_seats`; always `None` with the learning off).
+    /// See [`RunnerConfig::learn_width`].
+    pub fn learned_width(&self) -> Vec<Option<usize>> {
+        let live = self.core.live.load();
+        self.core
+            .times
+            .iter()
+            .map(|t| {
+                live.learn_width
+                    .then(|| crate::width::learned(t, live.max_seats))
+                    .flatten()
+                    .map(|w| w.min(live.max_seats))
+            })
+            .collect()
     }
 
     /// Apply `change` to the live settings as one read-modify-write (`rcu`:

@@ -144,6 +144,16 @@ impl TdnnConfig {
         }
     }
 
+    /// A tiny TDNN: W = 8, one frame a pulse. A turn costs next to nothing,
+    /// so what a runner adds per call is most of what it measures.
+    pub fn tiny() -> TdnnConfig {
+        TdnnConfig {
+            width: 8,
+            pulse: 1,
+            layout: Layout::Nchw,
+        }
+    }
+
     /// The same sizes with `layout`.
     pub fn with_layout(self, layout: Layout) -> TdnnConfig {
         TdnnConfig { layout, ..self }

@@ -44,6 +44,8 @@ use records::Records;
 use streams::Streams;
 use turn::{withdraw, Turn};
 
+use crate::width::Width;
+
 /// What a shard is built from: the runner's shared parts and its own.
 pub(crate) struct Parts {
     pub inner: Arc<dyn Runnable>,
@@ -79,6 +81,8 @@ pub(crate) struct Engine {
     live: Arc<ArcSwap<Live>>,
     /// Turn time by occupancy, learned from the turns run.
     times: Arc<LearnedTurnTimes>,
+    /// The width learned from `times` and its probes.
+    width: Width,
     /// The runner's start, for `Tick`.
     epoch: Instant,
     /// No new stream or call is taken; what is queued is finished.
@@ -115,6 +119,7 @@ impl Engine {
             index,
             live,
             times,
+            width: Width::default(),
             epoch: Instant::now(),
             draining: false,
             closed: false,
@@ -137,7 +142,7 @@ impl Engine {
             queued: self.queue.len(),
             held: self.streams.taken(),
             lanes_queued: self.queue.lanes_queued(),
-            max_seats: live.max_seats,
+            max_seats: self.width.planned(live),
             epoch: self.epoch,
             arrivals_per_sec: self.turn.arrivals_per_sec(),
         };
@@ -417,6 +422,7 @@ impl Engine {
             model: &mut self.model,
             records: &self.records,
             times: &self.times,
+            width: &mut self.width,
             live: &live,
             shard: self.index,
         });

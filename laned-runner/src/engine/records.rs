@@ -71,6 +71,12 @@ impl Records {
         self.meters.deadline_misses(seats);
     }
 
+    /// The width the turns are capped at (`None`: none).
+    pub fn learned_width(&self, width: Option<usize>) {
+        self.metrics.set_learned_width(width.unwrap_or(0));
+        self.meters.learned_width(width.unwrap_or(0));
+    }
+
     /// A wait the turn policy imposed.
     pub fn policy_wait(&self, wait: Duration) {
         self.metrics.record_policy_wait(wait);

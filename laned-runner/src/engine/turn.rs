@@ -15,6 +15,7 @@ use crate::policy::{LearnedTurnTimes, TurnPolicy};
 use crate::protocol::{Answer, CallResult, Live};
 use crate::slot::Slot;
 use crate::trace::event;
+use crate::width::Width;
 
 use super::model::{Failure, Model};
 use super::queue::{QSeat, Queue};
@@ -28,6 +29,7 @@ pub(super) struct Parts<'a> {
     pub(super) model: &'a mut Model,
     pub(super) records: &'a Records,
     pub(super) times: &'a LearnedTurnTimes,
+    pub(super) width: &'a mut Width,
     pub(super) live: &'a Live,
     /// The shard's index, for the events.
     pub(super) shard: usize,
@@ -100,6 +102,7 @@ impl Turn {
             model,
             records,
             times,
+            width,
             live,
             shard,
         } = on;
@@ -108,8 +111,12 @@ impl Turn {
             return;
         }
         let mut started;
+        // The learned width (or a probe of it) caps the turn, below
+        // `max_seats`; decided once, before the deadline passes below.
+        let widest = width.next_turn(live, times, queue.len());
+        records.learned_width(width.cap(live));
         loop {
-            fill_into(queue.seats(), streams.table(), live.max_seats, &mut self.fill);
+            fill_into(queue.seats(), streams.table(), widest, &mut self.fill);
             if self.fill.seated().is_empty() {
                 return;
             }

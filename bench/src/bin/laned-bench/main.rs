@@ -15,12 +15,13 @@ use laned_testkit::fixtures::{self, Fixture, TdnnConfig};
 use tract_core::internal::*;
 
 const HELP: &str = "\
-laned-bench [--quick] [--model light|heavy|all|PATH [--pulse P] [--symbol S]] [--streams 1,4,16,64] [--frame-ms F] [--out DIR]
+laned-bench [--quick] [--model light|heavy|tiny|all|PATH [--pulse P] [--symbol S]] [--streams 1,4,16,64] [--frame-ms F] [--out DIR]
 laned-bench --compare A.json B.json
 
   --quick        short runs (about two minutes on 2 cores): the light TDNN only (unless
                  --model says otherwise), shorter runs and probes
-  --model        which built-in TDNN(s) to measure (default: all), or a streaming model
+  --model        which built-in TDNN(s) to measure (default: all: light and heavy; tiny:
+                 W=8, pulse 1, where the runner's cost per call shows most), or a streaming model
                  in tract's NNEF format (batch symbol on axis 0), pulsified by --pulse
                  frames (default 4) on --symbol (default S)
   --streams      stream counts of the closed-loop scenario
@@ -117,9 +118,10 @@ fn args() -> Result<Args, String> {
                 match it.next().as_deref() {
                     Some("light") => a.models.retain(|m| m.0.starts_with("light")),
                     Some("heavy") => a.models.retain(|m| m.0.starts_with("heavy")),
+                    Some("tiny") => a.models = vec![("tiny TDNN".into(), Source::Tdnn(TdnnConfig::tiny()))],
                     Some("all") => (),
                     Some(path) => file = Some(PathBuf::from(path)),
-                    None => return Err("--model takes light, heavy, all or a path".into()),
+                    None => return Err("--model takes light, heavy, tiny, all or a path".into()),
                 }
             }
             "--pulse" => {

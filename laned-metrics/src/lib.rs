@@ -139,6 +139,11 @@ impl Metrics {
         self.learned_width.store(width as u64, Ordering::Relaxed);
     }
 
+    /// The learned width's gauge, its last value.
+    pub fn learned_width(&self) -> u64 {
+        self.learned_width.load(Ordering::Relaxed)
+    }
+
     /// Spawners waiting for a lane now (a gauge).
     pub fn set_spawners_waiting(&self, spawners: usize) {
         self.spawners_waiting.store(spawners as u64, Ordering::Relaxed);

@@ -634,15 +634,16 @@ impl LanedRunner {
     /// may sit, up to `max_seats`; always `None` with the learning off).
     /// See [`RunnerConfig::learn_width`].
     pub fn learned_width(&self) -> Vec<Option<usize>> {
-        let live = self.core.live.load();
+        // What each engine last published (the gauge): the cap its turns
+        // are seated with, not a fresh reading of the curve.
+        let learning = self.core.live.load().learn_width;
         self.core
-            .times
+            .metrics
             .iter()
-            .map(|t| {
-                live.learn_width
-                    .then(|| crate::width::learned(t, live.max_seats))
-                    .flatten()
-                    .map(|w| w.min(live.max_seats))
+            .map(|m| match m.learned_width() {
+                0 => None,
+                w if learning => Some(w as usize),
+                _ => None,
             })
             .collect()
     }

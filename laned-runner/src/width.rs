@@ -16,8 +16,8 @@
 //! 3. The cap is that width only while a wider width counts and costs more
 //!    per row: past the widest width seen, wider is assumed to pay (as it
 //!    does for most models), so a fresh runner seats everything queued.
-//! 4. Probes keep the curve current: while no width up to half the turn's
-//!    counts, the turn seats half (so a model that only ever ran wide learns
+//! 4. Probes keep the curve current: while the turn's width counts and no
+//!    width up to its half does, the turn seats half (so a model that only ever ran wide learns
 //!    whether narrower pays, in a few turns, and walks down while it does),
 //!    and, while capped, one turn in
 //!    [`PROBE_EVERY`] seats one row more than the cap (so a cap that stopped
@@ -96,9 +96,9 @@ impl Width {
         self.turns += 1;
         let width = self.planned(live).min(queued.max(1));
         let half = width / 2;
-        // Nothing up to half the turn counts: only a probe down learns
-        // whether narrower pays.
-        if half >= 1 && self.narrowest.is_none_or(|n| n > half) {
+        // This width ran often enough to count and nothing up to its half
+        // does: only a probe down learns whether narrower pays.
+        if half >= 1 && self.narrowest.is_none_or(|n| n > half) && times.counted(width, MIN_SAMPLES).is_some() {
             return half;
         }
         match self.cap(live) {
@@ -179,6 +179,8 @@ mod tests {
     fn probes_walk_down_while_narrower_pays() {
         let times = taught(&[16], |w| 4 * (w * w) as u64);
         assert_eq!(Width::default().next_turn(&live(64), &times, 16), 8);
+        // A width that never counted is not probed below.
+        assert_eq!(Width::default().next_turn(&live(64), &times, 12), 12);
         let times = taught(&[16, 8], |w| 4 * (w * w) as u64);
         // 8 counts and is cheaper: the cap is 8, its half 4 is probed.
         assert_eq!(Width::default().next_turn(&live(64), &times, 16), 4);

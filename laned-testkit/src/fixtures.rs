@@ -731,6 +731,65 @@ pub fn panicking() -> TractResult<Fixture> {
     b.finish("panicking".into(), "an op that panics on a poisoned input", &[c1], 4)
 }
 
+/// What [`CrowdedRows`] spends per pair of rows in a batch.
+pub const CROWDING: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Identity, row for row, that costs [`CROWDING`] per pair of rows of its
+/// batch (a turn of `k` rows spins `k² · CROWDING` on the clock): what a
+/// model whose ops slow down per row as the batch widens looks like, in the
+/// extreme. Rows never mix; only the time does.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CrowdedRows;
+
+impl Op for CrowdedRows {
+    fn name(&self) -> StaticName {
+        "CrowdedRows".into()
+    }
+    op_as_typed_op!();
+}
+
+impl EvalOp for CrowdedRows {
+    op_out_of_plan!();
+
+    fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        let rows = inputs[0].shape().first().copied().unwrap_or(1) as u32;
+        let until = std::time::Instant::now() + CROWDING * rows * rows;
+        while std::time::Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        Ok(inputs)
+    }
+}
+
+impl TypedOp for CrowdedRows {
+    as_op!();
+
+    fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
+        Ok(tvec!(inputs[0].without_value()))
+    }
+
+    fn axes_mapping(&self, inputs: &[&TypedFact], outputs: &[&TypedFact]) -> TractResult<AxesMapping> {
+        AxesMapping::natural(inputs, outputs)
+    }
+}
+
+/// A causal conv behind [`CrowdedRows`]: a model slower per row the wider
+/// its turn (a turn of one row is the cheapest per row), for the learned
+/// turn width.
+pub fn slower_batched() -> TractResult<Fixture> {
+    let mut b = Builder::new(Layout::Nchw);
+    let x = b.source("features", FEATURES)?;
+    let crowded = b.model.wire_node("crowded", CrowdedRows, &[x])?[0];
+    let pad = b.zero_pad();
+    let c1 = b.conv("conv1", crowded, FEATURES, 8, 3, 1, 1, pad)?;
+    b.finish(
+        "slower_batched".into(),
+        "an op costing per pair of rows: slower per row batched",
+        &[c1],
+        1,
+    )
+}
+
 /// A running sum over time through tract's `Scan` (`[B, 3]` in, `[B, 3]`
 /// out), whose state is not lane-aware: a laned runner must refuse it.
 pub fn scan_cumsum() -> TractResult<TypedModel> {

@@ -17,3 +17,4 @@ mod policy;
 mod rules;
 mod shards;
 mod tracing_events;
+mod width;

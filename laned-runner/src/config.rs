@@ -14,14 +14,19 @@ use crate::policy::{TurnPolicy, MAX_WAIT_US};
 pub enum Mode {
     /// One thread owns the state and runs every turn, as tract's
     /// `LanedRunnable` does. Required for states bound to a device thread.
-    #[default]
     Worker,
-    /// No hand-off while the state is idle: the calling thread that finds the
-    /// state free runs the turn itself, seating everything queued, and answers
-    /// the others; waiting callers are served by whoever holds the state.
-    /// A caller whose own call is answered leaves at once: seats still queued
-    /// go to the shard's helper thread, which serves them as a worker would
-    /// until nothing is queued for a moment, then lets callers combine again.
+    /// The default. No hand-off while the state is idle: the calling thread
+    /// that finds the state free runs the turn itself, seating everything
+    /// queued, and answers the others; waiting callers are served by whoever
+    /// holds the state. A caller whose own call is answered leaves at once:
+    /// seats still queued go to the shard's helper thread, which serves them
+    /// as a worker would until nothing is queued for a moment, then lets
+    /// callers combine again. It runs the turn on the caller when the state
+    /// is free and hands it off when it is busy, so it needs no choosing:
+    /// level with the worker where many streams keep the state busy, and
+    /// without the worker's hand-off where few do (`BENCHMARKS.md`,
+    /// "2026-12-04: small models pay").
+    #[default]
     Combining,
 }
 
@@ -101,7 +106,7 @@ impl Default for RunnerConfig {
             max_seats: None,
             learn_width: true,
             linger_us: None,
-            mode: Mode::Worker,
+            mode: Mode::Combining,
             policy: None,
             state: StateSpec::None,
             max_waiting: 1024,

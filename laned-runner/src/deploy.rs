@@ -9,7 +9,7 @@
 //! [vad.knobs]
 //! LANED_LANES = 64          # streams per shard
 //! LANED_SHARDS = 2          # shards (default 1)
-//! LANED_MODE = "combining"  # or "worker" (default)
+//! LANED_MODE = "worker"     # or "combining" (the default)
 //! LANED_LATENCY_BUDGET_US = 16000
 //! TRACT_TURN_LINGER_US = 500  # tract's knobs reach the runner too
 //! ```
@@ -52,8 +52,8 @@ tract_data::declare_knob!(
 tract_data::declare_knob!(
     scopable LANED_MODE,
     String,
-    "worker".to_string(),
-    "Who runs the `laned` runtime's turns: worker (a thread per shard) or combining (the callers)."
+    "combining".to_string(),
+    "Who runs the `laned` runtime's turns: combining (the callers, a helper thread per shard when busy) or worker (a thread per shard)."
 );
 
 tract_data::declare_knob!(

@@ -83,7 +83,7 @@ impl Default for Settings {
             model: None,
             lanes: 32,
             shards: 1,
-            mode: Mode::Worker,
+            mode: Mode::Combining,
             policy: "immediate".into(),
             drain_deadline_ms: 10_000,
             admission_wait_ms: 1_000,
@@ -330,9 +330,10 @@ mod tests {
 
     #[test]
     fn settings_read_from_toml_keep_defaults_for_the_rest() {
-        let s: Settings = toml::from_str("lanes = 8\nmode = \"combining\"\npolicy = \"linger:300\"\n").unwrap();
+        let s: Settings = toml::from_str("lanes = 8\nmode = \"worker\"\npolicy = \"linger:300\"\n").unwrap();
         assert_eq!(s.lanes, 8);
-        assert_eq!(s.mode, Mode::Combining);
+        assert_eq!(s.mode, Mode::Worker);
+        assert_eq!(Settings::default().mode, Mode::Combining, "the runner's default");
         assert_eq!(s.shards, Settings::default().shards);
         s.runner_config().unwrap();
         assert!(toml::from_str::<Settings>("lanez = 8").is_err());

@@ -45,11 +45,11 @@ impl Wrapped {
 }
 
 /// The one construction line that differs: tract's `wrap`, ours (`wrap`
-/// in worker mode; combining needs the config).
+/// in the default mode; the other needs the config).
 fn wrap(sys: Sys, inner: Box<dyn Runnable>, lanes: usize) -> TractResult<Wrapped> {
     Ok(match sys {
         Sys::Tract => Wrapped::Tract(LanedRunnable::wrap(inner.into(), lanes)?),
-        Sys::Ours(Mode::Worker) => Wrapped::Ours(LanedRunner::wrap(inner.into(), lanes)?),
+        Sys::Ours(mode) if mode == Mode::default() => Wrapped::Ours(LanedRunner::wrap(inner.into(), lanes)?),
         Sys::Ours(mode) => Wrapped::Ours(LanedRunner::new(
             inner.into(),
             RunnerConfig::builder().max_lanes(lanes).mode(mode).build(),

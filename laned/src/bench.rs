@@ -10,13 +10,16 @@
 //! 2. **the ideal loop**: a thread per core, each one batched state of its
 //!    share of the streams, every lane seated every turn, inputs
 //!    pre-stacked: the ceiling batching can reach, with no queue at all;
-//! 3. **ours**: a thread per stream calling a `LanedRunner` of a shard
-//!    per core.
+//! 3. **ours**, as a user would run it, four ways: streams as threads and
+//!    as tokio tasks, each in both modes (worker, combining; the default
+//!    marked), a `LanedRunner` of a shard per core with the default
+//!    config, so its turn width is the one it learns.
 //!
 //! Figures are calls per second (medians of the rounds); the verdict is
-//! the smallest stream count from which ours serves more than a state per
-//! stream at every count measured. With `--cores N` the process is pinned
-//! to N of the CPUs it may use, so the three get the same cores.
+//! the smallest stream count from which ours, the best of the four at each
+//! count, serves more than a state per stream at every count measured, and
+//! names the way that did. With `--cores N` the process is pinned to N of
+//! the CPUs it may use, so every system gets the same cores.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,7 +27,8 @@ use std::time::Duration;
 
 use laned_bench::feedback::FeedBack;
 use laned_bench::load::{self, Throughput};
-use laned_runner::{LanedRunner, RunnerConfig};
+use laned_bench::tasks::{self, TaskSystem};
+use laned_runner::{LanedRunner, Mode, RunnerConfig};
 use tract_core::internal::*;
 use tract_core::plan::{LaneId, Seating};
 
@@ -67,13 +71,63 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
+/// How ours is driven: its streams as threads or as tasks, in a mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Way {
+    pub tasks: bool,
+    pub mode: Mode,
+}
+
+/// The four ways, in the table's order.
+pub const WAYS: [Way; 4] = [
+    Way {
+        tasks: false,
+        mode: Mode::Worker,
+    },
+    Way {
+        tasks: false,
+        mode: Mode::Combining,
+    },
+    Way {
+        tasks: true,
+        mode: Mode::Worker,
+    },
+    Way {
+        tasks: true,
+        mode: Mode::Combining,
+    },
+];
+
+impl std::fmt::Display for Way {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = match self.mode {
+            Mode::Worker => "worker",
+            _ => "combining",
+        };
+        let default = if self.mode == Mode::default() { ", the default" } else { "" };
+        let streams = if self.tasks { "tasks" } else { "threads" };
+        write!(f, "{streams}, {mode}{default}")
+    }
+}
+
 /// One stream count's medians, calls per second.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     pub streams: usize,
     pub solo: f64,
     pub ideal: f64,
-    pub ours: f64,
+    /// Ours each way, in [`WAYS`]' order.
+    pub ours: Vec<(Way, f64)>,
+}
+
+impl Row {
+    /// Ours the best way at this count, and that way.
+    pub fn best(&self) -> (Way, f64) {
+        self.ours
+            .iter()
+            .copied()
+            .fold((WAYS[0], f64::NEG_INFINITY), |best, o| if o.1 > best.1 { o } else { best })
+    }
 }
 
 /// Whether laning pays, read off the rows.
@@ -92,7 +146,7 @@ pub fn pays(rows: &[Row]) -> Pays {
     rows.sort_by_key(|r| r.streams);
     let mut from = None;
     for row in rows.iter().rev() {
-        if row.ours > row.solo {
+        if row.best().1 > row.solo {
             from = Some(row.streams);
         } else {
             break;
@@ -232,7 +286,7 @@ fn ideal(plan: &Arc<dyn Runnable>, feed: &Arc<Feed>, n: usize, cores: usize, d: 
 }
 
 /// Ours: a thread per stream calling a runner of a shard per core.
-fn ours(runner: &LanedRunner, feed: &Arc<Feed>, n: usize, d: Duration) -> TractResult<Throughput> {
+fn ours_threads(runner: &LanedRunner, feed: &Arc<Feed>, n: usize, d: Duration) -> TractResult<Throughput> {
     let (runner, feed) = (runner.clone(), feed.clone());
     load::closed_loop(
         n,
@@ -247,8 +301,28 @@ fn ours(runner: &LanedRunner, feed: &Arc<Feed>, n: usize, d: Duration) -> TractR
     )
 }
 
-fn runner_for(plan: &Arc<dyn Runnable>, config: &RunnerConfig, n: usize, cores: usize) -> TractResult<LanedRunner> {
+/// Ours: a tokio task per stream (a runtime of a thread per core) calling a
+/// runner of a shard per core.
+fn ours_tasks(
+    rt: &tokio::runtime::Runtime,
+    runner: &LanedRunner,
+    feed: &Arc<Feed>,
+    n: usize,
+    d: Duration,
+) -> TractResult<Throughput> {
+    let inputs: Vec<TVec<TValue>> = (0..n as u64).map(|s| feed.inputs(&[s])).collect::<TractResult<_>>()?;
+    tasks::closed_loop(rt, &TaskSystem::Ours(runner.clone()), n, d, |s| inputs[s].clone())
+}
+
+fn runner_for(
+    plan: &Arc<dyn Runnable>,
+    config: &RunnerConfig,
+    n: usize,
+    cores: usize,
+    mode: Mode,
+) -> TractResult<LanedRunner> {
     let mut config = config.clone();
+    config.mode = mode;
     let shards = cores.clamp(1, n.max(1));
     config.shards = Some(shards);
     config.max_lanes = n.div_ceil(shards).max(1);
@@ -296,7 +370,7 @@ pub fn bench(args: &Args) -> TractResult<ExitCode> {
 
     let streams = EXACT_STREAMS.min(*args.streams.iter().max().unwrap_or(&1)).max(1);
     let exactness = exact(
-        &runner_for(&plan, &config, streams, args.cores)?,
+        &runner_for(&plan, &config, streams, args.cores, Mode::default())?,
         &alone,
         &feed,
         streams,
@@ -310,45 +384,83 @@ pub fn bench(args: &Args) -> TractResult<ExitCode> {
         ),
     }
 
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.cores)
+        .enable_all()
+        .build()?;
     let mut rows = vec![];
-    println!("\ncalls per second, medians of {} rounds of {:?}:\n", args.repeats, d);
-    println!("| streams | a state per stream | ideal loop | ours | ours / a state per stream | ours / ideal loop |");
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("\ncalls per second, medians of {} rounds of {:?}; ours each way (streams as threads or tasks, a mode),", args.repeats, d);
+    println!("the best of the four compared; width: the turn width the default way learned (-: none, every queued stream sits):\n");
+    let ways: Vec<String> = WAYS.iter().map(|w| format!("ours ({w})")).collect();
+    println!(
+        "| streams | a state per stream | ideal loop | {} | best / a state per stream | best / ideal loop | width |",
+        ways.join(" | ")
+    );
+    println!("|---:|---:|---:|{}---:|---:|---|", "---:|".repeat(WAYS.len()));
     for &n in &args.streams {
-        let runner = runner_for(&plan, &config, n, args.cores)?;
-        let (mut s, mut i, mut o) = (vec![], vec![], vec![]);
+        let runners: Vec<LanedRunner> = WAYS
+            .iter()
+            .map(|w| runner_for(&plan, &config, n, args.cores, w.mode))
+            .collect::<TractResult<_>>()?;
+        let (mut s, mut i) = (vec![], vec![]);
+        let mut o: Vec<Vec<f64>> = vec![vec![]; WAYS.len()];
         for _ in 0..args.repeats {
             s.push(solo(&alone, &feed, n, d)?.per_sec);
             i.push(ideal(&plan, &feed, n, args.cores, d)?.per_sec);
-            o.push(ours(&runner, &feed, n, d)?.per_sec);
+            for (k, (way, runner)) in WAYS.iter().zip(&runners).enumerate() {
+                let got = if way.tasks {
+                    ours_tasks(&rt, runner, &feed, n, d)?
+                } else {
+                    ours_threads(runner, &feed, n, d)?
+                };
+                o[k].push(got.per_sec);
+            }
         }
         let row = Row {
             streams: n,
             solo: load::median(&s),
             ideal: load::median(&i),
-            ours: load::median(&o),
+            ours: WAYS.iter().copied().zip(o.iter().map(|v| load::median(v))).collect(),
         };
+        let (_, best) = row.best();
+        let default = WAYS
+            .iter()
+            .position(|w| w.tasks && w.mode == Mode::default())
+            .expect("the default mode is a way");
+        let width = runners[default]
+            .learned_width()
+            .iter()
+            .map(|w| w.map_or("-".to_string(), |w| w.to_string()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let figures: Vec<String> = row.ours.iter().map(|(_, f)| format!("{f:.0}")).collect();
         println!(
-            "| {n} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |",
+            "| {n} | {:.0} | {:.0} | {} | {:.2} | {:.2} | {width} |",
             row.solo,
             row.ideal,
-            row.ours,
-            row.ours / row.solo,
-            row.ours / row.ideal
+            figures.join(" | "),
+            best / row.solo,
+            best / row.ideal
         );
         rows.push(row);
     }
     println!();
     match pays(&rows) {
-        Pays::From(n) => println!(
-            "laning pays from {n} streams on {} core(s): ours serves more calls per second than a state per stream there and at every larger count measured",
-            args.cores
-        ),
-        Pays::No => {
-            let last = rows.iter().max_by_key(|r| r.streams).copied();
-            let ratio = last.map_or(f64::NAN, |r| r.ours / r.solo);
+        Pays::From(n) => {
+            let at = rows.iter().filter(|r| r.streams >= n).map(Row::best);
+            let mut ways: Vec<String> = at.map(|(w, _)| w.to_string()).collect();
+            ways.dedup();
             println!(
-                "laning does not pay here on {} core(s): at {} streams ours serves {ratio:.2} of what a state per stream serves",
+                "laning pays from {n} streams on {} core(s): ours ({}) serves more calls per second than a state per stream there and at every larger count measured",
+                args.cores,
+                ways.join("; ")
+            )
+        }
+        Pays::No => {
+            let last = rows.iter().max_by_key(|r| r.streams).cloned();
+            let (way, ratio) = last.as_ref().map_or((WAYS[0], f64::NAN), |r| (r.best().0, r.best().1 / r.solo));
+            println!(
+                "laning does not pay here on {} core(s): at {} streams ours at its best ({way}) serves {ratio:.2} of what a state per stream serves",
                 args.cores,
                 last.map_or(0, |r| r.streams)
             )
@@ -370,7 +482,8 @@ mod tests {
             streams,
             solo,
             ideal: ours * 1.1,
-            ours,
+            // The best way is the one that counts.
+            ours: vec![(WAYS[0], ours / 2.0), (WAYS[3], ours), (WAYS[1], ours / 3.0)],
         }
     }
 

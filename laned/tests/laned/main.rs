@@ -310,8 +310,8 @@ fn oww_the_published_mel_spectrogram_mixes_streams_and_the_patched_one_does_not(
 }
 
 /// `laned bench` on a streaming TDNN: checked, ours found exact against a
-/// state per stream, a row per stream count asked with the three systems'
-/// figures, and a verdict either way.
+/// state per stream, a row per stream count asked with the references' and
+/// ours' four ways' figures, and a verdict either way naming the best way.
 #[test]
 fn bench_measures_the_three_side_by_side_and_says_whether_laning_pays() {
     let dir = tempfile::tempdir().unwrap();
@@ -342,13 +342,21 @@ fn bench_measures_the_three_side_by_side_and_says_whether_laning_pays() {
             .lines()
             .find(|l| l.starts_with(&format!("| {n} |")))
             .unwrap_or_else(|| panic!("no row for {n} streams: {said}"));
-        let figures: Vec<f64> = row.split('|').filter_map(|c| c.trim().parse().ok()).collect();
-        // The count, three rates and two ratios, every one positive.
-        assert_eq!(figures.len(), 6, "{row}");
+        let cells: Vec<&str> = row.split('|').map(str::trim).filter(|c| !c.is_empty()).collect();
+        // The count, a state per stream, the ideal loop, ours four ways,
+        // two ratios (every one a positive figure), and the learned width.
+        assert_eq!(cells.len(), 10, "{row}");
+        let figures: Vec<f64> = cells[..9].iter().map(|c| c.parse().unwrap()).collect();
         assert!(figures.iter().all(|f| *f > 0.0), "{row}");
+        assert!(cells[9] == "-" || cells[9].parse::<usize>().is_ok(), "{row}");
     }
+    for way in ["threads, worker", "threads, combining, the default", "tasks, worker", "tasks, combining, the default"] {
+        assert!(said.contains(&format!("ours ({way})")), "{way}: {said}");
+    }
+    // The verdict names the way that won.
     assert!(
-        said.contains("laning pays from") || said.contains("laning does not pay here"),
+        said.contains("laning pays from") && said.contains("ours (t")
+            || said.contains("laning does not pay here") && said.contains("at its best (t"),
         "{said}"
     );
     let out = laned(&["bench", &path, "--pulse", "4", "--streams", "0"]);

@@ -23,10 +23,16 @@
 //!    [`PROBE_EVERY`] seats one row more than the cap (so a cap that stopped
 //!    paying is lifted a width at a time, never by a full-width turn).
 //!
+//! 5. A turn is cut to the cap only where that pays for what is queued: the
+//!    turns of the cap and the one of the rest cost less, by the learned
+//!    times, than one turn of all of it.
+//!
 //! Off when `RunnerConfig::learn_width` is false or `max_seats` was given
 //! (a width set is the width served); never wider than `max_seats`.
 
-use crate::policy::LearnedTurnTimes;
+use std::time::Duration;
+
+use crate::policy::{LearnedTurnTimes, TurnTimes};
 use crate::protocol::Live;
 
 /// Turns of a width before its cost counts.
@@ -94,7 +100,11 @@ impl Width {
             self.narrowest = (1..=live.max_seats).find(|w| times.counted(*w, MIN_SAMPLES).is_some());
         }
         self.turns += 1;
-        let width = self.planned(live).min(queued.max(1));
+        let queued = queued.clamp(1, live.max_seats);
+        let mut width = self.planned(live).min(queued);
+        if width < queued && !splitting_pays(times, width, queued) {
+            width = queued;
+        }
         let half = width / 2;
         // This width ran often enough to count and nothing up to its half
         // does: only a probe down learns whether narrower pays.
@@ -108,10 +118,25 @@ impl Width {
     }
 }
 
+/// Whether serving `queued` seats in turns of `width` (and one of the
+/// rest) costs less than one turn of them all, by the learned times (step
+/// 5): a cap barely cheaper per row than the width queued would leave a
+/// remainder to a narrow, dear turn.
+fn splitting_pays(times: &LearnedTurnTimes, width: usize, queued: usize) -> bool {
+    let (Some(whole), Some(part)) = (times.estimate(queued), times.estimate(width)) else {
+        return true;
+    };
+    let rest = queued % width;
+    let rest = if rest == 0 {
+        Duration::ZERO
+    } else {
+        times.estimate(rest).unwrap_or(Duration::ZERO)
+    };
+    part * (queued / width) as u32 + rest < whole
+}
+
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::policy::TurnPolicy;
 
@@ -188,6 +213,21 @@ mod tests {
         // 4 is not probed.
         let times = taught(&[16, 8], |w| 100 + w as u64);
         assert_eq!(Width::default().next_turn(&live(64), &times, 16), 16);
+    }
+
+    /// A cap barely cheaper per row than the width queued is not worth the
+    /// dear turn of the remainder: 16 queued under a cap of 15 sit together.
+    #[test]
+    fn a_turn_is_cut_only_where_the_split_pays() {
+        let times = taught(&[1, 15, 16], |w| match w {
+            1 => 50,
+            15 => 100,
+            _ => 150,
+        });
+        assert_eq!(learned(&times, 64), Some(15));
+        let mut width = Width::default();
+        assert_eq!(width.next_turn(&live(64), &times, 16), 16);
+        assert_eq!(width.next_turn(&live(64), &times, 15), 15);
     }
 
     /// While capped, one turn in `PROBE_EVERY` seats one row more than the

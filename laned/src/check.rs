@@ -168,11 +168,12 @@ pub fn judge(
                 }
             ))
         }
+        // A model never run is never said to be laneable: its rows may mix.
         Err(e) => {
-            facts.push(format!(
-                "rows: not probed: {e} (`--fill IX=VALUE` sets an input noise does not suit)"
-            ));
-            Ok(laned)
+            facts.push(format!("rows: not probed: {e}"));
+            Err(format!(
+                "not run, so not known to serve each stream its own rows: {e} (give every dim but the batch a number with `--input IX=DIMS`; `--fill IX=VALUE` sets an input noise does not suit)"
+            ))
         }
     }
 }

@@ -394,3 +394,29 @@ fn bench_on_silero_vad_keeps_its_state_exact() {
     assert!(said.contains("exact: 4 streams through ours"), "{said}");
     assert!(said.lines().any(|l| l.starts_with("| 4 |")), "{said}");
 }
+
+/// A model `laned check` cannot run (a dim besides the batch left free: no
+/// input can be made for it) is never said to be laneable: the verdict says
+/// it was not run and why, and the exit is 1; given the dim, it runs.
+#[test]
+fn check_never_says_laneable_without_running_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = TypedModel::default();
+    let (b, f) = (model.symbols.sym("B"), model.symbols.sym("F"));
+    let x = model.add_source("x", f32::fact(dims!(b, f))).unwrap();
+    let y = model
+        .wire_node("y", tract_core::ops::math::add(), &[x, x])
+        .unwrap()[0];
+    model.select_output_outlets(&[y]).unwrap();
+    let path = save(&model, dir.path(), "free.nnef.tar");
+    let out = laned(&["check", &path]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("rows: not probed"), "{said}");
+    assert!(said.contains("cannot be laned: not run"), "{said}");
+    assert!(!said.contains("can be laned."), "{said}");
+    let out = laned(&["check", &path, "--input", "0=B,3"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("bit for bit"), "{said}");
+}

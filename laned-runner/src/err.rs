@@ -274,8 +274,8 @@ impl RunError {
     }
 
     /// Whether the stream is gone for good: it lost its state in a failed
-    /// turn, was evicted, or its runner was closed (dropped, or drained past
-    /// its deadline). Its handle will never
+    /// turn, was evicted, was ended with `finish`, or its runner was closed
+    /// (dropped, or drained past its deadline). Its handle will never
     /// serve again; spawn a new stream. Any other failure concerns this
     /// call only, and the stream may call again.
     pub fn stream_is_gone(&self) -> bool {

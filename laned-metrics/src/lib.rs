@@ -56,6 +56,11 @@ pub struct Metrics {
     policy_waits: AtomicHistogram,
     deadline_misses: AtomicU64,
     policy_changes: AtomicU64,
+    evictions: AtomicU64,
+    cancelled: AtomicU64,
+    deadline_exceeded: AtomicU64,
+    lost_streams: AtomicU64,
+    rebuilt_states: AtomicU64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -90,6 +95,11 @@ impl Metrics {
             policy_waits: AtomicHistogram::new(),
             deadline_misses: AtomicU64::new(0),
             policy_changes: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            deadline_exceeded: AtomicU64::new(0),
+            lost_streams: AtomicU64::new(0),
+            rebuilt_states: AtomicU64::new(0),
         }
     }
 
@@ -192,6 +202,34 @@ impl Metrics {
     }
 
     /// Everything recorded so far, as plain data.
+    /// A stream evicted for being idle.
+    pub fn record_eviction(&self) {
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A call answered `Cancelled` (withdrawn unserved).
+    pub fn record_cancelled(&self) {
+        self.cancelled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A call answered `DeadlineExceeded` (its deadline passed before any
+    /// of its seats was seated).
+    pub fn record_deadline_exceeded(&self) {
+        self.deadline_exceeded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `streams` streams lost their state (a failed turn that had touched
+    /// it, or a rebuilt state).
+    pub fn record_lost_streams(&self, streams: usize) {
+        self.lost_streams.fetch_add(streams as u64, Ordering::Relaxed);
+    }
+
+    /// The state was rebuilt after a turn failed and it could not be
+    /// cleaned.
+    pub fn record_rebuilt_state(&self) {
+        self.rebuilt_states.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let occupancy: Vec<u64> = self.occupancy.iter().map(|n| n.load(Ordering::Relaxed)).collect();
         Snapshot {
@@ -214,6 +252,11 @@ impl Metrics {
             policy_waits: self.policy_waits.snapshot(),
             deadline_misses: self.deadline_misses.load(Ordering::Relaxed),
             policy_changes: self.policy_changes.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            cancelled: self.cancelled.load(Ordering::Relaxed),
+            deadline_exceeded: self.deadline_exceeded.load(Ordering::Relaxed),
+            lost_streams: self.lost_streams.load(Ordering::Relaxed),
+            rebuilt_states: self.rebuilt_states.load(Ordering::Relaxed),
         }
     }
 }
@@ -263,12 +306,31 @@ pub struct Snapshot {
     /// The waits the turn policy chose before turns.
     #[serde(default)]
     pub policy_waits: HistogramSnapshot,
-    /// Seats answered later than their latency budget.
+    /// Seats answered later than the latency budget of the `LatencyBudget`
+    /// policy (not calls answered `DeadlineExceeded`: `deadline_exceeded`).
     #[serde(default)]
     pub deadline_misses: u64,
     /// Changes of the turn policy or `max_seats` while serving.
     #[serde(default)]
     pub policy_changes: u64,
+    /// Streams evicted for being idle.
+    #[serde(default)]
+    pub evictions: u64,
+    /// Calls answered `Cancelled`: withdrawn unserved (a dropped call, a
+    /// cancel token). Runner-wide, in the runner's snapshot.
+    #[serde(default)]
+    pub cancelled: u64,
+    /// Calls answered `DeadlineExceeded`: their deadline passed before any
+    /// of their seats was seated. Runner-wide, in the runner's snapshot.
+    #[serde(default)]
+    pub deadline_exceeded: u64,
+    /// Streams that lost their state: a failed turn had touched it, or the
+    /// state was rebuilt (each such stream is told `Lost` at its next call).
+    #[serde(default)]
+    pub lost_streams: u64,
+    /// States rebuilt after a failed turn that could not be cleaned.
+    #[serde(default)]
+    pub rebuilt_states: u64,
 }
 
 impl Snapshot {
@@ -317,6 +379,11 @@ impl Snapshot {
             policy_waits: self.policy_waits.delta(&earlier.policy_waits),
             deadline_misses: self.deadline_misses.saturating_sub(earlier.deadline_misses),
             policy_changes: self.policy_changes.saturating_sub(earlier.policy_changes),
+            evictions: self.evictions.saturating_sub(earlier.evictions),
+            cancelled: self.cancelled.saturating_sub(earlier.cancelled),
+            deadline_exceeded: self.deadline_exceeded.saturating_sub(earlier.deadline_exceeded),
+            lost_streams: self.lost_streams.saturating_sub(earlier.lost_streams),
+            rebuilt_states: self.rebuilt_states.saturating_sub(earlier.rebuilt_states),
         }
     }
 
@@ -346,6 +413,11 @@ impl Snapshot {
             policy_waits: self.policy_waits.merge(&other.policy_waits),
             deadline_misses: self.deadline_misses + other.deadline_misses,
             policy_changes: self.policy_changes + other.policy_changes,
+            evictions: self.evictions + other.evictions,
+            cancelled: self.cancelled + other.cancelled,
+            deadline_exceeded: self.deadline_exceeded + other.deadline_exceeded,
+            lost_streams: self.lost_streams + other.lost_streams,
+            rebuilt_states: self.rebuilt_states + other.rebuilt_states,
         }
     }
 

@@ -236,7 +236,7 @@ pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
         &mut out,
         "laned_deadline_misses_total",
         "counter",
-        "Seats answered later than their latency budget",
+        "Seats answered later than the LatencyBudget policy's budget (not DeadlineExceeded calls)",
         labels,
         s.deadline_misses,
     );
@@ -248,6 +248,27 @@ pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
         labels,
         s.policy_changes,
     );
+    for (name, help, value) in [
+        ("laned_evictions_total", "Streams evicted for being idle", s.evictions),
+        ("laned_cancelled_total", "Calls answered Cancelled, withdrawn unserved", s.cancelled),
+        (
+            "laned_deadline_exceeded_total",
+            "Calls answered DeadlineExceeded: their deadline passed before they were seated",
+            s.deadline_exceeded,
+        ),
+        (
+            "laned_lost_streams_total",
+            "Streams that lost their state in a failed turn or a rebuilt state",
+            s.lost_streams,
+        ),
+        (
+            "laned_rebuilt_states_total",
+            "States rebuilt after a failed turn that could not be cleaned",
+            s.rebuilt_states,
+        ),
+    ] {
+        scalar(&mut out, name, "counter", help, labels, value);
+    }
     out
 }
 
@@ -311,6 +332,11 @@ mod tests {
             "laned_failed_seats_total",
             "laned_deadline_misses_total",
             "laned_policy_wait_seconds",
+            "laned_evictions_total",
+            "laned_cancelled_total",
+            "laned_deadline_exceeded_total",
+            "laned_lost_streams_total",
+            "laned_rebuilt_states_total",
         ] {
             assert!(ours.contains(&name), "{name} missing: {ours:?}");
         }

@@ -51,7 +51,10 @@ impl LanedStateHandle {
         w: &mut W,
     ) -> Result<TVec<TValue>, RunError> {
         let core = self.stream.core.clone();
-        self.steps(inputs, token, deadline, w).await.map_err(|e| core.told(e))
+        self.steps(inputs, token, deadline, w).await.map_err(|e| {
+            core.book_call_end(e.kind());
+            core.told(e)
+        })
     }
 
     /// Steps 1 to 8, errors as the engine gave them.

@@ -65,6 +65,23 @@ impl Common {
         self.admission.meters().policy_change();
     }
 
+    /// A call's end, where it is one the runner counts: answered
+    /// `Cancelled` or `DeadlineExceeded` (booked where the caller learns
+    /// which: the engine withdraws both alike).
+    pub(crate) fn book_call_end(&self, kind: &RunErrorKind) {
+        match kind {
+            RunErrorKind::Cancelled => {
+                self.events.record_cancelled();
+                self.admission.meters().cancelled();
+            }
+            RunErrorKind::DeadlineExceeded => {
+                self.events.record_deadline_exceeded();
+                self.admission.meters().deadline_exceeded();
+            }
+            _ => (),
+        }
+    }
+
     /// Shards in placement order: most free lanes first, lowest index on ties.
     pub(crate) fn placement(&self) -> Vec<usize> {
         let mut order: Vec<(u64, usize)> = self

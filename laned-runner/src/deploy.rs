@@ -11,6 +11,7 @@
 //! LANED_SHARDS = 2          # shards (default 1)
 //! LANED_MODE = "worker"     # or "combining" (the default)
 //! LANED_LATENCY_BUDGET_US = 16000
+//! LANED_STATE = "2=1"       # explicit state: IN=OUT pairs, or "detect"
 //! TRACT_TURN_LINGER_US = 500  # tract's knobs reach the runner too
 //! ```
 //!
@@ -33,7 +34,7 @@ use std::time::Duration;
 use tract_core::internal::*;
 
 use crate::config::env_checked;
-use crate::{LanedRunner, Mode, RunnerConfig, TurnPolicy};
+use crate::{LanedRunner, Mode, PortRef, RunnerConfig, StatePair, StateSpec, TurnPolicy};
 
 tract_data::declare_knob!(
     scopable LANED_LANES,
@@ -62,6 +63,40 @@ tract_data::declare_knob!(
     None,
     "The `laned` runtime's turn policy: a latency budget in microseconds; unset, tract's linger knob decides."
 );
+
+tract_data::declare_knob!(
+    scopable LANED_STATE,
+    String,
+    String::new(),
+    "The `laned` runtime's explicit state: IN=OUT pairs by index or name, comma separated (`2=1`, `state=stateN`), or `detect`; unset, none."
+);
+
+/// The explicit state `LANED_STATE` says: empty, none; `detect`; or
+/// `IN=OUT` pairs (each side an index or a node name), comma separated.
+pub(crate) fn state_from_knob(text: &str) -> Result<StateSpec, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(StateSpec::None);
+    }
+    if text == "detect" {
+        return Ok(StateSpec::Detect);
+    }
+    let port = |side: &str| -> PortRef {
+        let side = side.trim();
+        side.parse::<usize>().map_or_else(|_| PortRef::Name(side.to_string()), PortRef::Index)
+    };
+    text.split(',')
+        .map(|pair| match pair.split_once('=') {
+            Some((input, output)) if !input.trim().is_empty() && !output.trim().is_empty() => {
+                Ok(StatePair::new(port(input), port(output)))
+            }
+            _ => Err(format!(
+                "LANED_STATE={text:?}: {pair:?} is not IN=OUT (an input and an output by index or name: `2=1`, `state=stateN`), nor is the whole `detect`"
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(StateSpec::Pairs)
+}
 
 /// Streams per shard when `LANED_LANES` is unset.
 const DEFAULT_LANES: usize = 64;
@@ -93,10 +128,12 @@ impl LanedRuntime {
             "combining" => Mode::Combining,
             other => bail!("LANED_MODE={other:?}: the laned runtime's modes are \"worker\" and \"combining\""),
         };
+        let state = state_from_knob(&LANED_STATE.get()).map_err(TractError::msg)?;
         let mut config = RunnerConfig::builder()
             .max_lanes(LANED_LANES.get().unwrap_or(DEFAULT_LANES))
             .shards(LANED_SHARDS.get())
-            .mode(mode);
+            .mode(mode)
+            .state(state);
         if let Some(us) = LANED_LATENCY_BUDGET_US.get() {
             config = config.policy(TurnPolicy::latency_budget(Duration::from_micros(us as u64)));
         }

@@ -83,7 +83,21 @@ mod on {
             metrics::describe_counter!("laned_failed_turns_total", "Turns that failed as a whole");
             metrics::describe_counter!(
                 "laned_deadline_misses_total",
-                "Seats answered later than their latency budget"
+                "Seats answered later than the LatencyBudget policy's budget (not DeadlineExceeded calls)"
+            );
+            metrics::describe_counter!("laned_evictions_total", "Streams evicted for being idle");
+            metrics::describe_counter!("laned_cancelled_total", "Calls answered Cancelled, withdrawn unserved");
+            metrics::describe_counter!(
+                "laned_deadline_exceeded_total",
+                "Calls answered DeadlineExceeded: their deadline passed before they were seated"
+            );
+            metrics::describe_counter!(
+                "laned_lost_streams_total",
+                "Streams that lost their state in a failed turn or a rebuilt state"
+            );
+            metrics::describe_counter!(
+                "laned_rebuilt_states_total",
+                "States rebuilt after a failed turn that could not be cleaned"
             );
             metrics::describe_histogram!(
                 "laned_policy_wait_seconds",
@@ -122,6 +136,9 @@ mod on {
         failed_turns: Counter,
         deadline_misses: Counter,
         policy_wait: Histogram,
+        evictions: Counter,
+        lost_streams: Counter,
+        rebuilt_states: Counter,
     }
 
     impl Meters {
@@ -148,6 +165,9 @@ mod on {
                 failed_turns: metrics::counter!("laned_failed_turns_total", labels.clone()),
                 deadline_misses: metrics::counter!("laned_deadline_misses_total", labels.clone()),
                 policy_wait: metrics::histogram!("laned_policy_wait_seconds", labels.clone()),
+                evictions: metrics::counter!("laned_evictions_total", labels.clone()),
+                lost_streams: metrics::counter!("laned_lost_streams_total", labels.clone()),
+                rebuilt_states: metrics::counter!("laned_rebuilt_states_total", labels.clone()),
             };
             metrics::gauge!("laned_lanes_max", per_shard).set(lanes_max as f64);
             meters.lanes(0);
@@ -202,6 +222,18 @@ mod on {
         pub fn policy_wait(&self, wait: Duration) {
             self.policy_wait.record(wait);
         }
+
+        pub fn eviction(&self) {
+            self.evictions.increment(1);
+        }
+
+        pub fn lost_streams(&self, streams: usize) {
+            self.lost_streams.increment(streams as u64);
+        }
+
+        pub fn rebuilt_state(&self) {
+            self.rebuilt_states.increment(1);
+        }
     }
 
     /// The runner-wide handles: the admission queue's gauge, refusals,
@@ -210,6 +242,8 @@ mod on {
         waiting: Gauge,
         refused: Counter,
         policy_changes: Counter,
+        cancelled: Counter,
+        deadline_exceeded: Counter,
     }
 
     impl AdmissionMeters {
@@ -219,6 +253,8 @@ mod on {
                 waiting: metrics::gauge!("laned_spawners_waiting", runnable(name)),
                 refused: metrics::counter!("laned_admissions_refused_total", runnable(name)),
                 policy_changes: metrics::counter!("laned_policy_changes_total", runnable(name)),
+                cancelled: metrics::counter!("laned_cancelled_total", runnable(name)),
+                deadline_exceeded: metrics::counter!("laned_deadline_exceeded_total", runnable(name)),
             };
             meters.waiting(0);
             meters
@@ -234,6 +270,14 @@ mod on {
 
         pub fn policy_change(&self) {
             self.policy_changes.increment(1);
+        }
+
+        pub fn cancelled(&self) {
+            self.cancelled.increment(1);
+        }
+
+        pub fn deadline_exceeded(&self) {
+            self.deadline_exceeded.increment(1);
         }
     }
 }
@@ -259,6 +303,9 @@ mod on {
         pub fn failed_turn(&self) {}
         pub fn deadline_misses(&self, _seats: usize) {}
         pub fn policy_wait(&self, _wait: Duration) {}
+        pub fn eviction(&self) {}
+        pub fn lost_streams(&self, _streams: usize) {}
+        pub fn rebuilt_state(&self) {}
     }
 
     /// Nothing: the feature is off.
@@ -271,6 +318,8 @@ mod on {
         pub fn waiting(&self, _spawners: usize) {}
         pub fn refused(&self) {}
         pub fn policy_change(&self) {}
+        pub fn cancelled(&self) {}
+        pub fn deadline_exceeded(&self) {}
     }
 }
 

@@ -367,6 +367,7 @@ impl Engine {
     /// stream is told.
     fn evict(&mut self, lane: LaneId, stream: u64) -> String {
         let why = self.streams.mark_evicted(stream);
+        self.records.eviction();
         event!(
             info,
             shard = self.index,

@@ -77,6 +77,26 @@ impl Records {
         self.meters.learned_width(width.unwrap_or(0));
     }
 
+    /// A stream evicted for being idle.
+    pub fn eviction(&self) {
+        self.metrics.record_eviction();
+        self.meters.eviction();
+    }
+
+    /// `streams` streams lost their state.
+    pub fn lost_streams(&self, streams: usize) {
+        if streams > 0 {
+            self.metrics.record_lost_streams(streams);
+            self.meters.lost_streams(streams);
+        }
+    }
+
+    /// The state was rebuilt.
+    pub fn rebuilt_state(&self) {
+        self.metrics.record_rebuilt_state();
+        self.meters.rebuilt_state();
+    }
+
     /// A wait the turn policy imposed.
     pub fn policy_wait(&self, wait: Duration) {
         self.metrics.record_policy_wait(wait);

@@ -218,7 +218,7 @@ impl Turn {
                 records.failed_turn(occupancy);
                 event!(warn, shard, seats = occupancy, touched, "a turn failed: {why}");
                 if touched {
-                    recover(streams, model, &seated, &lanes, &borrowed, &why, shard);
+                    recover(streams, model, records, &seated, &lanes, &borrowed, &why, shard);
                 }
                 for seat in &seated {
                     let failed = Err((why.clone(), cause.clone()));
@@ -234,9 +234,11 @@ impl Turn {
 /// After a failed turn that touched the state: the seated streams' lanes
 /// are reset and marked lost (their state may be half-advanced); if even
 /// that fails (or panics), the state is rebuilt and every stream is lost.
+#[allow(clippy::too_many_arguments)]
 fn recover(
     streams: &mut Streams,
     model: &mut Model,
+    records: &Records,
     seated: &[QSeat],
     lanes: &[LaneId],
     borrowed: &[LaneId],
@@ -244,14 +246,19 @@ fn recover(
     shard: usize,
 ) {
     if model.clean(lanes) {
+        let mut lost = 0;
         for seat in seated {
+            if !borrowed.contains(&seat.lane) && seat.place == 0 {
+                lost += 1;
+            }
             if !borrowed.contains(&seat.lane) {
                 streams.lose(seat.lane, why.to_string());
             }
         }
+        records.lost_streams(lost);
         return;
     }
-    rebuild(streams, model, why, shard);
+    rebuild(streams, model, records, why, shard);
 }
 
 /// A fresh state in place of the current one; the streams holding a lane
@@ -259,9 +266,11 @@ fn recover(
 /// is kept: its next turn fails too, and says so.
 // `shard` only names the shard in the events.
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
-fn rebuild(streams: &mut Streams, model: &mut Model, why: &str, shard: usize) {
+fn rebuild(streams: &mut Streams, model: &mut Model, records: &Records, why: &str, shard: usize) {
     if model.rebuild() {
         streams.lose_all(why);
+        records.rebuilt_state();
+        records.lost_streams(streams.taken());
         event!(
             error,
             shard,

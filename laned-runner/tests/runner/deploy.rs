@@ -145,3 +145,55 @@ TRACT_AUTOBATCH_LANES = 8
     );
     Ok(())
 }
+
+/// An explicit-state model served through a deploy section: `LANED_STATE`
+/// names its state pair, the runner keeps the state per stream, and a
+/// stream's answers are the cell's fed back by hand.
+#[test]
+fn a_section_names_the_explicit_state() -> TractResult<()> {
+    config(
+        r#"
+[rnn-cell]
+runtime = "laned"
+
+[rnn-cell.knobs]
+LANED_LANES = 4
+LANED_STATE = "state=stateN"
+"#,
+    );
+    let model = laned_testkit::fixtures::rnn_cell(3, 5)?;
+    let plain = DefaultRuntime.prepare(model.clone())?;
+    let runnable = deploy().prepare(model)?;
+    assert!(runnable.downcast_ref::<LanedRunner>().is_some());
+    let mut stream = runnable.spawn()?;
+    let mut alone = plain.spawn()?;
+    let mut state = Tensor::zero::<f32>(&[1, 1, 5])?;
+    for call in 0..4 {
+        let x = tensor2(&[[call as f32, 0.5, -1.]]);
+        let got = stream.run(tvec!(x.clone().into_tvalue()))?;
+        let want = alone.run(tvec!(x.into_tvalue(), state.clone().into_tvalue()))?;
+        assert_eq!(got.len(), 1, "the state is the runner's, not the caller's");
+        assert_eq!(*got[0], *want[0], "call {call}");
+        state = want[1].clone().into_tensor();
+    }
+    Ok(())
+}
+
+/// A `LANED_STATE` that is not pairs is refused, naming the knob and what
+/// it takes.
+#[test]
+fn a_bad_state_knob_is_refused_naming_it() -> TractResult<()> {
+    config(
+        r#"
+[rnn-cell]
+runtime = "laned"
+
+[rnn-cell.knobs]
+LANED_STATE = "state"
+"#,
+    );
+    let refused = deploy().prepare(laned_testkit::fixtures::rnn_cell(3, 5)?);
+    let why = format!("{:#}", refused.err().expect("refused"));
+    assert!(why.contains("LANED_STATE") && why.contains("IN=OUT"), "{why}");
+    Ok(())
+}

@@ -201,7 +201,6 @@ impl Metrics {
         self.policy_changes.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Everything recorded so far, as plain data.
     /// A stream evicted for being idle.
     pub fn record_eviction(&self) {
         self.evictions.fetch_add(1, Ordering::Relaxed);
@@ -230,6 +229,7 @@ impl Metrics {
         self.rebuilt_states.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Everything recorded so far, as plain data.
     pub fn snapshot(&self) -> Snapshot {
         let occupancy: Vec<u64> = self.occupancy.iter().map(|n| n.load(Ordering::Relaxed)).collect();
         Snapshot {

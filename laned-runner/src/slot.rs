@@ -266,6 +266,23 @@ impl<T> Slot<T> {
         Poll::Pending
     }
 
+    /// Wake the task waiting on this slot, if one is (its value not landed,
+    /// not abandoned), without giving it anything: its poll finds no
+    /// answer and goes on (a combining task then tries to run the turn
+    /// itself). True where a task was woken; a thread waiter is left alone.
+    pub fn nudge(&self) -> bool {
+        let mut inner = self.lock();
+        if inner.value.is_some() || inner.abandoned {
+            return false;
+        }
+        let Some(waker) = inner.waker.take() else {
+            return false;
+        };
+        drop(inner);
+        crate::wake::wake(waker);
+        true
+    }
+
     /// Tell the waiter `inner` changed. `parked` is read under the lock the
     /// waiter sets it under before sleeping, so a waiter about to sleep
     /// either sees the change before it sleeps or is woken.

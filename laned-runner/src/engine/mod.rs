@@ -429,6 +429,15 @@ impl Engine {
         });
     }
 
+    /// Hand the state's next turn to a task whose call is queued: wake the
+    /// oldest such task (its poll then tries to hold the state and runs the
+    /// turn itself, its answers' wakes local to its executor). False where
+    /// no queued call's caller is a task waiting in its poll.
+    pub fn pass_to_a_task(&mut self) -> bool {
+        self.queue.sweep();
+        self.queue.queued_slots().any(|slot| slot.nudge())
+    }
+
     /// Whether any seat waits for a turn.
     pub fn has_queue(&self) -> bool {
         self.queue.has_seats()

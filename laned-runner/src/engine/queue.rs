@@ -207,6 +207,14 @@ impl Queue {
         }
     }
 
+    /// The answer slots of the calls queued, oldest first (seats swept).
+    pub(super) fn queued_slots(&self) -> impl Iterator<Item = &Arc<Slot<CallResult>>> {
+        self.seats
+            .iter()
+            .filter_map(|seat| self.pending.get(&seat.call))
+            .map(|pending| &pending.slot)
+    }
+
     /// The id of the call answering into `slot`, while it is pending.
     pub(super) fn pending_id(&self, slot: &Arc<Slot<CallResult>>) -> Option<u64> {
         let id = slot.engine_call() as u64;

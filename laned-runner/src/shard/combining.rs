@@ -2,7 +2,9 @@
 //! thread that finds the state free runs the turn itself; a caller whose
 //! own call is answered leaves at once, handing what is still queued to the
 //! shard's helper thread, which serves it as a worker would until nothing is
-//! queued for a moment.
+//! queued for a moment. While no calling thread sleeps on an answer (the
+//! callers are tasks), the helper runs one turn and hands the next back to
+//! a queued task, whose poll runs it on its own executor thread.
 
 use std::sync::{Arc, TryLockError};
 use std::time::Duration;
@@ -109,7 +111,10 @@ impl Shard {
                         // helper waits for more.
                         self.wake_kept(&mut engine);
                     }
-                    if !engine.is_draining() && hold_when_empty.is_some_and(|hold| self.arrival_within(hold)) {
+                    // Only threads wait for the helper's hold: a task whose
+                    // call arrives runs its turn in its own poll.
+                    let hold = hold_when_empty.filter(|_| self.threads_wait());
+                    if !engine.is_draining() && hold.is_some_and(|hold| self.arrival_within(hold)) {
                         continue;
                     }
                     break;
@@ -135,6 +140,22 @@ impl Shard {
                 // Serving turn after turn: each turn's answers wake their
                 // tasks now, not when the state is let go.
                 self.wake_kept(&mut engine);
+                // The helper, with seats still queued and no thread asleep
+                // on an answer: every queued caller is a task (or a thread
+                // about to try the state itself). One of those tasks runs
+                // the next turn in its poll, where its answers wake their
+                // tasks on their own executor: the helper lets go and wakes
+                // it (after the state is let go, as every wake), instead of
+                // waking each task from outside the executor, turn after
+                // turn.
+                if hold_when_empty.is_some()
+                    && !engine.is_draining()
+                    && !self.threads_wait()
+                    && engine.has_queue()
+                    && engine.pass_to_a_task()
+                {
+                    return;
+                }
             }
             let queued = engine.has_queue();
             drop(engine);
@@ -197,6 +218,12 @@ impl Shard {
                 self.tend();
             }
         }
+    }
+
+    /// Whether a calling thread sleeps on its answer now (one counted in
+    /// `Shard::wait`): the helper then keeps serving, for nobody else would.
+    fn threads_wait(&self) -> bool {
+        self.waiters.load(Ordering::Relaxed) > 0
     }
 
     /// Sleep until a request arrives (true) or `hold` passes or the shard

@@ -250,7 +250,11 @@ pub(crate) fn render(s: &Snapshot, labels: &[(&str, &str)]) -> String {
     );
     for (name, help, value) in [
         ("laned_evictions_total", "Streams evicted for being idle", s.evictions),
-        ("laned_cancelled_total", "Calls answered Cancelled, withdrawn unserved", s.cancelled),
+        (
+            "laned_cancelled_total",
+            "Calls answered Cancelled, withdrawn unserved",
+            s.cancelled,
+        ),
         (
             "laned_deadline_exceeded_total",
             "Calls answered DeadlineExceeded: their deadline passed before they were seated",

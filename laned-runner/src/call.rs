@@ -156,6 +156,9 @@ impl LanedStateHandle {
                 }
             }
             Err(e) if matches!(e.kind(), RunErrorKind::Cancelled | RunErrorKind::DeadlineExceeded) => {
+                // A dropped call withdrawn unserved: booked here, the one
+                // place its end is learned.
+                self.stream.core.book_call_end(e.kind());
                 (Settled::NotRun, false)
             }
             Err(e) => (Settled::Failed(self.stream.core.told(e)), false),

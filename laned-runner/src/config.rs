@@ -70,8 +70,9 @@ pub struct RunnerConfig {
     /// Cap each turn at the width learned to cost least per row (on by
     /// default): a model that runs slower per row batched wide is served in
     /// turns of its cheapest width, never worse than a state per stream
-    /// would be. Off where `max_seats` is given: a width set is the width
-    /// served. `LanedRunner::learned_width` and the `learned_width` metric
+    /// would be. Off where `max_seats` is given here (or set while
+    /// serving): a width set is the width served; tract's knob
+    /// `TRACT_MAX_SEATS` only bounds it. `LanedRunner::learned_width` and the `learned_width` metric
     /// say what was learned; `laned_runner`'s `width` module how.
     pub learn_width: bool,
     /// How long a turn waits for more seats once one is queued, in

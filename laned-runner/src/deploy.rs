@@ -83,7 +83,8 @@ pub(crate) fn state_from_knob(text: &str) -> Result<StateSpec, String> {
     }
     let port = |side: &str| -> PortRef {
         let side = side.trim();
-        side.parse::<usize>().map_or_else(|_| PortRef::Name(side.to_string()), PortRef::Index)
+        side.parse::<usize>()
+            .map_or_else(|_| PortRef::Name(side.to_string()), PortRef::Index)
     };
     text.split(',')
         .map(|pair| match pair.split_once('=') {

@@ -65,8 +65,8 @@ mod stack;
 mod sync;
 mod trace;
 mod wake;
-mod wire;
 mod width;
+mod wire;
 
 pub use cancel::CancelToken;
 pub use capacity::{Capacity, ShardCapacity};

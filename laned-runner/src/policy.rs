@@ -261,9 +261,11 @@ pub fn recheck_after(policy: &TurnPolicy, q: &QueueState, now: Instant) -> usize
     fill.min(planned).max(1)
 }
 
-/// Turn time by occupancy, learned online: an exponential moving average
-/// (weight 1/8) per exact occupancy, interpolated linearly from the nearest
-/// known occupancy where one was never seen. Lock-free: the engine records,
+/// Turn time by occupancy, learned online: per exact occupancy, the first
+/// turn's time replaced by the second's (a first turn is often cold), the
+/// plain mean of the next few, then an exponential moving average (weight
+/// 1/8); interpolated linearly from the nearest known occupancy where one
+/// was never seen. Lock-free: the engine records,
 /// anyone reads.
 #[derive(Debug)]
 pub struct LearnedTurnTimes {
@@ -287,11 +289,19 @@ impl LearnedTurnTimes {
         };
         let ns = took.as_nanos().max(1) as u64;
         let old = slot.load(Ordering::Relaxed);
-        let new = if old == 0 { ns } else { (old * 7 + ns) / 8 };
+        let seen = self.seen.get(occupancy).map_or(0, |s| s.load(Ordering::Relaxed));
+        // The first turn of a width is often a cold one (buffers allocated,
+        // caches empty): the second replaces it, the next few are averaged
+        // plainly, and only then does the moving average take over, so no
+        // single cold turn weighs on a width long.
+        let new = match seen {
+            0 | 1 => ns,
+            n if n < 8 => (old * (n - 1) + ns) / n,
+            _ => (old * 7 + ns) / 8,
+        };
         slot.store(new.max(1), Ordering::Relaxed);
-        if let Some(seen) = self.seen.get(occupancy) {
-            let n = seen.load(Ordering::Relaxed);
-            seen.store(n.saturating_add(1), Ordering::Relaxed);
+        if let Some(s) = self.seen.get(occupancy) {
+            s.store(seen.saturating_add(1), Ordering::Relaxed);
         }
     }
 
@@ -548,8 +558,19 @@ mod tests {
             Some(Duration::from_micros(800)),
             "scaled from the nearest known"
         );
+        // The second turn replaces the first (often a cold one), the next
+        // few are averaged plainly, then each moves the average 1/8 of the
+        // way.
         t.record(4, Duration::from_micros(800));
-        assert_eq!(t.estimate(4), Some(Duration::from_micros(450)), "moves 1/8 of the way");
-        assert_eq!(t.curve(), vec![(4, Duration::from_micros(450))]);
+        assert_eq!(t.estimate(4), Some(Duration::from_micros(800)), "the first replaced");
+        t.record(4, Duration::from_micros(400));
+        assert_eq!(t.estimate(4), Some(Duration::from_micros(600)), "a plain mean");
+        for _ in 3..8 {
+            t.record(4, Duration::from_micros(600));
+        }
+        assert_eq!(t.estimate(4), Some(Duration::from_micros(600)));
+        t.record(4, Duration::from_micros(1400));
+        assert_eq!(t.estimate(4), Some(Duration::from_micros(700)), "moves 1/8 of the way");
+        assert_eq!(t.curve(), vec![(4, Duration::from_micros(700))]);
     }
 }

@@ -28,7 +28,9 @@
 //!    times, than one turn of all of it.
 //!
 //! Off when `RunnerConfig::learn_width` is false or `max_seats` was given
-//! (a width set is the width served); never wider than `max_seats`.
+//! in the config or set while serving (a width set is the width served);
+//! tract's knob `TRACT_MAX_SEATS` only bounds it. Never wider than
+//! `max_seats`.
 
 use std::time::Duration;
 
@@ -112,7 +114,9 @@ impl Width {
             return half;
         }
         match self.cap(live) {
-            Some(cap) if cap < live.max_seats && self.turns.is_multiple_of(PROBE_EVERY) => cap + 1,
+            // Only a turn cut to the cap probes past it: one widened to all
+            // queued (step 5) already seats more.
+            Some(cap) if width == cap && cap < live.max_seats && self.turns.is_multiple_of(PROBE_EVERY) => cap + 1,
             _ => width,
         }
     }
@@ -236,7 +240,9 @@ mod tests {
     fn a_capped_runner_probes_one_row_wider_now_and_then() {
         let times = taught(&[1, 2, 3, 4, 8, 16], |w| 30 + 10 * (w * w) as u64);
         let mut width = Width::default();
-        let widths: Vec<usize> = (0..PROBE_EVERY * 4).map(|_| width.next_turn(&live(64), &times, 16)).collect();
+        let widths: Vec<usize> = (0..PROBE_EVERY * 4)
+            .map(|_| width.next_turn(&live(64), &times, 16))
+            .collect();
         assert_eq!(widths.iter().filter(|w| **w == 3).count(), 4);
         assert!(widths.iter().all(|w| *w == 2 || *w == 3), "{widths:?}");
     }

@@ -104,7 +104,11 @@ impl std::fmt::Display for Way {
             Mode::Worker => "worker",
             _ => "combining",
         };
-        let default = if self.mode == Mode::default() { ", the default" } else { "" };
+        let default = if self.mode == Mode::default() {
+            ", the default"
+        } else {
+            ""
+        };
         let streams = if self.tasks { "tasks" } else { "threads" };
         write!(f, "{streams}, {mode}{default}")
     }
@@ -123,10 +127,10 @@ pub struct Row {
 impl Row {
     /// Ours the best way at this count, and that way.
     pub fn best(&self) -> (Way, f64) {
-        self.ours
-            .iter()
-            .copied()
-            .fold((WAYS[0], f64::NEG_INFINITY), |best, o| if o.1 > best.1 { o } else { best })
+        self.ours.iter().copied().fold(
+            (WAYS[0], f64::NEG_INFINITY),
+            |best, o| if o.1 > best.1 { o } else { best },
+        )
     }
 }
 
@@ -389,7 +393,10 @@ pub fn bench(args: &Args) -> TractResult<ExitCode> {
         .enable_all()
         .build()?;
     let mut rows = vec![];
-    println!("\ncalls per second, medians of {} rounds of {:?}; ours each way (streams as threads or tasks, a mode),", args.repeats, d);
+    println!(
+        "\ncalls per second, medians of {} rounds of {:?}; ours each way (streams as threads or tasks, a mode),",
+        args.repeats, d
+    );
     println!("the best of the four compared; width: the turn width the default way learned (-: none, every queued stream sits):\n");
     let ways: Vec<String> = WAYS.iter().map(|w| format!("ours ({w})")).collect();
     println!(
@@ -458,7 +465,9 @@ pub fn bench(args: &Args) -> TractResult<ExitCode> {
         }
         Pays::No => {
             let last = rows.iter().max_by_key(|r| r.streams).cloned();
-            let (way, ratio) = last.as_ref().map_or((WAYS[0], f64::NAN), |r| (r.best().0, r.best().1 / r.solo));
+            let (way, ratio) = last
+                .as_ref()
+                .map_or((WAYS[0], f64::NAN), |r| (r.best().0, r.best().1 / r.solo));
             println!(
                 "laning does not pay here on {} core(s): at {} streams ours at its best ({way}) serves {ratio:.2} of what a state per stream serves",
                 args.cores,

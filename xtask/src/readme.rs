@@ -138,27 +138,30 @@ pub fn untied(readme: &str, benchmarks: &str) -> Vec<String> {
     let mut named: Option<Option<Vec<&str>>> = None;
     let mut pending: Vec<String> = vec![];
     let mut in_code = false;
-    let finish = |heading: &str, named: &Option<Option<Vec<&str>>>, pending: &mut Vec<String>, problems: &mut Vec<String>| {
-        if pending.is_empty() {
-            return;
-        }
-        match named {
-            None => problems.push(format!(
-                "{heading}: figures without a line \"Record: BENCHMARKS.md, \\\"HEADING\\\"\"",
-            )),
-            Some(None) => problems.push(format!("{heading}: the record it names is not a heading of BENCHMARKS.md")),
-            Some(Some(record)) => {
-                for row in pending.iter() {
-                    if let Some(prose) = row.strip_prefix("prose: ") {
-                        problems.push(format!("{heading}: a figure outside a table row: {prose}"));
-                    } else if !record.iter().any(|l| l.trim() == row.trim()) {
-                        problems.push(format!("{heading}: the record does not hold this row: {row}"));
+    let finish =
+        |heading: &str, named: &Option<Option<Vec<&str>>>, pending: &mut Vec<String>, problems: &mut Vec<String>| {
+            if pending.is_empty() {
+                return;
+            }
+            match named {
+                None => problems.push(format!(
+                    "{heading}: figures without a line \"Record: BENCHMARKS.md, \\\"HEADING\\\"\"",
+                )),
+                Some(None) => problems.push(format!(
+                    "{heading}: the record it names is not a heading of BENCHMARKS.md"
+                )),
+                Some(Some(record)) => {
+                    for row in pending.iter() {
+                        if let Some(prose) = row.strip_prefix("prose: ") {
+                            problems.push(format!("{heading}: a figure outside a table row: {prose}"));
+                        } else if !record.iter().any(|l| l.trim() == row.trim()) {
+                            problems.push(format!("{heading}: the record does not hold this row: {row}"));
+                        }
                     }
                 }
             }
-        }
-        pending.clear();
-    };
+            pending.clear();
+        };
     for line in readme.lines() {
         if line.trim_start().starts_with("```") {
             in_code = !in_code;
@@ -210,7 +213,11 @@ mod tests {
         let problems = unstamped(readme);
         assert!(problems.is_empty(), "README.md:\n{}", problems.join("\n"));
         let problems = untied(readme, include_str!("../../BENCHMARKS.md"));
-        assert!(problems.is_empty(), "README.md against BENCHMARKS.md:\n{}", problems.join("\n"));
+        assert!(
+            problems.is_empty(),
+            "README.md against BENCHMARKS.md:\n{}",
+            problems.join("\n")
+        );
         let shallow = std::process::Command::new("git")
             .args(["rev-parse", "--is-shallow-repository"])
             .output();
@@ -251,17 +258,32 @@ mod tests {
         let elsewhere = untied(&page("| gru | ours (threads, worker) | 0.50x |", named), benchmarks);
         assert_eq!(elsewhere.len(), 1, "{elsewhere:?}");
         let prose = untied(
-            &format!("{}\nours is 0.97x here\n", page("| gru | ours (tasks, combining) | 0.97x |", named)),
+            &format!(
+                "{}\nours is 0.97x here\n",
+                page("| gru | ours (tasks, combining) | 0.97x |", named)
+            ),
             benchmarks,
         );
-        assert!(prose.len() == 1 && prose[0].contains("outside a table row"), "{prose:?}");
+        assert!(
+            prose.len() == 1 && prose[0].contains("outside a table row"),
+            "{prose:?}"
+        );
         let unnamed = untied(&page("| gru | ours (tasks, combining) | 0.97x |", ""), benchmarks);
-        assert!(unnamed.len() == 1 && unnamed[0].contains("without a line"), "{unnamed:?}");
+        assert!(
+            unnamed.len() == 1 && unnamed[0].contains("without a line"),
+            "{unnamed:?}"
+        );
         let missing = untied(
-            &page("| gru | ours (tasks, combining) | 0.97x |", "Record: BENCHMARKS.md, \"nowhere\"."),
+            &page(
+                "| gru | ours (tasks, combining) | 0.97x |",
+                "Record: BENCHMARKS.md, \"nowhere\".",
+            ),
             benchmarks,
         );
-        assert!(missing.len() == 1 && missing[0].contains("not a heading"), "{missing:?}");
+        assert!(
+            missing.len() == 1 && missing[0].contains("not a heading"),
+            "{missing:?}"
+        );
     }
 
     /// Pinned cases: a figure without a stamp, a stamp from a loaded

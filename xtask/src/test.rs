@@ -164,7 +164,14 @@ pub fn skips(log: &str) -> Vec<&str> {
 fn suite(log: &std::path::Path) -> Option<String> {
     let mut command = cargo();
     command
-        .args(["nextest", "run", "--workspace", "--all-features", "--success-output", "immediate"])
+        .args([
+            "nextest",
+            "run",
+            "--workspace",
+            "--all-features",
+            "--success-output",
+            "immediate",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     eprintln!("$ {command:?}");

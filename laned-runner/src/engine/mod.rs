@@ -83,6 +83,9 @@ pub(crate) struct Engine {
     times: Arc<LearnedTurnTimes>,
     /// The width learned from `times` and its probes.
     width: Width,
+    /// Turns run (or tried), for a helper checking that the turn it handed
+    /// to a task ran.
+    turns_run: u64,
     /// The runner's start, for `Tick`.
     epoch: Instant,
     /// No new stream or call is taken; what is queued is finished.
@@ -120,6 +123,7 @@ impl Engine {
             live,
             times,
             width: Width::default(),
+            turns_run: 0,
             epoch: Instant::now(),
             draining: false,
             closed: false,
@@ -414,8 +418,14 @@ impl Engine {
         self.streams.next_idle_due(|lane| self.queue.has_seat_on(lane))
     }
 
+    /// Turns run (or tried) on this engine so far.
+    pub fn turns_run(&self) -> u64 {
+        self.turns_run
+    }
+
     /// Run one turn from the head of the queue.
     pub fn turn(&mut self) {
+        self.turns_run += 1;
         let live = self.live.load();
         self.turn.run(turn::Parts {
             queue: &mut self.queue,

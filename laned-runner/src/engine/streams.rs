@@ -32,6 +32,9 @@ pub(super) struct Streams {
     idle_timeout: Option<Duration>,
     /// Streams held at most: one lane fewer than the state has.
     max_streams: usize,
+    /// Streams that went from keeping their state to having lost it since
+    /// the last `take_newly_lost`: what the `lost_streams` counter books.
+    newly_lost: usize,
 }
 
 impl Streams {
@@ -48,6 +51,7 @@ impl Streams {
             next_stream: 0,
             idle_timeout,
             max_streams,
+            newly_lost: 0,
         })
     }
 
@@ -93,13 +97,25 @@ impl Streams {
 
     /// `lane`'s stream lost its state, for `why`.
     pub(super) fn lose(&mut self, lane: LaneId, why: String) {
+        if self.lost[lane.0].is_none() && self.owner[lane.0].is_some() {
+            self.newly_lost += 1;
+        }
         self.lost[lane.0] = Some(why);
+    }
+
+    /// Streams that lost their state since the last call (each counted
+    /// once, however often it was marked).
+    pub(super) fn take_newly_lost(&mut self) -> usize {
+        std::mem::take(&mut self.newly_lost)
     }
 
     /// Every stream holding a lane lost its state (the state was rebuilt).
     pub(super) fn lose_all(&mut self, why: &str) {
         for lane in 0..self.owner.len() {
             if self.owner[lane].is_some() {
+                if self.lost[lane].is_none() {
+                    self.newly_lost += 1;
+                }
                 self.lost[lane] = Some(format!("the state was rebuilt after a turn failed: {why}"));
             }
         }

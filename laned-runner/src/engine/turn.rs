@@ -226,6 +226,7 @@ impl Turn {
                 }
             }
         }
+        records.lost_streams(streams.take_newly_lost());
         seated.clear();
         self.seated = seated;
     }
@@ -246,16 +247,11 @@ fn recover(
     shard: usize,
 ) {
     if model.clean(lanes) {
-        let mut lost = 0;
         for seat in seated {
-            if !borrowed.contains(&seat.lane) && seat.place == 0 {
-                lost += 1;
-            }
             if !borrowed.contains(&seat.lane) {
                 streams.lose(seat.lane, why.to_string());
             }
         }
-        records.lost_streams(lost);
         return;
     }
     rebuild(streams, model, records, why, shard);
@@ -270,7 +266,6 @@ fn rebuild(streams: &mut Streams, model: &mut Model, records: &Records, why: &st
     if model.rebuild() {
         streams.lose_all(why);
         records.rebuilt_state();
-        records.lost_streams(streams.taken());
         event!(
             error,
             shard,

@@ -97,6 +97,9 @@ impl Shard {
             let Some(mut engine) = self.hold() else {
                 return;
             };
+            // Set when the helper handed the next turn to a task: the turns
+            // run by then.
+            let mut passed = None;
             loop {
                 self.take_inbox(&mut engine);
                 if !engine.has_queue() {
@@ -154,8 +157,21 @@ impl Shard {
                     && engine.has_queue()
                     && engine.pass_to_a_task()
                 {
+                    passed = Some(engine.turns_run());
+                    break;
+                }
+            }
+            if let Some(turns) = passed {
+                // Let go, and the task's wake runs (it was kept while the
+                // state was held). Then make sure the turn was taken: a
+                // task woken need not be polled soon (its future dropped,
+                // its owner busy elsewhere, its waker a panicking one).
+                drop(engine);
+                drop(_wakes);
+                if self.handed_turn_taken(turns) {
                     return;
                 }
+                continue;
             }
             let queued = engine.has_queue();
             drop(engine);
@@ -216,6 +232,35 @@ impl Shard {
                 self.combine(combining, &|| false, Some(HELPER_HOLD));
             } else {
                 self.tend();
+            }
+        }
+    }
+
+    /// After handing the next turn to a task (`turns` run by then): wait
+    /// up to `HELPER_HOLD` for it to take the state. True once a turn ran
+    /// since, or someone holds the state, or nothing waits to be served;
+    /// false when the state is still free with seats queued or requests in
+    /// the inbox and no turn ran: the helper serves again.
+    fn handed_turn_taken(&self, turns: u64) -> bool {
+        let until = std::time::Instant::now() + HELPER_HOLD;
+        loop {
+            std::thread::sleep(HELPER_HOLD / 4);
+            let engine = match self.engine.try_lock() {
+                Ok(engine) => engine,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                // Someone holds it: they look at the queue and the inbox
+                // when they let go, as every holder does.
+                Err(TryLockError::WouldBlock) => return true,
+            };
+            if engine.is_closed() || engine.turns_run() != turns {
+                return true;
+            }
+            if !engine.has_queue() && self.inbox.lock().requests.is_empty() {
+                return true;
+            }
+            drop(engine);
+            if std::time::Instant::now() >= until {
+                return false;
             }
         }
     }

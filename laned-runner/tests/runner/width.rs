@@ -104,7 +104,11 @@ fn max_seats_given_turns_the_learning_off() {
     closed_loop(&r, &f, 10);
     assert_eq!(r.learned_width(), vec![None]);
     assert_eq!(r.metrics().learned_width, 0);
-    assert!(r.metrics().occupancy.iter().skip(2).sum::<u64>() > 0, "{:?}", r.metrics().occupancy);
+    assert!(
+        r.metrics().occupancy.iter().skip(2).sum::<u64>() > 0,
+        "{:?}",
+        r.metrics().occupancy
+    );
 
     let r = LanedRunner::new(f.runnable().unwrap(), RunnerConfig::builder().max_lanes(8).build()).unwrap();
     closed_loop(&r, &f, 40);

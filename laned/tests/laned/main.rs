@@ -350,7 +350,12 @@ fn bench_measures_the_three_side_by_side_and_says_whether_laning_pays() {
         assert!(figures.iter().all(|f| *f > 0.0), "{row}");
         assert!(cells[9] == "-" || cells[9].parse::<usize>().is_ok(), "{row}");
     }
-    for way in ["threads, worker", "threads, combining, the default", "tasks, worker", "tasks, combining, the default"] {
+    for way in [
+        "threads, worker",
+        "threads, combining, the default",
+        "tasks, worker",
+        "tasks, combining, the default",
+    ] {
         assert!(said.contains(&format!("ours ({way})")), "{way}: {said}");
     }
     // The verdict names the way that won.
@@ -404,9 +409,7 @@ fn check_never_says_laneable_without_running_the_model() {
     let mut model = TypedModel::default();
     let (b, f) = (model.symbols.sym("B"), model.symbols.sym("F"));
     let x = model.add_source("x", f32::fact(dims!(b, f))).unwrap();
-    let y = model
-        .wire_node("y", tract_core::ops::math::add(), &[x, x])
-        .unwrap()[0];
+    let y = model.wire_node("y", tract_core::ops::math::add(), &[x, x]).unwrap()[0];
     model.select_output_outlets(&[y]).unwrap();
     let path = save(&model, dir.path(), "free.nnef.tar");
     let out = laned(&["check", &path]);

@@ -16,7 +16,8 @@ const TASKS: &str = "\
 cargo xtask <task> [args]
 
 tasks:
-  test [--allow-skip]      the README's test command: checks (and, as root with apt-get,
+  test [--allow-skip] [--no-install]
+                           the README's test command: checks (and, as root with apt-get,
                            installs) what the tests need, naming what is missing; runs
                            the whole suite and the doc tests; fails on any SKIPPED test
                            unless --allow-skip (then prints the count)

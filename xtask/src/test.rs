@@ -175,6 +175,7 @@ fn suite(log: &std::path::Path) -> Option<String> {
             "run",
             "--workspace",
             "--all-features",
+            "--no-fail-fast",
             "--success-output",
             "immediate",
         ])

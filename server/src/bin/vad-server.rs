@@ -27,7 +27,7 @@ struct Args {
     /// Shards [default: 1].
     #[arg(long, env = "VAD_SHARDS")]
     shards: Option<usize>,
-    /// `worker` or `combining` [default: worker].
+    /// `combining` or `worker` [default: combining].
     #[arg(long, env = "VAD_MODE")]
     mode: Option<String>,
     /// `immediate`, `linger:<us>`, `budget:<us>` or `tick:<us>` [default: immediate].

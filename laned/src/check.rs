@@ -172,7 +172,7 @@ pub fn judge(
         Err(e) => {
             facts.push(format!("rows: not probed: {e}"));
             Err(format!(
-                "not run, so not known to serve each stream its own rows: {e} (give every dim but the batch a number: `--input IX=DIMS` for an ONNX file, in the model itself for NNEF; `--fill IX=VALUE` sets an input noise does not suit)"
+                "not run, so not known to serve each stream its own rows: {e} (`--fill IX=VALUE` sets an input noise does not suit)"
             ))
         }
     }

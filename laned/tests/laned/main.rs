@@ -173,8 +173,8 @@ fn unreadable_input_is_an_error_naming_it() {
 /// Silero VAD's ONNX, as its registry package ships it: its state output
 /// is not named after its input, so detection finds no pair and the runner
 /// refuses (the state output would mix streams); the facts point at the
-/// state (the batch symbol on axis 1), and with `--state 2=1` it can be
-/// laned, the config carrying the pair.
+
+
 #[test]
 fn silero_vad_needs_its_state_pair_and_then_can_be_laned() {
     let Some(path) = or_skip("Silero VAD", laned_models::silero::fetch()) else {
@@ -189,7 +189,12 @@ fn silero_vad_needs_its_state_pair_and_then_can_be_laned() {
         "{said}"
     );
     assert!(said.contains("cannot be laned: output 1"), "{said}");
+    // Paired, but its chunk's length left free: not run, so not passed.
     let out = laned(&["check", &path, "--state", "2=1"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("cannot be laned: not run") && said.contains("sequence"), "{said}");
+    let out = laned(&["check", &path, "--state", "2=1", "--input", "0=batch,576", "--fill", "1=16000"]);
     let said = text(&out);
     assert_eq!(out.status.code(), Some(0), "{said}");
     let toml_text = said.split("(TOML):").nth(1).unwrap();

@@ -173,8 +173,9 @@ fn unreadable_input_is_an_error_naming_it() {
 /// Silero VAD's ONNX, as its registry package ships it: its state output
 /// is not named after its input, so detection finds no pair and the runner
 /// refuses (the state output would mix streams); the facts point at the
-
-
+/// state (the batch symbol on axis 1). With `--state 2=1` but its chunk's
+/// length free, it is not run and not passed; with the length and the
+/// sample rate given, it can be laned, the config carrying the pair.
 #[test]
 fn silero_vad_needs_its_state_pair_and_then_can_be_laned() {
     let Some(path) = or_skip("Silero VAD", laned_models::silero::fetch()) else {
@@ -193,8 +194,20 @@ fn silero_vad_needs_its_state_pair_and_then_can_be_laned() {
     let out = laned(&["check", &path, "--state", "2=1"]);
     let said = text(&out);
     assert_eq!(out.status.code(), Some(1), "{said}");
-    assert!(said.contains("cannot be laned: not run") && said.contains("sequence"), "{said}");
-    let out = laned(&["check", &path, "--state", "2=1", "--input", "0=batch,576", "--fill", "1=16000"]);
+    assert!(
+        said.contains("cannot be laned: not run") && said.contains("sequence"),
+        "{said}"
+    );
+    let out = laned(&[
+        "check",
+        &path,
+        "--state",
+        "2=1",
+        "--input",
+        "0=batch,576",
+        "--fill",
+        "1=16000",
+    ]);
     let said = text(&out);
     assert_eq!(out.status.code(), Some(0), "{said}");
     let toml_text = said.split("(TOML):").nth(1).unwrap();

@@ -186,7 +186,14 @@ pub fn check(args: &Args) -> TractResult<Report> {
     let mut facts = loaded.facts.clone();
     let verdict = judge(&loaded, &plan, &fills, &mut facts);
     let verdict = match verdict {
-        Ok(Laned { mut config, .. }) => {
+        Ok(Laned { mut config, state }) => {
+            // What a row costs by turn width, on the model's own plain state.
+            let costs = Feed::of(&loaded, &state, &fills)
+                .and_then(|feed| crate::widths::per_row(&plan, &feed, &crate::widths::widths(64)));
+            facts.push(match costs {
+                Ok(costs) => crate::widths::fact(&costs),
+                Err(e) => format!("width: not timed: {e}"),
+            });
             config.max_lanes = 64;
             config.shards = None;
             let mut model = loaded.spec.clone();

@@ -24,6 +24,7 @@ mod feed;
 mod model;
 mod probe;
 mod serve;
+mod widths;
 
 use std::process::ExitCode;
 

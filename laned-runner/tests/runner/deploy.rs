@@ -193,7 +193,10 @@ LANED_STATE = "state"
 "#,
     );
     let refused = deploy().prepare(laned_testkit::fixtures::rnn_cell(3, 5)?);
-    let why = format!("{:#}", refused.err().expect("refused"));
+    let Err(why) = refused else {
+        panic!("a LANED_STATE of no pair was taken")
+    };
+    let why = format!("{why:#}");
     assert!(why.contains("LANED_STATE") && why.contains("IN=OUT"), "{why}");
     Ok(())
 }

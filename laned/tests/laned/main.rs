@@ -446,4 +446,11 @@ fn check_never_says_laneable_without_running_the_model() {
     let said = text(&out);
     assert_eq!(out.status.code(), Some(0), "{said}");
     assert!(said.contains("bit for bit"), "{said}");
+    // What a row costs by turn width, timed on the model's own state.
+    let width = said
+        .lines()
+        .find(|l| l.starts_with("width: "))
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(width.contains("(1: ") && width.contains(", 64: "), "{width}");
+    assert!(width.contains("cheapest per row at "), "{width}");
 }

@@ -3,6 +3,8 @@
 //! `laned-bench`; the fuzz example with the testkit), so this crate builds
 //! in seconds and has no dependency.
 
+#[cfg(test)]
+mod codemap;
 mod cpus;
 #[cfg(test)]
 mod readme;

@@ -45,7 +45,9 @@ pub fn drift(section: &str, files: &[String]) -> Vec<String> {
             .iter()
             .any(|f| f == n || n.ends_with(&format!("/{f}")) || base(f) == base(n));
         if !exists {
-            problems.push(format!("ARCHITECTURE.md's code map names {n}, which laned-runner/src does not have"));
+            problems.push(format!(
+                "ARCHITECTURE.md's code map names {n}, which laned-runner/src does not have"
+            ));
         }
     }
     problems
@@ -59,7 +61,11 @@ mod tests {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            let rel = if under.is_empty() { name.clone() } else { format!("{under}/{name}") };
+            let rel = if under.is_empty() {
+                name.clone()
+            } else {
+                format!("{under}/{name}")
+            };
             if path.is_dir() {
                 sources(&path, &rel, out);
             } else if name.ends_with(".rs") {
@@ -79,7 +85,10 @@ mod tests {
         let problems = drift(&map, &files);
         assert!(problems.is_empty(), "{}", problems.join("\n"));
         for test in named_files(&map).into_iter().filter(|n| n.starts_with("tests/")) {
-            assert!(root.join("laned-runner").join(test).exists(), "the code map names laned-runner/{test}");
+            assert!(
+                root.join("laned-runner").join(test).exists(),
+                "the code map names laned-runner/{test}"
+            );
         }
     }
 
@@ -94,9 +103,15 @@ mod tests {
         let map = "- `lib.rs`, `a.rs`: x\n- `shard/mod.rs` and `engine/mod.rs`";
         assert_eq!(drift(map, &files), Vec::<String>::new());
         let missing = drift("- `lib.rs`, `shard/mod.rs`, `engine/mod.rs`", &files);
-        assert_eq!(missing, vec!["laned-runner/src/a.rs is not in ARCHITECTURE.md's code map"]);
+        assert_eq!(
+            missing,
+            vec!["laned-runner/src/a.rs is not in ARCHITECTURE.md's code map"]
+        );
         let gone = drift(&format!("{map} `b.rs`"), &files);
-        assert_eq!(gone, vec!["ARCHITECTURE.md's code map names b.rs, which laned-runner/src does not have"]);
+        assert_eq!(
+            gone,
+            vec!["ARCHITECTURE.md's code map names b.rs, which laned-runner/src does not have"]
+        );
         // `mod.rs` alone does not say which of the two.
         let vague = drift("- `lib.rs`, `a.rs`, `mod.rs`", &files);
         assert_eq!(vague.len(), 2, "{vague:?}");

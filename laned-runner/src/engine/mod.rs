@@ -76,9 +76,6 @@ pub(crate) struct Engine {
     admission: Arc<Admission>,
     /// This shard's index among the runner's (its grants carry it).
     index: usize,
-    /// The policy and `max_seats`, changeable while serving: read once per
-    /// turn.
-    live: Arc<ArcSwap<Live>>,
     /// Turn time by occupancy, learned from the turns run.
     times: Arc<LearnedTurnTimes>,
     /// The width learned from `times` and its probes.
@@ -104,7 +101,9 @@ impl Engine {
             inner,
             iface,
             metrics,
-            live,
+            // The shard's: it loads the settings once per turn and hands
+            // them to `turn`.
+            live: _,
             times,
             admission,
             meters,
@@ -120,7 +119,6 @@ impl Engine {
             records: Records::new(metrics, meters, max_streams),
             admission,
             index,
-            live,
             times,
             width: Width::default(),
             turns_run: 0,
@@ -423,10 +421,10 @@ impl Engine {
         self.turns_run
     }
 
-    /// Run one turn from the head of the queue.
-    pub fn turn(&mut self) {
+    /// Run one turn from the head of the queue, with the live settings the
+    /// turn was decided with.
+    pub fn turn(&mut self, live: &Live) {
         self.turns_run += 1;
-        let live = self.live.load();
         self.turn.run(turn::Parts {
             queue: &mut self.queue,
             streams: &mut self.streams,
@@ -434,7 +432,7 @@ impl Engine {
             records: &self.records,
             times: &self.times,
             width: &mut self.width,
-            live: &live,
+            live,
             shard: self.index,
         });
     }

@@ -135,11 +135,11 @@ impl Shard {
                     Some(_) => self.wait_for_turn(&mut engine),
                     None => self.turn_is_due(&mut engine),
                 };
-                if done() || !due {
+                let Some(live) = due.filter(|_| !done()) else {
                     break;
-                }
+                };
                 self.wake_kept(&mut engine);
-                engine.turn();
+                engine.turn(&live);
                 // Serving turn after turn: each turn's answers wake their
                 // tasks now, not when the state is let go.
                 self.wake_kept(&mut engine);
@@ -293,7 +293,7 @@ impl Shard {
                 break;
             }
             self.wake_kept(&mut engine);
-            engine.turn();
+            engine.turn(&self.live.load());
         }
     }
 

@@ -203,43 +203,47 @@ impl Shard {
         any
     }
 
-    /// Wait as the turn policy says before the next turn, taking requests
-    /// in meanwhile. Returns false when the shard closed meanwhile: the turn
-    /// must not run, its seats are answered by the close.
     /// Whether the turn policy says to run a turn now (after taking the
-    /// inbox in), without waiting.
-    fn turn_is_due(&self, engine: &mut Engine) -> bool {
+    /// inbox in), without waiting: the live settings it decided with, which
+    /// the turn then runs with, or `None`.
+    fn turn_is_due(&self, engine: &mut Engine) -> Option<Live> {
         self.take_inbox(engine);
         let live = **self.live.load();
-        matches!(engine.decide(&live, Instant::now()), None | Some((Decision::RunNow, _)))
+        matches!(engine.decide(&live, Instant::now()), None | Some((Decision::RunNow, _))).then_some(live)
     }
 
-    fn wait_for_turn(&self, engine: &mut Engine) -> bool {
+    /// Wait as the turn policy says before the next turn, taking requests
+    /// in meanwhile. Returns the live settings the turn was decided with
+    /// (loaded once per decision, and the turn runs with the same: a
+    /// `set_policy` meanwhile never decides with one setting and fills with
+    /// another), or `None` when the shard closed meanwhile: the turn must
+    /// not run, its seats are answered by the close.
+    fn wait_for_turn(&self, engine: &mut Engine) -> Option<Live> {
         let mut waited: Option<Instant> = None;
         loop {
             self.take_inbox(engine);
             let live = **self.live.load();
             let now = Instant::now();
             let Some((decision, recheck)) = engine.decide(&live, now) else {
-                return true;
+                return Some(live);
             };
             match decision {
                 Decision::RunNow => {
                     if let Some(since) = waited {
                         engine.record_policy_wait(since.elapsed());
                     }
-                    return true;
+                    return Some(live);
                 }
                 Decision::WaitUntil(until) => {
                     waited.get_or_insert(now);
                     let inbox = self.inbox.lock();
                     if inbox.closed {
-                        return false;
+                        return None;
                     }
                     // Draining: nothing new can join the turn, waiting for
                     // more would only hold up the drain.
                     if inbox.draining {
-                        return true;
+                        return Some(live);
                     }
                     // Arrivals change the decision only by making the turn
                     // full, or wider than a latency budget planned for: a
@@ -345,7 +349,7 @@ impl Shard {
             if done() || !engine.has_queue() {
                 return;
             }
-            engine.turn();
+            engine.turn(&self.live.load());
         }
     }
 

@@ -170,11 +170,13 @@ impl Shard {
             if closed {
                 return;
             }
-            if engine.has_queue() && self.wait_for_turn(&mut engine) {
-                // What taking the inbox in answered (grants, statuses,
-                // cancels) wakes its tasks before the turn, not after it.
-                self.wake_kept(&mut engine);
-                engine.turn();
+            if engine.has_queue() {
+                if let Some(live) = self.wait_for_turn(&mut engine) {
+                    // What taking the inbox in answered (grants, statuses,
+                    // cancels) wakes its tasks before the turn, not after it.
+                    self.wake_kept(&mut engine);
+                    engine.turn(&live);
+                }
             }
         }
     }

@@ -17,12 +17,11 @@
 //!    per row: past the widest width seen, wider is assumed to pay (as it
 //!    does for most models), so a fresh runner seats everything queued.
 //! 4. Probes keep the curve current: while the turn's width counts and no
-//!    width up to its half does, the turn seats half (so a model that only ever ran wide learns
-//!    whether narrower pays, in a few turns, and walks down while it does),
-//!    and, while capped, one turn in
-//!    [`PROBE_EVERY`] seats one row more than the cap (so a cap that stopped
-//!    paying is lifted a width at a time, never by a full-width turn).
-//!
+//!    width up to its half does, the turn seats half (so a model that only
+//!    ever ran wide learns whether narrower pays, in a few turns, and walks
+//!    down while it does); and while capped, one turn in [`PROBE_EVERY`]
+//!    cut to the cap seats one row more (so a cap that stopped paying is
+//!    lifted a width at a time, never by a full-width turn).
 //! 5. A turn is cut to the cap only where that pays for what is queued: the
 //!    turns of the cap and the one of the rest cost less, by the learned
 //!    times, than one turn of all of it.

@@ -66,10 +66,9 @@ pub fn stamp(line: &str) -> Option<(String, String, f64)> {
     (ok_date && commit.len() >= 7).then(|| (date.to_string(), commit, load))
 }
 
-/// What is wrong with `readme`'s figures, a line per section; empty when
-/// every figure is stamped by a quiet run.
-pub fn unstamped(readme: &str) -> Vec<String> {
-    let mut problems = vec![];
+/// `readme`'s sections by heading (`#` and `##`), each with its lines
+/// outside code blocks; what comes before the first heading is "(top)".
+fn sections(readme: &str) -> Vec<(String, Vec<&str>)> {
     let mut sections: Vec<(String, Vec<&str>)> = vec![("(top)".into(), vec![])];
     let mut in_code = false;
     for line in readme.lines() {
@@ -86,7 +85,14 @@ pub fn unstamped(readme: &str) -> Vec<String> {
             lines.push(line);
         }
     }
-    for (heading, lines) in sections {
+    sections
+}
+
+/// What is wrong with `readme`'s figures, a line per section; empty when
+/// every figure is stamped by a quiet run.
+pub fn unstamped(readme: &str) -> Vec<String> {
+    let mut problems = vec![];
+    for (heading, lines) in sections(readme) {
         let figures: Vec<&str> = lines
             .iter()
             .flat_map(|l| l.split(|c: char| c.is_whitespace() || c == '|' || c == '/'))
@@ -134,64 +140,39 @@ fn record_section<'a>(benchmarks: &'a str, heading: &str) -> Option<Vec<&'a str>
 /// figure outside a table row, a row the record does not hold.
 pub fn untied(readme: &str, benchmarks: &str) -> Vec<String> {
     let mut problems = vec![];
-    let mut heading = "(top)".to_string();
-    let mut named: Option<Option<Vec<&str>>> = None;
-    let mut pending: Vec<String> = vec![];
-    let mut in_code = false;
-    let finish =
-        |heading: &str, named: &Option<Option<Vec<&str>>>, pending: &mut Vec<String>, problems: &mut Vec<String>| {
-            if pending.is_empty() {
-                return;
-            }
-            match named {
-                None => problems.push(format!(
-                    "{heading}: figures without a line \"Record: BENCHMARKS.md, \\\"HEADING\\\"\"",
-                )),
-                Some(None) => problems.push(format!(
-                    "{heading}: the record it names is not a heading of BENCHMARKS.md"
-                )),
-                Some(Some(record)) => {
-                    for row in pending.iter() {
-                        if let Some(prose) = row.strip_prefix("prose: ") {
-                            problems.push(format!("{heading}: a figure outside a table row: {prose}"));
-                        } else if !record.iter().any(|l| l.trim() == row.trim()) {
-                            problems.push(format!("{heading}: the record does not hold this row: {row}"));
-                        }
-                    }
-                }
-            }
-            pending.clear();
+    for (heading, lines) in sections(readme) {
+        let figured: Vec<&str> = lines
+            .iter()
+            .copied()
+            .filter(|l| stamp(l).is_none())
+            .filter(|l| {
+                l.split(|c: char| c.is_whitespace() || c == '|' || c == '/')
+                    .any(is_figure)
+            })
+            .collect();
+        if figured.is_empty() {
+            continue;
+        }
+        let Some(name) = lines.iter().find_map(|l| record(l)) else {
+            problems.push(format!(
+                "{heading}: figures without a line \"Record: BENCHMARKS.md, \\\"HEADING\\\"\""
+            ));
+            continue;
         };
-    for line in readme.lines() {
-        if line.trim_start().starts_with("```") {
-            in_code = !in_code;
+        let Some(held) = record_section(benchmarks, name) else {
+            problems.push(format!(
+                "{heading}: the record it names is not a heading of BENCHMARKS.md"
+            ));
             continue;
-        }
-        if in_code {
-            continue;
-        }
-        if line.starts_with("## ") || line.starts_with("# ") {
-            finish(&heading, &named, &mut pending, &mut problems);
-            heading = line.to_string();
-            named = None;
-            continue;
-        }
-        if let Some(name) = record(line) {
-            named = Some(record_section(benchmarks, name));
-            continue;
-        }
-        let has_figure = line
-            .split(|c: char| c.is_whitespace() || c == '|' || c == '/')
-            .any(is_figure);
-        if has_figure && stamp(line).is_none() {
-            if line.trim_start().starts_with('|') {
-                pending.push(line.to_string());
-            } else {
-                pending.push(format!("prose: {line}"));
+        };
+        for line in figured {
+            if !line.trim_start().starts_with('|') {
+                problems.push(format!("{heading}: a figure outside a table row: {line}"));
+            } else if !held.iter().any(|h| h.trim() == line.trim()) {
+                problems.push(format!("{heading}: the record does not hold this row: {line}"));
             }
         }
     }
-    finish(&heading, &named, &mut pending, &mut problems);
     problems
 }
 

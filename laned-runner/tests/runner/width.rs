@@ -37,8 +37,9 @@ fn cheapest_per_row(f: &Fixture, widest: usize, turns: usize) -> usize {
     best.0
 }
 
-/// Eight streams calling as fast as answered, `calls` each, every answer
-/// checked against the stream's solo run.
+/// Eight streams calling as fast as answered, `calls` each (each call
+/// bounded by a deadline), every answer checked against the stream's solo
+/// run.
 fn closed_loop(r: &LanedRunner, f: &Fixture, calls: u64) {
     let threads: Vec<_> = (0..8u64)
         .map(|s| {
@@ -47,7 +48,10 @@ fn closed_loop(r: &LanedRunner, f: &Fixture, calls: u64) {
                 let mut solo = f.runnable().unwrap().spawn().unwrap();
                 for call in 0..calls {
                     let inputs = f.inputs(1, s << 32 | call);
-                    let got = h.call(inputs.clone()).unwrap();
+                    // Bounded: a hung runner fails the test, it does not hang it.
+                    let got = h
+                        .call_until(inputs.clone(), Instant::now() + Duration::from_secs(30))
+                        .unwrap();
                     assert_eq!(*got[0], *solo.run(inputs).unwrap()[0], "stream {s} call {call}");
                 }
             })

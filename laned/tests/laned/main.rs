@@ -23,6 +23,10 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// What Silero VAD's published ONNX needs told: its state pair, its
+/// chunk's length, its sample rate.
+const SILERO_FACTS: [&str; 6] = ["--state", "2=1", "--input", "0=batch,576", "--fill", "1=16000"];
+
 /// `fetched`, or `None` after saying `SKIPPED` where the model is simply
 /// not to be had here (CI fails on that word); a wrong file fails the test.
 fn or_skip<T>(model: &str, fetched: Result<T, laned_models::FetchError>) -> Option<T> {
@@ -198,16 +202,7 @@ fn silero_vad_needs_its_state_pair_and_then_can_be_laned() {
         said.contains("cannot be laned: not run") && said.contains("sequence"),
         "{said}"
     );
-    let out = laned(&[
-        "check",
-        &path,
-        "--state",
-        "2=1",
-        "--input",
-        "0=batch,576",
-        "--fill",
-        "1=16000",
-    ]);
+    let out = laned(&[["check", path.as_str()].as_slice(), &SILERO_FACTS].concat());
     let said = text(&out);
     assert_eq!(out.status.code(), Some(0), "{said}");
     let toml_text = said.split("(TOML):").nth(1).unwrap();
@@ -396,22 +391,14 @@ fn bench_on_silero_vad_keeps_its_state_exact() {
         return;
     };
     let path = path.to_string_lossy().into_owned();
-    let out = laned(&[
-        "bench",
-        &path,
-        "--state",
-        "2=1",
-        "--fill",
-        "1=16000",
-        "--input",
-        "0=batch,576",
-        "--streams",
-        "4",
-        "--seconds",
-        "0.1",
-        "--repeats",
-        "1",
-    ]);
+    let out = laned(
+        &[
+            ["bench", path.as_str()].as_slice(),
+            &SILERO_FACTS,
+            &["--streams", "4", "--seconds", "0.1", "--repeats", "1"],
+        ]
+        .concat(),
+    );
     let said = text(&out);
     assert_eq!(out.status.code(), Some(0), "{said}");
     assert!(said.contains("exact: 4 streams through ours"), "{said}");

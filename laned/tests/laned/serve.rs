@@ -280,15 +280,7 @@ fn silero_checked_and_built_in_is_served_exactly() {
     };
     let dir = tempfile::tempdir().unwrap();
     let path = path.to_string_lossy().into_owned();
-    let args = [
-        path.as_str(),
-        "--state",
-        "2=1",
-        "--input",
-        "0=batch,576",
-        "--fill",
-        "1=16000",
-    ];
+    let args = [[path.as_str()].as_slice(), &super::SILERO_FACTS].concat();
     let checked = checked_spec(dir.path(), "checked.toml", &args);
     let builtin = dir.path().join("silero.toml");
     std::fs::write(&builtin, "[model]\nbuiltin = \"silero\"\n[runner]\nmax_lanes = 32\n").unwrap();

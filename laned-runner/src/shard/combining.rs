@@ -6,22 +6,23 @@
 //! callers are tasks), the helper runs one turn and hands the next back to
 //! a queued task, whose poll runs it on its own executor thread.
 
-use std::sync::{Arc, TryLockError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Resolved;
 use crate::engine::{Engine, Parts};
 use crate::err::NewRunnerError;
-use crate::sync::{lock, AtomicBool, Condvar, MutexGuard, Ordering};
+use crate::sync::{AtomicBool, Condvar, Ordering};
 use crate::wake::Deferred;
 
-use super::{Flavor, Shard};
+use super::shared::Shared;
 
-/// Combining mode's own part of a shard.
+/// Combining mode: the shard's shared part, and the helper's own.
 pub(super) struct Combining {
+    shared: Arc<Shared>,
     /// Signalled (with the inbox lock) when help is wanted or the shard
     /// closes; the helper sleeps on it.
-    pub(super) help: Condvar,
+    help: Condvar,
     /// Set by a combiner leaving the state with seats still queued, taken
     /// by the helper, which then serves the queue. Who may touch it: only
     /// with the inbox lock held (so the helper's look and sleep never miss
@@ -29,79 +30,50 @@ pub(super) struct Combining {
     help_wanted: AtomicBool,
 }
 
-impl Combining {
-    pub(super) fn new() -> Combining {
-        Combining {
-            help: Condvar::new(),
-            help_wanted: AtomicBool::new(false),
-        }
-    }
-}
-
 /// How long the helper keeps the state once nothing is queued.
 const HELPER_HOLD: Duration = Duration::from_micros(200);
 
-impl Shard {
+impl Combining {
     /// Build the engine on this thread and start the helper.
-    pub(super) fn start_combining(parts: Parts, config: &Resolved) -> Result<Arc<Shard>, NewRunnerError> {
+    pub(super) fn start(parts: Parts, config: &Resolved) -> Result<Arc<Combining>, NewRunnerError> {
         let (index, live) = (parts.index, parts.live.clone());
         let engine = Engine::start(parts, config)?;
-        let shard = Arc::new(Shard::new(engine, config, live));
-        let helper = shard.clone();
+        let combining = Arc::new(Combining {
+            shared: Arc::new(Shared::new(engine, config, live)),
+            help: Condvar::new(),
+            help_wanted: AtomicBool::new(false),
+        });
+        let helper = combining.clone();
         let thread = std::thread::Builder::new()
             .name(format!("laned-helper-{index}"))
-            .spawn(move || {
-                if let Flavor::Combining(combining) = &helper.flavor {
-                    helper.help(combining);
-                }
-            })
+            .spawn(move || helper.help())
             .map_err(|e| NewRunnerError::Spawn(format!("starting the helper thread: {e}")))?;
-        *lock(&shard.worker) = Some(thread);
-        Ok(shard)
+        combining.shared.keep_thread(thread);
+        Ok(combining)
     }
 
-    /// Combining mode: the state, if it is free and the shard open, with
-    /// idle streams evicted. `None` when busy: whoever holds it looks at the
-    /// inbox after letting go, and hands queued seats to the helper. `None`
-    /// once closed: the closing thread answers everyone, stay out of its
-    /// way.
-    pub(super) fn hold(&self) -> Option<MutexGuard<'_, Engine>> {
-        if self.is_closed() {
-            return None;
-        }
-        let mut engine = match self.engine.try_lock() {
-            Ok(engine) => engine,
-            Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(TryLockError::WouldBlock) => return None,
-        };
-        // A close between the look above and the lock: the engine is closed
-        // (its state gone), and the closing thread answers everyone.
-        if engine.is_closed() {
-            return None;
-        }
-        // Taking the inbox in evicts idle streams, as of the take: a stream
-        // whose call waits there is not idle, however long the last turn.
-        self.take_inbox(&mut engine);
-        Some(engine)
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// Combining mode: while `done` is false and the state is free, hold it
     /// and run turns. With `hold_when_empty` (the helper), wait that long
     /// for the next request once nothing is queued before letting go.
     /// Leaving with seats queued, hand them to the helper.
-    pub(super) fn combine(&self, combining: &Combining, done: &dyn Fn() -> bool, hold_when_empty: Option<Duration>) {
+    fn combine(&self, done: &dyn Fn() -> bool, hold_when_empty: Option<Duration>) {
+        let shared = &self.shared;
         loop {
             // Wakes asked for while holding the state run once it is let go
             // (see `wake`): the scope closes after the guard below drops.
             let _wakes = Deferred::open();
-            let Some(mut engine) = self.hold() else {
+            let Some(mut engine) = shared.hold() else {
                 return;
             };
             // Set when the helper handed the next turn to a task: the turns
             // run by then.
             let mut passed = None;
             loop {
-                self.take_inbox(&mut engine);
+                shared.take_inbox(&mut engine);
                 if !engine.has_queue() {
                     // The callers just answered come back soon under load:
                     // the helper waiting for them keeps their seats in one
@@ -112,11 +84,11 @@ impl Shard {
                     if !engine.is_draining() && hold_when_empty.is_some() {
                         // The turn's answers wake their tasks before the
                         // helper waits for more.
-                        self.wake_kept(&mut engine);
+                        shared.wake_kept(&mut engine);
                     }
                     // Only threads wait for the helper's hold: a task whose
                     // call arrives runs its turn in its own poll.
-                    let hold = hold_when_empty.filter(|_| self.threads_wait());
+                    let hold = hold_when_empty.filter(|_| shared.threads_wait());
                     if !engine.is_draining() && hold.is_some_and(|hold| self.arrival_within(hold)) {
                         continue;
                     }
@@ -132,17 +104,17 @@ impl Shard {
                 // holding the state where its own cancel or deadline cannot
                 // reach it.
                 let due = match hold_when_empty {
-                    Some(_) => self.wait_for_turn(&mut engine),
-                    None => self.turn_is_due(&mut engine),
+                    Some(_) => shared.wait_for_turn(&mut engine),
+                    None => shared.turn_is_due(&mut engine),
                 };
                 let Some(live) = due.filter(|_| !done()) else {
                     break;
                 };
-                self.wake_kept(&mut engine);
+                shared.wake_kept(&mut engine);
                 engine.turn(&live);
                 // Serving turn after turn: each turn's answers wake their
                 // tasks now, not when the state is let go.
-                self.wake_kept(&mut engine);
+                shared.wake_kept(&mut engine);
                 // The helper, with seats still queued and no thread asleep
                 // on an answer: every queued caller is a task (or a thread
                 // about to try the state itself). One of those tasks runs
@@ -153,7 +125,7 @@ impl Shard {
                 // turn.
                 if hold_when_empty.is_some()
                     && !engine.is_draining()
-                    && !self.threads_wait()
+                    && !shared.threads_wait()
                     && engine.has_queue()
                     && engine.pass_to_a_task()
                 {
@@ -178,11 +150,11 @@ impl Shard {
             // A request pushed while we held the state found it busy and
             // relies on us: queued seats go to the helper, and requests
             // still in the inbox make us go round once more.
-            let inbox = self.inbox.lock();
+            let inbox = shared.inbox.lock();
             if queued {
-                combining.help_wanted.store(true, Ordering::Relaxed);
+                self.help_wanted.store(true, Ordering::Relaxed);
                 drop(inbox);
-                combining.help.notify_one();
+                self.help.notify_one();
                 return;
             }
             if inbox.requests.is_empty() {
@@ -200,20 +172,21 @@ impl Shard {
     /// With an idle timeout it also wakes every `idle_tick` to look after
     /// idle streams (`tend`): callers may all be tasks, or all asleep, and
     /// no other thread of the runner's watches the clock in this mode.
-    pub(super) fn help(&self, combining: &Combining) {
+    fn help(&self) {
+        let shared = &self.shared;
         // Only with an idle timeout: no other thread of the runner's
         // watches the clock in this mode (callers may all be asleep, or
         // tasks).
-        let tick = self.idle_timeout.map(|_| Duration::from_millis(5));
+        let tick = shared.idle_timeout.map(|_| Duration::from_millis(5));
         loop {
             let wanted = {
-                let mut inbox = self.inbox.lock();
+                let mut inbox = shared.inbox.lock();
                 let mut ticked = false;
-                while !combining.help_wanted.load(Ordering::Relaxed) && !inbox.closed && !ticked {
+                while !self.help_wanted.load(Ordering::Relaxed) && !inbox.closed && !ticked {
                     inbox = match tick {
-                        None => combining.help.wait(inbox).unwrap_or_else(|e| e.into_inner()),
+                        None => self.help.wait(inbox).unwrap_or_else(|e| e.into_inner()),
                         Some(tick) => {
-                            let (inbox, timeout) = combining
+                            let (inbox, timeout) = self
                                 .help
                                 .wait_timeout(inbox, tick)
                                 .unwrap_or_else(|e| e.into_inner());
@@ -225,11 +198,11 @@ impl Shard {
                 if inbox.closed {
                     return;
                 }
-                combining.help_wanted.swap(false, Ordering::Relaxed)
+                self.help_wanted.swap(false, Ordering::Relaxed)
             };
             if wanted {
                 // Never done: it has no call of its own.
-                self.combine(combining, &|| false, Some(HELPER_HOLD));
+                self.combine(&|| false, Some(HELPER_HOLD));
             } else {
                 self.tend();
             }
@@ -245,17 +218,15 @@ impl Shard {
         let until = std::time::Instant::now() + HELPER_HOLD;
         loop {
             std::thread::sleep(HELPER_HOLD / 4);
-            let engine = match self.engine.try_lock() {
-                Ok(engine) => engine,
-                Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                // Someone holds it: they look at the queue and the inbox
-                // when they let go, as every holder does.
-                Err(TryLockError::WouldBlock) => return true,
+            // Someone holds it: they look at the queue and the inbox when
+            // they let go, as every holder does.
+            let Some(engine) = self.shared.try_lock() else {
+                return true;
             };
             if engine.is_closed() || engine.turns_run() != turns {
                 return true;
             }
-            if !engine.has_queue() && self.inbox.lock().requests.is_empty() {
+            if !engine.has_queue() && self.shared.inbox.lock().requests.is_empty() {
                 return true;
             }
             drop(engine);
@@ -265,46 +236,65 @@ impl Shard {
         }
     }
 
-    /// Whether a calling thread sleeps on its answer now (one counted in
-    /// `Shard::wait`): the helper then keeps serving, for nobody else would.
-    fn threads_wait(&self) -> bool {
-        self.waiters.load(Ordering::Relaxed) > 0
-    }
-
     /// Sleep until a request arrives (true) or `hold` passes or the shard
     /// closes (false).
-    pub(super) fn arrival_within(&self, hold: Duration) -> bool {
-        let mut inbox = self.inbox.lock();
-        if inbox.requests.is_empty() && !inbox.closed {
-            inbox = self.inbox.sleep(inbox, 1, Some(hold));
+    fn arrival_within(&self, hold: Duration) -> bool {
+        let inbox = &self.shared.inbox;
+        let mut pending = inbox.lock();
+        if pending.requests.is_empty() && !pending.closed {
+            pending = inbox.sleep(pending, 1, Some(hold));
         }
-        !inbox.requests.is_empty() && !inbox.closed
+        !pending.requests.is_empty() && !pending.closed
+    }
+
+    /// Serve while `done` is false and the state is free, as a calling
+    /// thread does while it waits (a task does it in its `poll`).
+    pub(super) fn serve(&self, done: &dyn Fn() -> bool) {
+        self.combine(done, None);
+    }
+
+    /// Hold the state a moment, if it is free, to take in what is pending
+    /// (a dropped handle's release), evict idle streams and hand any queued
+    /// call to the helper, without running anyone's turn. Nobody else may
+    /// be around to do it.
+    pub(super) fn tend(&self) {
+        self.combine(&|| true, None);
+    }
+
+    /// A caller finding the state free runs the turn itself: a waiting task
+    /// must come back to do so rather than wait to be woken.
+    pub(super) fn may_run_turns(&self) -> bool {
+        true
     }
 
     /// Draining, step 6 in combining mode: this thread holds the state and
     /// serves the queue until it is empty.
-    pub(super) fn drain_combining(&self) {
+    pub(super) fn drain(&self) {
+        let shared = &self.shared;
         let _wakes = Deferred::open();
-        let mut engine = lock(&self.engine);
+        let mut engine = shared.lock();
         engine.start_draining();
         loop {
-            self.take_inbox(&mut engine);
+            shared.take_inbox(&mut engine);
             if !engine.has_queue() {
                 break;
             }
-            self.wake_kept(&mut engine);
-            engine.turn(&self.live.load());
+            shared.wake_kept(&mut engine);
+            engine.turn(&shared.live());
         }
     }
 
-    /// Closing, steps 9 and 10 in combining mode, on the closing thread.
-    pub(super) fn close_combining(&self) {
+    /// Closing in combining mode: step 8 (the helper woken and joined),
+    /// then 9 and 10 on the closing thread.
+    pub(super) fn close(&self) {
+        self.help.notify_all();
+        self.shared.join_thread();
         let _wakes = Deferred::open();
-        let mut engine = lock(&self.engine);
+        let mut engine = self.shared.lock();
         engine.close();
         // Requests pushed after the close are answered by the same close:
         // the engine is closed for good.
-        let requests = self.inbox.take(&mut self.inbox.lock());
+        let requests = self.shared.inbox.take(&mut self.shared.inbox.lock());
         engine.accept_batch(requests, std::time::Instant::now());
     }
 }

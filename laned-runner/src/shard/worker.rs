@@ -7,29 +7,22 @@ use std::time::{Duration, Instant};
 use crate::config::Resolved;
 use crate::engine::{Engine, Parts};
 use crate::err::NewRunnerError;
-use crate::sync::{lock, AtomicBool, Condvar, Ordering};
+use crate::sync::{AtomicBool, Condvar, Ordering};
 use crate::wake::Deferred;
 
-use super::{Flavor, Shard};
+use super::holder;
+use super::shared::Shared;
 
-/// Worker mode's own part of a shard.
+/// Worker mode: the shard's shared part, and the worker's own.
 pub(super) struct Worker {
+    shared: Arc<Shared>,
     /// Signalled (with the inbox lock) by the worker when a draining shard
     /// has nothing queued, and by the close; a drain sleeps on it.
-    pub(super) quiet: Condvar,
+    quiet: Condvar,
     /// Set by the worker once it took the draining flag in and nothing is
     /// queued. Who may touch it: only with the inbox lock held (so a
     /// drain's look and sleep never miss it).
     drained: AtomicBool,
-}
-
-impl Worker {
-    pub(super) fn new() -> Worker {
-        Worker {
-            quiet: Condvar::new(),
-            drained: AtomicBool::new(false),
-        }
-    }
 }
 
 /// How long an idle worker spins for the next request before parking.
@@ -65,58 +58,59 @@ impl SpinGauge {
     }
 }
 
-impl Shard {
+impl Worker {
     /// Start the worker, which builds the engine on its own thread (the
     /// thread that will own the state) and then serves it.
-    pub(super) fn start_worker(parts: Parts, config: &Resolved) -> Result<Arc<Shard>, NewRunnerError> {
+    pub(super) fn start(parts: Parts, config: &Resolved) -> Result<Arc<Worker>, NewRunnerError> {
         let (index, live) = (parts.index, parts.live.clone());
-        // The engine is built on the worker, handed back through this
-        // channel to be placed in the shard, then the worker waits for
-        // the shard to serve it.
-        let (built, ready) = std::sync::mpsc::channel::<Result<Arc<Shard>, NewRunnerError>>();
-        let (go, shard_rx) = std::sync::mpsc::channel::<Arc<Shard>>();
+        // The engine is built on the worker and handed back through this
+        // channel in its shard; then the worker serves it.
+        let (built, ready) = std::sync::mpsc::channel::<Result<Arc<Worker>, NewRunnerError>>();
         let config = *config;
         let thread = std::thread::Builder::new()
             .name(format!("laned-worker-{index}"))
             .spawn(move || {
-                match Engine::start(parts, &config) {
-                    Ok(engine) => {
-                        let shard = Arc::new(Shard::new(engine, &config, live));
-                        let _ = built.send(Ok(shard));
-                    }
+                let worker = match Engine::start(parts, &config) {
+                    Ok(engine) => Arc::new(Worker {
+                        shared: Arc::new(Shared::new(engine, &config, live)),
+                        quiet: Condvar::new(),
+                        drained: AtomicBool::new(false),
+                    }),
                     Err(e) => {
                         let _ = built.send(Err(e));
                         return;
                     }
-                }
-                drop(built);
-                if let Ok(shard) = shard_rx.recv() {
-                    if let Flavor::Worker(worker) = &shard.flavor {
-                        shard.work(worker);
-                    }
+                };
+                if built.send(Ok(worker.clone())).is_ok() {
+                    worker.work();
                 }
             })
             .map_err(|e| NewRunnerError::Spawn(format!("starting the worker thread: {e}")))?;
-        let shard = ready
+        let worker = ready
             .recv()
-            .map_err(|_| NewRunnerError::Spawn("the worker died starting".into()))?;
-        let shard = match shard {
-            Ok(shard) => shard,
-            Err(e) => {
-                let _ = thread.join();
-                return Err(e);
+            .map_err(|_| NewRunnerError::Spawn("the worker died starting".into()));
+        match worker {
+            Ok(Ok(worker)) => {
+                worker.shared.keep_thread(thread);
+                Ok(worker)
             }
-        };
-        *lock(&shard.worker) = Some(thread);
-        let _ = go.send(shard.clone());
-        Ok(shard)
+            Ok(Err(e)) | Err(e) => {
+                let _ = thread.join();
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// The worker's loop: wait for requests, move them into the engine, run
     /// a turn while seats are queued; on close, answer everything and drop
     /// the state here, on a live thread.
-    pub(super) fn work(&self, worker: &Worker) {
-        super::WORKER_OF.with(|w| w.set(self as *const Shard as usize));
+    fn work(&self) {
+        let shared = &self.shared;
+        holder::set_worker(shared);
         let mut gauge = SpinGauge::default();
         // Pushes already taken into the engine (read under the inbox lock).
         let mut taken = 0;
@@ -126,7 +120,7 @@ impl Shard {
             // after the engine's guard): a waker that panics or calls back
             // into this shard finds no engine held (see `wake`).
             let _wakes = Deferred::open();
-            let mut engine = lock(&self.engine);
+            let mut engine = shared.lock();
             // When the next idle stream is due: its eviction comes with the
             // next take of the inbox (below), however empty.
             let next_eviction = engine.next_idle_due();
@@ -139,11 +133,11 @@ impl Shard {
                 gauge.record(hit);
             }
             let (requests, closed, taken_at) = {
-                let mut inbox = self.inbox.lock();
+                let mut inbox = shared.inbox.lock();
                 while inbox.requests.is_empty() && !inbox.closed && !engine.has_queue() {
                     if inbox.draining && engine.is_quiet() {
-                        worker.drained.store(true, Ordering::Relaxed);
-                        worker.quiet.notify_all();
+                        self.drained.store(true, Ordering::Relaxed);
+                        self.quiet.notify_all();
                     }
                     let timeout = match next_eviction {
                         None => None,
@@ -152,13 +146,13 @@ impl Shard {
                             _ => break,
                         },
                     };
-                    inbox = self.inbox.sleep(inbox, 1, timeout);
+                    inbox = shared.inbox.sleep(inbox, 1, timeout);
                 }
                 if inbox.draining {
                     engine.start_draining();
                 }
-                taken = self.inbox.pushed();
-                (self.inbox.take(&mut inbox), inbox.closed, Instant::now())
+                taken = shared.inbox.pushed();
+                (shared.inbox.take(&mut inbox), inbox.closed, Instant::now())
             };
             if closed {
                 engine.close();
@@ -171,10 +165,10 @@ impl Shard {
                 return;
             }
             if engine.has_queue() {
-                if let Some(live) = self.wait_for_turn(&mut engine) {
+                if let Some(live) = shared.wait_for_turn(&mut engine) {
                     // What taking the inbox in answered (grants, statuses,
                     // cancels) wakes its tasks before the turn, not after it.
-                    self.wake_kept(&mut engine);
+                    shared.wake_kept(&mut engine);
                     engine.turn(&live);
                 }
             }
@@ -183,11 +177,11 @@ impl Shard {
 
     /// Spin until a request beyond the first `taken` is pushed (true) or
     /// `WORKER_SPIN` passes (false).
-    pub(super) fn spin_for_push(&self, taken: usize) -> bool {
+    fn spin_for_push(&self, taken: usize) -> bool {
         let start = Instant::now();
         loop {
             for _ in 0..64 {
-                if self.inbox.pushed() != taken {
+                if self.shared.inbox.pushed() != taken {
                     return true;
                 }
                 std::hint::spin_loop();
@@ -198,15 +192,44 @@ impl Shard {
         }
     }
 
+    /// Serve while `done` is false: only the worker's own waker does, run
+    /// between the worker's rounds with the engine let go (nobody else
+    /// would run the turn it waits for). Any other thread leaves it to the
+    /// worker.
+    pub(super) fn serve(&self, done: &dyn Fn() -> bool) {
+        if holder::is_worker_of(&self.shared) {
+            if let Some(mut engine) = self.shared.hold() {
+                self.shared.serve_here(&mut engine, done);
+            }
+        }
+    }
+
+    /// Nothing to tend: the worker takes in what is pending and evicts
+    /// idle streams by itself.
+    pub(super) fn tend(&self) {}
+
+    /// Callers sleep on their answers; only the worker runs turns.
+    pub(super) fn may_run_turns(&self) -> bool {
+        false
+    }
+
     /// Draining, step 6 in worker mode: the worker serves the queue and
     /// says when it is quiet; this waits for that.
-    pub(super) fn drain_worker(&self, worker: &Worker) {
-        let mut inbox = self.inbox.lock();
+    pub(super) fn drain(&self) {
+        let mut inbox = self.shared.inbox.lock();
         // The worker sets `drained` once it took the draining flag in and
         // nothing is queued.
-        while !worker.drained.load(Ordering::Relaxed) && !inbox.closed {
-            inbox = worker.quiet.wait(inbox).unwrap_or_else(|e| e.into_inner());
+        while !self.drained.load(Ordering::Relaxed) && !inbox.closed {
+            inbox = self.quiet.wait(inbox).unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// Closing in worker mode: step 8 here (a drain waiting for the worker
+    /// to be quiet sees the close; the worker is joined), steps 9 and 10
+    /// the worker's own, on its way out of [`Worker::work`].
+    pub(super) fn close(&self) {
+        self.quiet.notify_all();
+        self.shared.join_thread();
     }
 }
 

@@ -1,0 +1,326 @@
+//! The part of a shard both modes share, and depend on one way: the inbox,
+//! the engine's lock, the live settings, the turn policy's wait, taking the
+//! inbox in, holding a free state, and the wakes kept while it is held. The
+//! modes (`worker`, `combining`) decide *who* runs the turns; everything
+//! here is how a turn is waited for and run, whoever runs it.
+
+use std::sync::{Arc, TryLockError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::config::Resolved;
+use crate::engine::Engine;
+use crate::inbox::Inbox;
+use crate::policy::Decision;
+use crate::protocol::{Live, Request};
+use crate::sync::{lock, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::wake::Deferred;
+use arc_swap::ArcSwap;
+
+use super::holder;
+
+pub(super) struct Shared {
+    /// Who may touch it: any thread pushes (handles, spawns, drops); the
+    /// thread holding `engine` drains it.
+    pub(super) inbox: Inbox<Request>,
+    /// The state, held through [`Held`]. Who may touch it: in worker mode
+    /// only the worker thread (and a waker it runs, lent the engine); in
+    /// combining mode whichever caller or the helper wins `try_lock`, and
+    /// the closing thread. `None` only while its holder lends it to the
+    /// wakes it runs (see [`holder`]): the lock stays held meanwhile.
+    engine: Mutex<Option<Box<Engine>>>,
+    /// The policy and `max_seats`: written by `set_policy` (any thread),
+    /// loaded once per decision by whoever runs the turn, which runs with
+    /// the same.
+    live: Arc<ArcSwap<Live>>,
+    /// The mode's thread (the worker, the helper), joined by the close.
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Whether calls resolving a symbol can be served (read-only).
+    can_forget_symbols: bool,
+    /// The runner's idle timeout (read-only).
+    pub(super) idle_timeout: Option<Duration>,
+    /// Callers blocked in `Shard::wait` right now (any thread, relaxed: a
+    /// hint for whether to spin, and for the helper whether a thread waits).
+    pub(super) waiters: AtomicUsize,
+}
+
+/// The engine, held: the engine's lock, taken. Derefs to the engine.
+pub(super) struct Held<'a>(MutexGuard<'a, Option<Box<Engine>>>);
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        self.0.as_deref().expect("the engine is back once its lender's wakes ran")
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Engine {
+        self.0.as_deref_mut().expect("the engine is back once its lender's wakes ran")
+    }
+}
+
+impl Held<'_> {
+    /// The engine itself, taken out of the lock (which stays held) to be
+    /// lent: see [`holder::lend`].
+    pub(super) fn slot(&mut self) -> &mut Option<Box<Engine>> {
+        &mut self.0
+    }
+}
+
+impl Shared {
+    pub(super) fn new(engine: Engine, config: &Resolved, live: Arc<ArcSwap<Live>>) -> Shared {
+        Shared {
+            inbox: Inbox::new(),
+            can_forget_symbols: engine.can_forget_symbols(),
+            engine: Mutex::new(Some(Box::new(engine))),
+            live,
+            thread: Mutex::new(None),
+            idle_timeout: config.idle_timeout,
+            waiters: AtomicUsize::new(0),
+        }
+    }
+
+    pub(super) fn can_forget_symbols(&self) -> bool {
+        self.can_forget_symbols
+    }
+
+    /// The mode's thread, to be joined by the close.
+    pub(super) fn keep_thread(&self, thread: JoinHandle<()>) {
+        *lock(&self.thread) = Some(thread);
+    }
+
+    /// Wait for the engine's lock and hold it.
+    pub(super) fn lock(&self) -> Held<'_> {
+        Held(lock(&self.engine))
+    }
+
+    /// The engine's lock, if nobody holds it.
+    pub(super) fn try_lock(&self) -> Option<Held<'_>> {
+        match self.engine.try_lock() {
+            Ok(engine) => Some(Held(engine)),
+            Err(TryLockError::Poisoned(e)) => Some(Held(e.into_inner())),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Queue a request for the engine and wake whoever serves it. Once the
+    /// shard is closed nobody drains the inbox, so the request is answered
+    /// here.
+    pub(super) fn push(self: &Arc<Self>, request: Request) {
+        let seats = match &request {
+            Request::Call(call) => Some(call.seats.len()),
+            _ => None,
+        };
+        match self.inbox.push(request, seats) {
+            Ok(()) => (),
+            // A stream let go after the close: its lane is booked back by
+            // the closed engine (the gauges and `capacity` then agree that
+            // nobody holds it). The engine is held at most briefly by now:
+            // whoever closed it is done or finishing.
+            Err(request @ Request::Release(_)) => {
+                let _wakes = Deferred::open();
+                let mut request = Some(request);
+                // A waker of this shard's holder letting a stream go: the
+                // engine is this thread's already.
+                let lent = holder::with_lent(self, |engine| {
+                    engine.accept_batch(request.take().into_iter().collect(), Instant::now())
+                });
+                if lent.is_none() {
+                    self.lock().accept_batch(request.take().into_iter().collect(), Instant::now());
+                }
+            }
+            Err(request) => refuse(request),
+        }
+    }
+
+    /// The state, if it is free and the shard open, with the inbox taken in
+    /// and idle streams evicted. `None` when busy: whoever holds it looks at
+    /// the inbox after letting go (a combiner hands queued seats to its
+    /// helper; the worker serves them). `None` once closed: the closing
+    /// thread answers everyone, stay out of its way. Taken by combiners,
+    /// by a worker's own waker between its rounds, and by a runner thread
+    /// taking its own shard's requests in while it waits on another.
+    pub(super) fn hold(&self) -> Option<Held<'_>> {
+        if self.is_closed() {
+            return None;
+        }
+        let mut engine = self.try_lock()?;
+        // A close between the look above and the lock: the engine is closed
+        // (its state gone), and the closing thread answers everyone.
+        if engine.is_closed() {
+            return None;
+        }
+        // Taking the inbox in evicts idle streams, as of the take: a stream
+        // whose call waits there is not idle, however long the last turn.
+        self.take_inbox(&mut engine);
+        Some(engine)
+    }
+
+    /// Move every request of the inbox into the engine, and the draining
+    /// flag with them: whoever holds the state takes it in (step 6 of
+    /// the runner's life), or a combining helper under steady load would serve new
+    /// calls for as long as they came, the drain waiting on its lock. Idle
+    /// streams are evicted as of the take (see `Engine::accept_batch`).
+    pub(super) fn take_inbox(&self, engine: &mut Engine) -> bool {
+        let (requests, taken_at) = {
+            let mut inbox = self.inbox.lock();
+            // Under the same lock as the take: every request taken in from
+            // now on, this batch included, finds the engine draining.
+            if inbox.draining {
+                engine.start_draining();
+            }
+            (self.inbox.take(&mut inbox), Instant::now())
+        };
+        let any = !requests.is_empty();
+        engine.accept_batch(requests, taken_at);
+        any
+    }
+
+    /// The live settings, loaded once for a decision and the turn it
+    /// decides.
+    pub(super) fn live(&self) -> Live {
+        **self.live.load()
+    }
+
+    /// Whether the turn policy says to run a turn now (after taking the
+    /// inbox in), without waiting: the live settings it decided with, which
+    /// the turn then runs with, or `None`.
+    pub(super) fn turn_is_due(&self, engine: &mut Engine) -> Option<Live> {
+        self.take_inbox(engine);
+        let live = self.live();
+        matches!(engine.decide(&live, Instant::now()), None | Some((Decision::RunNow, _))).then_some(live)
+    }
+
+    /// Wait as the turn policy says before the next turn, taking requests
+    /// in meanwhile. Returns the live settings the turn was decided with
+    /// (loaded once per decision, and the turn runs with the same: a
+    /// `set_policy` meanwhile never decides with one setting and fills with
+    /// another), or `None` when the shard closed meanwhile: the turn must
+    /// not run, its seats are answered by the close.
+    pub(super) fn wait_for_turn(self: &Arc<Self>, engine: &mut Held<'_>) -> Option<Live> {
+        let mut waited: Option<Instant> = None;
+        loop {
+            self.take_inbox(engine);
+            let live = self.live();
+            let now = Instant::now();
+            let Some((decision, recheck)) = engine.decide(&live, now) else {
+                return Some(live);
+            };
+            match decision {
+                Decision::RunNow => {
+                    if let Some(since) = waited {
+                        engine.record_policy_wait(since.elapsed());
+                    }
+                    return Some(live);
+                }
+                Decision::WaitUntil(until) => {
+                    waited.get_or_insert(now);
+                    let inbox = self.inbox.lock();
+                    if inbox.closed {
+                        return None;
+                    }
+                    // Draining: nothing new can join the turn, waiting for
+                    // more would only hold up the drain.
+                    if inbox.draining {
+                        return Some(live);
+                    }
+                    // Arrivals change the decision only by making the turn
+                    // full, or wider than a latency budget planned for: a
+                    // push wakes us once that many seats came. Anything
+                    // else pushed, or a policy change, wakes us at once.
+                    if inbox.requests.is_empty() {
+                        // Nobody is woken late by this wait: the wakes kept
+                        // so far run first (the inbox let go meanwhile).
+                        if crate::wake::any_kept() {
+                            drop(inbox);
+                            self.wake_kept(engine);
+                            continue;
+                        }
+                        drop(
+                            self.inbox
+                                .sleep(inbox, recheck, Some(until.saturating_duration_since(now))),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Run the tasks' wakes this thread kept while holding the engine, now,
+    /// without letting the engine's lock go (between turns, before
+    /// sleeping). A waker calling back into this shard meanwhile finds the
+    /// engine lent to it (see [`holder`]).
+    pub(super) fn wake_kept(self: &Arc<Self>, engine: &mut Held<'_>) {
+        if !crate::wake::any_kept() {
+            return;
+        }
+        holder::lend(self, engine.slot(), crate::wake::run_kept);
+    }
+
+    /// Serve with the engine this thread holds further up and lent to its
+    /// wakers, if it is this shard's: see [`Shared::serve_here`]. False
+    /// when this thread holds no engine of this shard's.
+    pub(super) fn serve_lent(self: &Arc<Self>, done: &dyn Fn() -> bool) -> bool {
+        holder::with_lent(self, |engine| self.serve_here(engine, done)).is_some()
+    }
+
+    /// A waker calling back into a shard this thread serves: serve the
+    /// request here, with the engine lent or free, running the turns it
+    /// needs at once (waiting out a policy here would wait on this very
+    /// thread).
+    pub(super) fn serve_here(&self, engine: &mut Engine, done: &dyn Fn() -> bool) {
+        loop {
+            self.take_inbox(engine);
+            if done() || !engine.has_queue() {
+                return;
+            }
+            engine.turn(&self.live());
+        }
+    }
+
+    /// A runner thread running tasks' wakes waits for another shard's
+    /// answer: it keeps taking this, its own, shard's requests in meanwhile
+    /// (a spawn from the other shard's waker, say), so that two runner
+    /// threads waiting on each other never both wait for good.
+    pub(super) fn serve_meanwhile(self: &Arc<Self>) {
+        if holder::with_lent(self, |engine| self.take_inbox(engine)).is_none() {
+            // Taking the state takes the inbox in.
+            drop(self.hold());
+        }
+    }
+
+    /// Whether a calling thread sleeps on its answer now (one counted in
+    /// `Shard::wait`).
+    pub(super) fn threads_wait(&self) -> bool {
+        self.waiters.load(Ordering::Relaxed) > 0
+    }
+
+    /// Step 8 of the runner's life: join the mode's thread (the worker, the
+    /// helper), never the current one (joining oneself fails).
+    pub(super) fn join_thread(&self) {
+        let thread = lock(&self.thread).take();
+        if let Some(thread) = thread.filter(|t| t.thread().id() != std::thread::current().id()) {
+            let _ = thread.join();
+        }
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.inbox.lock().closed
+    }
+}
+
+/// Answer a request pushed after the close.
+fn refuse(request: Request) {
+    use crate::err::{EndReason, RunError, RunErrorKind, SpawnError};
+    let closed = || RunError::new(RunErrorKind::Closed);
+    match request {
+        Request::Spawn { slot, .. } => slot.fill(Err(SpawnError::Closed)),
+        Request::Call(call) => call.slot.fill(Err(closed())),
+        Request::ReadState { slot, .. } => slot.fill(Err(closed())),
+        Request::WriteState { slot, .. } => slot.fill(Err(closed())),
+        Request::Pulses { slot, .. } => slot.fill(Err(closed())),
+        Request::Status { slot, .. } => slot.fill(Some(EndReason::Closed)),
+        Request::Release(_) | Request::Cancel(_) | Request::Admit => (),
+    }
+}

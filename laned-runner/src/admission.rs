@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::err::SpawnError;
+use crate::life::Life;
 use crate::protocol::SpawnResult;
 use crate::slot::Slot;
 use crate::sync::{lock, Condvar, Mutex, MutexGuard};
@@ -37,6 +38,9 @@ pub(crate) struct Admission {
     /// Signalled by every freed lane and refusal: the drain waits on it.
     cv: Condvar,
     max_waiting: usize,
+    /// The runner's life: step 3 (spawns refused, and why) is set and read
+    /// under `state`'s lock.
+    life: Arc<Life>,
     /// The spawners-waiting gauge of the `metrics` facade (nothing without
     /// the feature); set under the lock, so it follows the queue in order.
     meters: crate::facade::AdmissionMeters,
@@ -49,9 +53,6 @@ struct State {
     /// Bumped by every freed lane (any shard): the drain waits for it to
     /// move.
     freed: u64,
-    /// Set by close or drain: every waiter is answered with this, and no
-    /// new one is taken.
-    refused: Option<SpawnError>,
 }
 
 /// A spawner waiting: where its grant goes, and since when it waits.
@@ -67,16 +68,16 @@ impl Admission {
         &self.meters
     }
 
-    pub fn new(max_waiting: usize, meters: crate::facade::AdmissionMeters) -> Admission {
+    pub fn new(max_waiting: usize, life: Arc<Life>, meters: crate::facade::AdmissionMeters) -> Admission {
         Admission {
             state: Mutex::new(State {
                 next: 0,
                 waiters: BTreeMap::new(),
                 freed: 0,
-                refused: None,
             }),
             cv: Condvar::new(),
             max_waiting,
+            life,
             meters,
         }
     }
@@ -105,8 +106,8 @@ impl Admission {
     /// its shard.
     pub fn arrive(&self, slot: Arc<Slot<SpawnResult>>, lanes_free: usize) -> Result<u64, SpawnError> {
         let mut state = self.lock();
-        if let Some(e) = &state.refused {
-            return Err(e.clone());
+        if let Some(e) = self.life.spawn_refusal() {
+            return Err(e);
         }
         let waiting = state.waiters.len();
         if waiting >= self.max_waiting.saturating_add(lanes_free) {
@@ -144,7 +145,7 @@ impl Admission {
     /// Waiters whose slot was abandoned meanwhile are skipped.
     pub fn next_waiter(&self) -> Option<Waiter> {
         let mut state = self.lock();
-        if state.refused.is_some() {
+        if self.life.spawn_refusal().is_some() {
             return None;
         }
         while let Some((_, waiter)) = state.waiters.pop_first() {
@@ -159,14 +160,14 @@ impl Admission {
 
     /// Whether new spawners are refused (a drain or a close started).
     pub fn is_refused(&self) -> bool {
-        self.lock().refused.is_some()
+        self.life.spawn_refusal().is_some()
     }
 
     /// Why spawns are refused, if they are (`Draining` after a drain
     /// started, `Closed` after a close): what a spawn request reaching an
     /// engine then is told, whichever path it took.
     pub fn refusal(&self) -> Option<SpawnError> {
-        self.lock().refused.clone()
+        self.life.spawn_refusal()
     }
 
     /// The `freed` counter: a lane was freed (or spawns refused) since a
@@ -214,7 +215,10 @@ impl Admission {
     /// refusal stands).
     pub fn refuse(&self, why: SpawnError) {
         let mut state = self.lock();
-        let why = state.refused.get_or_insert(why).clone();
+        // Under the lock: an arrival looks at the refusal under it too, so
+        // none joins the queue after it was answered.
+        self.life.refuse_spawns(&why);
+        let why = self.life.spawn_refusal().unwrap_or(why);
         let waiters = std::mem::take(&mut state.waiters);
         state.freed += 1;
         self.meters.waiting(0);
@@ -249,7 +253,11 @@ mod loom_tests {
             Shard {
                 free: Mutex::new(0),
                 gauge: AtomicUsize::new(0),
-                admission: Admission::new(max_waiting, crate::facade::AdmissionMeters::new(None)),
+                admission: Admission::new(
+                    max_waiting,
+                    Arc::new(crate::life::Life::new()),
+                    crate::facade::AdmissionMeters::new(None),
+                ),
             }
         }
 

@@ -19,10 +19,7 @@ use crate::slot::Slot;
 use crate::wire::{StreamState, STREAM_STATE_VERSION};
 use arc_swap::ArcSwap;
 
-/// `Common::ending`: a drain closed the runner.
-pub(crate) const ENDING_DRAINED: u8 = 1;
-/// `Common::ending`: a close (or the last runner dropped) closed it.
-pub(crate) const ENDING_CLOSED: u8 = 2;
+use crate::life::Life;
 
 /// What every clone of the runner and every handle share.
 pub(crate) struct Common {
@@ -40,13 +37,9 @@ pub(crate) struct Common {
     pub(crate) config: Resolved,
     /// The live policy and `max_seats` (shared with every shard).
     pub(crate) live: Arc<ArcSwap<Live>>,
-    /// How the runner's life ends, once that started: `ENDING_DRAINED`
-    /// (a drain closing the runner: its streams may retry elsewhere) or
-    /// `ENDING_CLOSED` (a close, or the last runner dropped); 0 before.
-    /// Set once, by whichever comes first; every refusal a stream gets
-    /// and every `end_reason` it reads say the same from then on. Who may
-    /// touch it: the draining or closing thread writes, any handle reads.
-    pub(crate) ending: crate::sync::AtomicU8,
+    /// The runner's life (see `life`): every refusal a stream gets and
+    /// every `end_reason` it reads say the end marked there.
+    pub(crate) life: Arc<Life>,
     /// The deadlines of task calls (`call_until_async`).
     pub(crate) timer: Arc<crate::deadline::Timer>,
 }
@@ -149,24 +142,11 @@ impl Common {
         self.metrics.iter().map(|m| m.lanes_taken() as usize).sum()
     }
 
-    /// Mark how the runner's life ends, unless a drain or close marked it
-    /// first.
-    pub(crate) fn end(&self, how: u8) {
-        use crate::sync::Ordering;
-        let _ = self
-            .ending
-            .compare_exchange(0, how, Ordering::AcqRel, Ordering::Acquire);
-    }
-
     /// Why a stream ends once its runner's life ends: `Drained` after a
     /// drain (it may retry elsewhere), `Closed` after a close; `None`
     /// before either started.
     pub(crate) fn ending(&self) -> Option<EndReason> {
-        match self.ending.load(crate::sync::Ordering::Acquire) {
-            ENDING_DRAINED => Some(EndReason::Drained),
-            ENDING_CLOSED => Some(EndReason::Closed),
-            _ => None,
-        }
+        self.life.ending()
     }
 
     /// What a stream is told once its runner's life is ending: every
@@ -236,7 +216,7 @@ impl Common {
     /// doc):
     /// the deadline thread stops, then every shard closes.
     pub(crate) fn close(&self) {
-        self.end(ENDING_CLOSED);
+        self.life.mark_end(EndReason::Closed);
         self.admission.refuse(SpawnError::Closed);
         self.timer.close();
         for shard in &self.shards {

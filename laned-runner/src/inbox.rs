@@ -1,5 +1,5 @@
-//! A shard's inbox: the requests its engine has not seen yet, the shard's
-//! lifecycle flags, and the *sleeper rule* that decides which push wakes
+//! A shard's inbox: the requests its engine has not seen yet, the lock the
+//! runner's life (`life`) is stepped under for its shard, and the *sleeper rule* that decides which push wakes
 //! the thread serving the engine.
 //!
 //! The rule: that thread, before it sleeps on the inbox, says after how
@@ -16,6 +16,9 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use crate::life::Life;
 use crate::sync::{AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 
 /// Who may touch it: any thread pushes (handles, spawners, drops, the
@@ -33,16 +36,15 @@ pub(crate) struct Inbox<R> {
     /// engine yet): written under the lock, read without it by
     /// `LanedRunner::capacity`, which counts them as queued.
     waiting_seats: AtomicUsize,
+    /// The runner's life: steps 5 (draining) and 7 (closed) are set under
+    /// this inbox's lock, and its sleepers woken, by [`Inbox::start_draining`]
+    /// and [`Inbox::close`]; read by whoever holds the lock.
+    life: Arc<Life>,
 }
 
 /// What the inbox lock guards.
 pub(crate) struct Inner<R> {
     pub requests: Vec<R>,
-    /// Set once by `close`; afterwards the engine answers everything `Closed`.
-    pub closed: bool,
-    /// Set once by `drain`: whoever holds the engine takes it in and
-    /// refuses new calls.
-    pub draining: bool,
     /// While the engine's thread sleeps on `arrived`: the seats that must
     /// be pushed before it is woken. `None`: nobody sleeps, pushes need not
     /// signal. Set by the sleeper, cleared by the push that wakes it or by
@@ -55,12 +57,10 @@ pub(crate) struct Inner<R> {
 }
 
 impl<R> Inbox<R> {
-    pub fn new() -> Inbox<R> {
+    pub fn new(life: Arc<Life>) -> Inbox<R> {
         Inbox {
             state: Mutex::new(Inner {
                 requests: Vec::new(),
-                closed: false,
-                draining: false,
                 sleeper: None,
                 pushed_seats: 0,
                 seats: 0,
@@ -68,6 +68,7 @@ impl<R> Inbox<R> {
             arrived: Condvar::new(),
             pushed: AtomicUsize::new(0),
             waiting_seats: AtomicUsize::new(0),
+            life,
         }
     }
 
@@ -80,7 +81,7 @@ impl<R> Inbox<R> {
     /// inbox is closed: nobody takes requests any more, the caller answers.
     pub fn push(&self, request: R, seats: Option<usize>) -> Result<(), R> {
         let mut inner = self.lock();
-        if inner.closed {
+        if self.life.is_closed() {
             return Err(request);
         }
         // Only a push that can change the sleeper's mind signals: a futex
@@ -152,8 +153,31 @@ impl<R> Inbox<R> {
         inner
     }
 
-    /// Wake whoever sleeps on the inbox (close, drain, a new policy).
+    /// Wake whoever sleeps on the inbox (a new policy).
     pub fn notify_all(&self) {
+        self.arrived.notify_all();
+    }
+
+    /// The runner's life, as this inbox's lock holder reads it.
+    pub fn life(&self) -> &Life {
+        &self.life
+    }
+
+    /// Step 5 for this shard: the runner drains; whoever sleeps on the
+    /// inbox is woken to see it.
+    pub fn start_draining(&self) {
+        let inner = self.lock();
+        self.life.start_draining();
+        drop(inner);
+        self.arrived.notify_all();
+    }
+
+    /// Step 7 for this shard: the runner is closed; from now on a push is
+    /// handed back, and whoever sleeps on the inbox is woken to see it.
+    pub fn close(&self) {
+        let inner = self.lock();
+        self.life.close();
+        drop(inner);
         self.arrived.notify_all();
     }
 }
@@ -171,7 +195,7 @@ mod loom_tests {
         loop {
             taken.append(&mut inbox.take(&mut inner));
             let seats: usize = taken.iter().sum();
-            if seats >= wanted || inner.closed {
+            if seats >= wanted || inbox.life().is_closed() {
                 return taken;
             }
             inner = inbox.sleep(inner, wanted - seats, None);
@@ -183,7 +207,7 @@ mod loom_tests {
     #[test]
     fn seats_pushed_wake_a_sleeper_waiting_for_them() {
         loom::model(|| {
-            let inbox = Arc::new(Inbox::new());
+            let inbox = Arc::new(Inbox::new(std::sync::Arc::new(Life::new())));
             let pushers: Vec<_> = (0..2)
                 .map(|_| {
                     let inbox = inbox.clone();
@@ -203,7 +227,7 @@ mod loom_tests {
     #[test]
     fn anything_but_a_call_wakes_the_sleeper() {
         loom::model(|| {
-            let inbox = Arc::new(Inbox::new());
+            let inbox = Arc::new(Inbox::new(std::sync::Arc::new(Life::new())));
             let other = inbox.clone();
             let pusher = loom::thread::spawn(move || other.push(0, None).unwrap());
             let mut inner = inbox.lock();
@@ -216,8 +240,7 @@ mod loom_tests {
 
             let closer = inbox.clone();
             let closing = loom::thread::spawn(move || {
-                closer.lock().closed = true;
-                closer.notify_all();
+                closer.close();
             });
             let taken = serve_until(&inbox, 64);
             assert!(taken.is_empty());

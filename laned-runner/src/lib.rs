@@ -55,6 +55,7 @@ mod handle;
 mod identity;
 mod iface;
 mod inbox;
+mod life;
 mod policy;
 mod policy_syntax;
 mod protocol;

@@ -74,9 +74,10 @@ use crate::capacity::{Capacity, ShardCapacity};
 use crate::common::Common;
 use crate::config::RunnerConfig;
 use crate::engine::Parts;
-use crate::err::{NewRunnerError, RunError, SpawnError};
+use crate::err::{EndReason, NewRunnerError, RunError, SpawnError};
 use crate::handle::{LanedStateHandle, Stream};
 use crate::iface::Interface;
+use crate::life::Life;
 use crate::policy::{LearnedTurnTimes, PolicyError, TurnPolicy};
 use crate::protocol::{Grant, Live};
 use crate::shard::Shard;
@@ -163,8 +164,10 @@ impl LanedRunner {
             learn_width: config.learn_width,
         }));
         let name = inner.typed_model().and_then(|m| m.name());
+        let life = Arc::new(Life::new());
         let admission = Arc::new(Admission::new(
             config.max_waiting,
+            life.clone(),
             crate::facade::AdmissionMeters::new(name),
         ));
         let mut shards: Vec<Arc<Shard>> = vec![];
@@ -177,6 +180,7 @@ impl LanedRunner {
                 live: live.clone(),
                 times: Arc::new(LearnedTurnTimes::new(config.max_lanes + 1)),
                 admission: admission.clone(),
+                life: life.clone(),
                 index,
                 meters: crate::facade::Meters::new(name, index, config.max_lanes),
             };
@@ -213,7 +217,7 @@ impl LanedRunner {
             admission,
             config,
             live,
-            ending: crate::sync::AtomicU8::new(0),
+            life,
             timer,
         });
         Ok(LanedRunner {
@@ -428,7 +432,7 @@ impl LanedRunner {
         }
         let stragglers = core.streams();
         crate::trace::event!(info, stragglers, "a drain's wait ended; closing");
-        core.end(crate::common::ENDING_DRAINED);
+        core.life.mark_end(EndReason::Drained);
         Drained {
             stragglers,
             metrics: self.close(),
@@ -443,7 +447,7 @@ impl LanedRunner {
     pub fn close(&self) -> Snapshot {
         // First, before any stream is refused: every refusal from here on
         // says this end (see `Common::told`).
-        self.core.end(crate::common::ENDING_CLOSED);
+        self.core.life.mark_end(EndReason::Closed);
         // Step 3 (again, for a close that is not a drain's end).
         self.core.admission.refuse(SpawnError::Draining);
         // Steps 5 and 6, shard by shard.

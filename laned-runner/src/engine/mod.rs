@@ -32,6 +32,7 @@ use tract_core::internal::*;
 use crate::admission::Admission;
 use crate::err::{EndReason, NewRunnerError, RunError, RunErrorKind, SpawnError};
 use crate::iface::Interface;
+use crate::life::Life;
 use crate::policy::{decide, recheck_after, Decision, LearnedTurnTimes, QueueState};
 use crate::protocol::{Call, CallResult, Grant, Live, Request, SpawnResult};
 use crate::slot::Slot;
@@ -58,6 +59,8 @@ pub(crate) struct Parts {
     pub times: Arc<LearnedTurnTimes>,
     /// The runner's admission queue, shared by every shard.
     pub admission: Arc<Admission>,
+    /// The runner's life, shared by every part.
+    pub life: Arc<Life>,
     pub index: usize,
     /// This shard's `metrics` facade handles, bound on the thread building
     /// the runner (to the recorder installed there, as tract's are).
@@ -85,10 +88,10 @@ pub(crate) struct Engine {
     turns_run: u64,
     /// The runner's start, for `Tick`.
     epoch: Instant,
-    /// No new stream or call is taken; what is queued is finished.
-    draining: bool,
-    /// Everything was answered `Closed` and the state dropped.
-    closed: bool,
+    /// The runner's life: from step 5 on (draining) no new stream or call
+    /// is taken in, what is queued is finished. Whether the engine itself
+    /// was closed (step 9) is whether its state is still there.
+    life: Arc<Life>,
 }
 
 impl Engine {
@@ -108,6 +111,7 @@ impl Engine {
             admission,
             meters,
             index,
+            life,
         } = parts;
         let max_streams = config.max_lanes;
         let model = Model::start(inner, iface, max_streams + 1)?;
@@ -123,8 +127,7 @@ impl Engine {
             width: Width::default(),
             turns_run: 0,
             epoch: Instant::now(),
-            draining: false,
-            closed: false,
+            life,
         })
     }
 
@@ -190,10 +193,10 @@ impl Engine {
             Request::Status { stream, slot } => {
                 let status = match self.streams.own(stream) {
                     Err(e) => e.end_reason(),
-                    Ok(_) if self.draining => Some(EndReason::Drained),
+                    Ok(_) if self.is_draining() => Some(EndReason::Drained),
                     Ok(lane) => self.streams.lost(LaneId(lane)).map(|_| EndReason::Lost),
                 };
-                slot.fill(if self.closed { Some(EndReason::Closed) } else { status });
+                slot.fill(if self.is_closed() { Some(EndReason::Closed) } else { status });
             }
             Request::Pulses { stream, slot } => {
                 slot.fill(self.streams.own(stream).map(|lane| self.streams.pulses(lane)));
@@ -212,7 +215,7 @@ impl Engine {
     /// A call: refused (closed, not the stream's lane, evicted, draining,
     /// lost, a symbol the state cannot forget), or queued.
     fn enqueue(&mut self, call: Call) {
-        if self.closed {
+        if self.is_closed() {
             call.slot.fill(Err(RunError::new(RunErrorKind::Closed)));
             return;
         }
@@ -230,7 +233,7 @@ impl Engine {
             call.slot.fill(Err(RunError::new(RunErrorKind::Evicted(why))));
             return;
         }
-        if self.draining {
+        if self.is_draining() {
             call.slot.fill(Err(RunError::new(RunErrorKind::Draining)));
             return;
         }
@@ -268,7 +271,7 @@ impl Engine {
     /// A lane for a new stream, or `Full` at once: waiting for a lane is
     /// the runner's admission queue, which spans every shard.
     fn spawn(&mut self, slot: Arc<Slot<SpawnResult>>, waited: Option<Duration>) {
-        if self.closed {
+        if self.is_closed() {
             return slot.fill(Err(SpawnError::Closed));
         }
         // Not admitting (a soft drain started, or the runner closing):
@@ -277,7 +280,7 @@ impl Engine {
         if let Some(refusal) = self.admission.refusal() {
             return slot.fill(Err(refusal));
         }
-        if self.draining {
+        if self.is_draining() {
             return slot.fill(Err(SpawnError::Draining));
         }
         // The admission queue goes first (arrival order): a direct try
@@ -336,7 +339,7 @@ impl Engine {
     /// each, while both last (none while draining or closed: the refusal
     /// answers them).
     fn admit_waiting(&mut self) {
-        while !self.closed && !self.draining && self.streams.has_room() {
+        while !self.is_closed() && !self.is_draining() && self.streams.has_room() {
             let Some(waiter) = self.admission.next_waiter() else {
                 return;
             };
@@ -388,7 +391,7 @@ impl Engine {
     /// (none with a seat queued, none with a call among `batch`). Allocates
     /// nothing: the batch is searched only for an overdue stream.
     fn evict_idle_at(&mut self, now: Instant, batch: &[Request]) {
-        if self.closed {
+        if self.is_closed() {
             return;
         }
         for lane in (0..self.streams.lanes()).map(LaneId) {
@@ -410,7 +413,7 @@ impl Engine {
     /// When the next idle stream is due (a time past, for one overdue):
     /// the holder of the state takes the inbox in then, which evicts it.
     pub fn next_idle_due(&self) -> Option<Instant> {
-        if self.closed {
+        if self.is_closed() {
             return None;
         }
         self.streams.next_idle_due(|lane| self.queue.has_seat_on(lane))
@@ -457,19 +460,15 @@ impl Engine {
         self.records.seats_queued(self.queue.len());
     }
 
-    /// Whether the engine was closed (its state dropped).
+    /// Whether the engine was closed (step 9: its state dropped).
     pub fn is_closed(&self) -> bool {
-        self.closed
+        !self.model.is_open()
     }
 
-    /// Take no new stream or call from now on.
-    pub fn start_draining(&mut self) {
-        self.draining = true;
-    }
-
-    /// Whether the draining flag was taken in (new calls are refused).
+    /// Whether the runner drains (step 5): new streams and calls are
+    /// refused.
     pub fn is_draining(&self) -> bool {
-        self.draining
+        self.life.is_draining()
     }
 
     /// Nothing queued, nothing waiting for an answer.
@@ -479,7 +478,6 @@ impl Engine {
 
     /// Answer everything with `Closed` and drop the state on this thread.
     pub fn close(&mut self) {
-        self.closed = true;
         for pending in self.queue.clear() {
             pending.slot.fill(Err(RunError::new(RunErrorKind::Closed)));
         }

@@ -36,10 +36,10 @@ const HELPER_HOLD: Duration = Duration::from_micros(200);
 impl Combining {
     /// Build the engine on this thread and start the helper.
     pub(super) fn start(parts: Parts, config: &Resolved) -> Result<Arc<Combining>, NewRunnerError> {
-        let (index, live) = (parts.index, parts.live.clone());
+        let (index, live, life) = (parts.index, parts.live.clone(), parts.life.clone());
         let engine = Engine::start(parts, config)?;
         let combining = Arc::new(Combining {
-            shared: Arc::new(Shared::new(engine, config, live)),
+            shared: Arc::new(Shared::new(engine, config, live, life)),
             help: Condvar::new(),
             help_wanted: AtomicBool::new(false),
         });
@@ -182,7 +182,7 @@ impl Combining {
             let wanted = {
                 let mut inbox = shared.inbox.lock();
                 let mut ticked = false;
-                while !self.help_wanted.load(Ordering::Relaxed) && !inbox.closed && !ticked {
+                while !self.help_wanted.load(Ordering::Relaxed) && !shared.is_closed() && !ticked {
                     inbox = match tick {
                         None => self.help.wait(inbox).unwrap_or_else(|e| e.into_inner()),
                         Some(tick) => {
@@ -195,7 +195,7 @@ impl Combining {
                         }
                     };
                 }
-                if inbox.closed {
+                if shared.is_closed() {
                     return;
                 }
                 self.help_wanted.swap(false, Ordering::Relaxed)
@@ -241,10 +241,10 @@ impl Combining {
     fn arrival_within(&self, hold: Duration) -> bool {
         let inbox = &self.shared.inbox;
         let mut pending = inbox.lock();
-        if pending.requests.is_empty() && !pending.closed {
+        if pending.requests.is_empty() && !self.shared.is_closed() {
             pending = inbox.sleep(pending, 1, Some(hold));
         }
-        !pending.requests.is_empty() && !pending.closed
+        !pending.requests.is_empty() && !self.shared.is_closed()
     }
 
     /// Serve while `done` is false and the state is free, as a calling
@@ -273,7 +273,6 @@ impl Combining {
         let shared = &self.shared;
         let _wakes = Deferred::open();
         let mut engine = shared.lock();
-        engine.start_draining();
         loop {
             shared.take_inbox(&mut engine);
             if !engine.has_queue() {

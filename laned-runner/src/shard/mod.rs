@@ -158,8 +158,7 @@ impl Shard {
     /// answered: steps 5 and 6 of the runner's life
     /// (numbered in the `runner` module's doc).
     pub fn drain(&self) {
-        self.shared.inbox.lock().draining = true;
-        self.shared.inbox.notify_all();
+        self.shared.inbox.start_draining();
         match &self.flavor {
             Flavor::Worker(worker) => worker.drain(),
             Flavor::Combining(combining) => combining.drain(),
@@ -171,8 +170,7 @@ impl Shard {
     /// and 9 and 10 (the worker's own, or the closing thread's in combining
     /// mode) of the runner's life.
     pub fn close(&self) {
-        self.shared.inbox.lock().closed = true;
-        self.shared.inbox.notify_all();
+        self.shared.inbox.close();
         match &self.flavor {
             Flavor::Worker(worker) => worker.close(),
             Flavor::Combining(combining) => combining.close(),

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::config::Resolved;
 use crate::engine::Engine;
 use crate::inbox::Inbox;
+use crate::life::Life;
 use crate::policy::Decision;
 use crate::protocol::{Live, Request};
 use crate::sync::{lock, AtomicUsize, Mutex, MutexGuard, Ordering};
@@ -69,9 +70,9 @@ impl Held<'_> {
 }
 
 impl Shared {
-    pub(super) fn new(engine: Engine, config: &Resolved, live: Arc<ArcSwap<Live>>) -> Shared {
+    pub(super) fn new(engine: Engine, config: &Resolved, live: Arc<ArcSwap<Live>>, life: Arc<Life>) -> Shared {
         Shared {
-            inbox: Inbox::new(),
+            inbox: Inbox::new(life),
             can_forget_symbols: engine.can_forget_symbols(),
             engine: Mutex::new(Some(Box::new(engine))),
             live,
@@ -165,11 +166,9 @@ impl Shared {
     pub(super) fn take_inbox(&self, engine: &mut Engine) -> bool {
         let (requests, taken_at) = {
             let mut inbox = self.inbox.lock();
-            // Under the same lock as the take: every request taken in from
-            // now on, this batch included, finds the engine draining.
-            if inbox.draining {
-                engine.start_draining();
-            }
+            // The engine reads the draining step (5) itself as it takes
+            // each request in: every request taken in after it finds the
+            // engine draining.
             (self.inbox.take(&mut inbox), Instant::now())
         };
         let any = !requests.is_empty();
@@ -217,12 +216,12 @@ impl Shared {
                 Decision::WaitUntil(until) => {
                     waited.get_or_insert(now);
                     let inbox = self.inbox.lock();
-                    if inbox.closed {
+                    if self.inbox.life().is_closed() {
                         return None;
                     }
                     // Draining: nothing new can join the turn, waiting for
                     // more would only hold up the drain.
-                    if inbox.draining {
+                    if self.inbox.life().is_draining() {
                         return Some(live);
                     }
                     // Arrivals change the decision only by making the turn
@@ -305,8 +304,9 @@ impl Shared {
         }
     }
 
+    /// Whether step 7 of the runner's life came.
     pub(super) fn is_closed(&self) -> bool {
-        self.inbox.lock().closed
+        self.inbox.life().is_closed()
     }
 }
 

@@ -19,8 +19,9 @@ pub(super) struct Worker {
     /// Signalled (with the inbox lock) by the worker when a draining shard
     /// has nothing queued, and by the close; a drain sleeps on it.
     quiet: Condvar,
-    /// Set by the worker once it took the draining flag in and nothing is
-    /// queued. Who may touch it: only with the inbox lock held (so a
+    /// The worker's report to a drain (step 6): set once the runner is
+    /// draining and nothing is queued or waits for an answer (the engine is
+    /// the worker's while it sleeps, so the drain cannot look itself). Who may touch it: only with the inbox lock held (so a
     /// drain's look and sleep never miss it).
     drained: AtomicBool,
 }
@@ -62,7 +63,7 @@ impl Worker {
     /// Start the worker, which builds the engine on its own thread (the
     /// thread that will own the state) and then serves it.
     pub(super) fn start(parts: Parts, config: &Resolved) -> Result<Arc<Worker>, NewRunnerError> {
-        let (index, live) = (parts.index, parts.live.clone());
+        let (index, live, life) = (parts.index, parts.live.clone(), parts.life.clone());
         // The engine is built on the worker and handed back through this
         // channel in its shard; then the worker serves it.
         let (built, ready) = std::sync::mpsc::channel::<Result<Arc<Worker>, NewRunnerError>>();
@@ -72,7 +73,7 @@ impl Worker {
             .spawn(move || {
                 let worker = match Engine::start(parts, &config) {
                     Ok(engine) => Arc::new(Worker {
-                        shared: Arc::new(Shared::new(engine, &config, live)),
+                        shared: Arc::new(Shared::new(engine, &config, live, life)),
                         quiet: Condvar::new(),
                         drained: AtomicBool::new(false),
                     }),
@@ -134,8 +135,9 @@ impl Worker {
             }
             let (requests, closed, taken_at) = {
                 let mut inbox = shared.inbox.lock();
-                while inbox.requests.is_empty() && !inbox.closed && !engine.has_queue() {
-                    if inbox.draining && engine.is_quiet() {
+                let life = shared.inbox.life();
+                while inbox.requests.is_empty() && !life.is_closed() && !engine.has_queue() {
+                    if life.is_draining() && engine.is_quiet() {
                         self.drained.store(true, Ordering::Relaxed);
                         self.quiet.notify_all();
                     }
@@ -148,11 +150,8 @@ impl Worker {
                     };
                     inbox = shared.inbox.sleep(inbox, 1, timeout);
                 }
-                if inbox.draining {
-                    engine.start_draining();
-                }
                 taken = shared.inbox.pushed();
-                (shared.inbox.take(&mut inbox), inbox.closed, Instant::now())
+                (shared.inbox.take(&mut inbox), life.is_closed(), Instant::now())
             };
             if closed {
                 engine.close();
@@ -217,9 +216,9 @@ impl Worker {
     /// says when it is quiet; this waits for that.
     pub(super) fn drain(&self) {
         let mut inbox = self.shared.inbox.lock();
-        // The worker sets `drained` once it took the draining flag in and
-        // nothing is queued.
-        while !self.drained.load(Ordering::Relaxed) && !inbox.closed {
+        // The worker sets `drained` once the runner drains and nothing is
+        // queued.
+        while !self.drained.load(Ordering::Relaxed) && !self.shared.is_closed() {
             inbox = self.quiet.wait(inbox).unwrap_or_else(|e| e.into_inner());
         }
     }

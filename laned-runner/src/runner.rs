@@ -11,7 +11,9 @@
 //! (on the admission queue every shard shares); 5 and 6 are `Shard::drain`'s,
 //! 7 to 10 `Shard::close`'s and `Common::close`'s (the deadline thread), each
 //! mode doing 6, 8 and 9 its own way (`shard/worker.rs`,
-//! `shard/combining.rs`).
+//! `shard/combining.rs`). How far along the steps the runner is, and how it
+//! ends, is one state, `life::Life`, which every part reads (steps 3, 4, 5
+//! and 7 are its bits).
 //!
 //! 1. **Start** ([`LanedRunner::new`]). Per shard, in order: the engine
 //!    spawns the state and resets every lane once, so an op state that
@@ -28,7 +30,7 @@
 //!    its lane back, to the oldest waiter first.
 //! 3. **Admission is refused** (`Draining`): every waiting spawner is
 //!    answered at once, and every engine refuses a spawn it takes in from
-//!    then on (it reads the admission queue's flag), whichever path the
+//!    then on (it reads the runner's life), whichever path the
 //!    spawn took. Live streams call as before. Once the runner's end is
 //!    marked (a drain's step 4, or a close), every spawn path is refused
 //!    with that end: `Draining` after a drain, `Closed` after a close, as
@@ -37,18 +39,20 @@
 //!    a lane or its deadline passes; the streams left are the stragglers,
 //!    and the runner is marked drained, so that they are told `Draining`
 //!    (retry elsewhere), not `Closed`, from now on.
-//! 5. **Per shard, the inbox is marked draining** and its sleeper woken: a
+//! 5. **The runner is marked draining**, under each shard's inbox lock in
+//!    turn, and the inbox's sleeper woken: a
 //!    turn policy waiting for more seats starts the turn at once (nothing
 //!    new can join).
-//! 6. **The engine takes the flag in** with the next requests it takes in,
-//!    whoever holds the state (the worker; in combining mode a caller, the
-//!    helper, or the closing thread, which waits for the state), and
-//!    refuses new calls (`Draining`); what is queued is served turn after
+//! 6. **The engine refuses new calls** (`Draining`) from the next request
+//!    it takes in, whoever holds the state (the worker; in combining mode a
+//!    caller, the helper, or the draining thread, which waits for the
+//!    state); what is queued is served turn after
 //!    turn. A draining helper does not wait for more calls: it lets the
 //!    state go once nothing is queued. Once nothing is queued or waiting
 //!    for an answer, the runner closes every shard.
-//! 7. **The deadline thread stops.** Per shard, the inbox is marked closed
-//!    and everyone sleeping on it woken: from now on a push is refused and
+//! 7. **The deadline thread stops.** The runner is marked closed, under
+//!    each shard's inbox lock in turn, and everyone sleeping on it woken:
+//!    from now on a push is refused and
 //!    answered `Closed` by the pusher itself.
 //! 8. **The mode's thread stops**: the worker (or the helper) sees the flag;
 //!    the closing thread joins it (never itself).

@@ -4,7 +4,7 @@
 //! while it runs a task, and takes it back after).
 //!
 //! - **Lent engines.** The thread holding a shard's engine runs the tasks'
-//!   wakes it kept ([`Shared::wake_kept`](super::shared::Shared)) without
+//!   wakes it kept (`Shared::wake_kept`) without
 //!   letting the lock go; for their duration it *moves* the engine out of
 //!   its lock into [`LENT`], so that a waker calling back into that shard
 //!   (a spawn, a call, a dropped handle) is served with it on the spot
@@ -17,18 +17,28 @@
 //!   ([`set_worker`]): its own waker, run between its rounds with the
 //!   engine let go, is served on the spot rather than left waiting for the
 //!   worker, which is itself.
+//!
+//! A shard is known here only as an owner of an engine (any `Arc`), so the
+//! shared part uses this module and not the other way round.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::sync::Arc;
 
 use crate::engine::Engine;
 
-use super::shared::Shared;
+/// A shard, as this module knows it: who owns the engine.
+type Owner = Arc<dyn Any + Send + Sync>;
+
+/// Whether `owner` is `shard`.
+fn is<T: Any + Send + Sync>(owner: &Owner, shard: &Arc<T>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(owner), Arc::as_ptr(shard))
+}
 
 /// One engine lent to this thread's wakers: its shard, and the engine
 /// (`None` while a waker uses it).
 struct Lent {
-    shard: Arc<Shared>,
+    shard: Owner,
     engine: Option<Box<Engine>>,
 }
 
@@ -37,13 +47,13 @@ thread_local! {
     /// latest last. Who may touch it: this thread only.
     static LENT: RefCell<Vec<Lent>> = const { RefCell::new(Vec::new()) };
     /// The shard whose worker this thread is, `None` on any other thread.
-    static WORKER_OF: RefCell<Option<Arc<Shared>>> = const { RefCell::new(None) };
+    static WORKER_OF: RefCell<Option<Owner>> = const { RefCell::new(None) };
 }
 
 /// Run `wakes` with the engine in `slot` (taken out of its lock, which
 /// the caller keeps holding) lent to them, then put it back, even if
 /// `wakes` unwinds.
-pub(super) fn lend(shard: &Arc<Shared>, slot: &mut Option<Box<Engine>>, wakes: impl FnOnce()) {
+pub(super) fn lend<T: Any + Send + Sync>(shard: &Arc<T>, slot: &mut Option<Box<Engine>>, wakes: impl FnOnce()) {
     /// Puts the engine back into its lock when the wakes are over.
     struct Back<'a> {
         slot: &'a mut Option<Box<Engine>>,
@@ -65,7 +75,7 @@ pub(super) fn lend(shard: &Arc<Shared>, slot: &mut Option<Box<Engine>>, wakes: i
     let depth = LENT.with(|l| {
         let mut l = l.borrow_mut();
         l.push(Lent {
-            shard: shard.clone(),
+            shard: shard.clone() as Owner,
             engine,
         });
         l.len() - 1
@@ -78,7 +88,7 @@ pub(super) fn lend(shard: &Arc<Shared>, slot: &mut Option<Box<Engine>>, wakes: i
 /// runs (a waker calling back); `None` when it did not. The engine is
 /// taken out of its entry for the while and put back after, even if `f`
 /// unwinds; `f` may lend other engines in turn.
-pub(super) fn with_lent<R>(shard: &Arc<Shared>, f: impl FnOnce(&mut Engine) -> R) -> Option<R> {
+pub(super) fn with_lent<T: Any + Send + Sync, R>(shard: &Arc<T>, f: impl FnOnce(&mut Engine) -> R) -> Option<R> {
     /// Puts the engine back into its entry when `f` is over.
     struct Back {
         at: usize,
@@ -92,7 +102,7 @@ pub(super) fn with_lent<R>(shard: &Arc<Shared>, f: impl FnOnce(&mut Engine) -> R
     }
     let (at, engine) = LENT.with(|l| {
         let mut l = l.borrow_mut();
-        let at = l.iter().rposition(|lent| Arc::ptr_eq(&lent.shard, shard))?;
+        let at = l.iter().rposition(|lent| is(&lent.shard, shard))?;
         // Already in use further up this thread: a waker's serving never
         // runs wakes itself (they stay kept for the lender), so this is not
         // reached; the caller then waits for the lock as anyone would.
@@ -109,17 +119,18 @@ pub(super) fn with_lent<R>(shard: &Arc<Shared>, f: impl FnOnce(&mut Engine) -> R
 /// The shard this thread serves while it runs tasks' wakes (a waker
 /// calling back into the runner): the one whose engine it lent last, or
 /// the one it is the worker of.
-pub(super) fn home() -> Option<Arc<Shared>> {
+pub(super) fn home<T: Any + Send + Sync>() -> Option<Arc<T>> {
     LENT.with(|l| l.borrow().last().map(|lent| lent.shard.clone()))
         .or_else(|| WORKER_OF.with(|w| w.borrow().clone()))
+        .and_then(|owner| owner.downcast().ok())
 }
 
 /// This thread is `shard`'s worker, from now on.
-pub(super) fn set_worker(shard: &Arc<Shared>) {
-    WORKER_OF.with(|w| *w.borrow_mut() = Some(shard.clone()));
+pub(super) fn set_worker<T: Any + Send + Sync>(shard: &Arc<T>) {
+    WORKER_OF.with(|w| *w.borrow_mut() = Some(shard.clone() as Owner));
 }
 
 /// Whether this thread is `shard`'s worker.
-pub(super) fn is_worker_of(shard: &Arc<Shared>) -> bool {
-    WORKER_OF.with(|w| w.borrow().as_ref().is_some_and(|me| Arc::ptr_eq(me, shard)))
+pub(super) fn is_worker_of<T: Any + Send + Sync>(shard: &Arc<T>) -> bool {
+    WORKER_OF.with(|w| w.borrow().as_ref().is_some_and(|me| is(me, shard)))
 }

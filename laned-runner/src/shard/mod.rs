@@ -91,7 +91,7 @@ impl Shard {
         // A runner thread (running a waker that called back) waiting on
         // another shard: in short slices, taking its own shard's requests
         // in between (see `Shared::serve_meanwhile`).
-        if let Some(home) = holder::home().filter(|home| !Arc::ptr_eq(home, &self.shared)) {
+        if let Some(home) = holder::home::<Shared>().filter(|home| !Arc::ptr_eq(home, &self.shared)) {
             loop {
                 let slice = Instant::now() + Duration::from_millis(1);
                 let until = deadline.map_or(slice, |d| d.min(slice));

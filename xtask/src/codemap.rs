@@ -2,8 +2,11 @@
 //! file of the crate is named in its section (by its path under `src/`,
 //! or by its name where the file is alone of that name), and every `.rs`
 //! file the section names exists (under `src/`, or `tests/` for the
-//! crate's tests). Run by the unit tests, so a file added,
-//! renamed or removed without the map fails CI.
+//! crate's tests). And the map's `Two-way pairs:` line names exactly the
+//! pairs of modules that use each other (read off the `crate::` paths of
+//! the code, a re-exported item counting as `lib`'s). Run by the unit
+//! tests, so a file added, renamed or removed, or a dependency turned
+//! round, without the map fails CI.
 
 /// The `## `laned-runner`` section of `architecture`.
 pub fn section(architecture: &str) -> String {
@@ -53,6 +56,108 @@ pub fn drift(section: &str, files: &[String]) -> Vec<String> {
     problems
 }
 
+/// The module a source file (its path under `src/`) belongs to: its
+/// first path segment, `.rs` dropped.
+fn module_of(file: &str) -> &str {
+    let first = file.split('/').next().unwrap_or(file);
+    first.strip_suffix(".rs").unwrap_or(first)
+}
+
+/// The modules a file's code (comments left out) names through `crate::`
+/// paths: `crate::a::...` is `a`, `crate::{a, b::c}` is `a` and `b`; an
+/// item re-exported at the root (`crate::Name`, capitalised or a constant)
+/// is `lib`'s.
+fn uses(code: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let word = |s: &str| -> String { s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect() };
+    let mut name = |w: String| {
+        if w.chars().next().is_some_and(|c| c.is_uppercase()) {
+            out.insert("lib".to_string());
+        } else if !w.is_empty() {
+            out.insert(w);
+        }
+    };
+    for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for (i, _) in line.match_indices("crate::") {
+            let rest = &line[i + "crate::".len()..];
+            match rest.strip_prefix('{') {
+                // One level of braces: the first segment of each item.
+                Some(list) => {
+                    let mut depth = 0usize;
+                    let mut start = true;
+                    for (j, c) in list.char_indices() {
+                        match c {
+                            '{' => depth += 1,
+                            '}' if depth == 0 => break,
+                            '}' => depth -= 1,
+                            ',' if depth == 0 => start = true,
+                            c if start && !c.is_whitespace() => {
+                                start = false;
+                                name(word(&list[j..]));
+                            }
+                            _ => (),
+                        }
+                    }
+                }
+                None => name(word(rest)),
+            }
+        }
+    }
+    out
+}
+
+/// The pairs of modules that use each other, given each source file (path
+/// under `src/`) and its text; `lib.rs` uses every module it declares.
+pub fn two_way_pairs(sources: &[(String, String)]) -> Vec<(String, String)> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (file, text) in sources {
+        let from = module_of(file).to_string();
+        let mut used = uses(text);
+        if from == "lib" {
+            for line in text.lines().map(str::trim_start) {
+                let declared = line.strip_prefix("pub mod ").or_else(|| line.strip_prefix("mod "));
+                if let Some(m) = declared {
+                    used.insert(m.trim_end_matches(';').to_string());
+                }
+            }
+        }
+        used.remove(&from);
+        edges.entry(from).or_default().extend(used);
+    }
+    let mut pairs = vec![];
+    for (a, used) in &edges {
+        for b in used.iter().filter(|b| a < *b) {
+            if edges.get(b).is_some_and(|back| back.contains(a)) {
+                pairs.push((a.clone(), b.clone()));
+            }
+        }
+    }
+    pairs
+}
+
+/// The pairs the section's `Two-way pairs:` line names (`a` ↔ `b`, each
+/// in backticks), or `None` without such a line.
+pub fn named_pairs(section: &str) -> Option<Vec<(String, String)>> {
+    let start = section.find("Two-way pairs:")?;
+    let line = section[start..].split("\n\n").next().unwrap_or_default();
+    let words: Vec<&str> = line.split('`').skip(1).step_by(2).collect();
+    let mut pairs: Vec<(String, String)> = words
+        .chunks(2)
+        .filter(|p| p.len() == 2)
+        .map(|p| {
+            let (a, b) = (p[0].to_string(), p[1].to_string());
+            if a < b {
+                (a, b)
+            } else {
+                (b, a)
+            }
+        })
+        .collect();
+    pairs.sort();
+    Some(pairs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,6 +195,42 @@ mod tests {
                 "the code map names laned-runner/{test}"
             );
         }
+    }
+
+    /// The map's two-way pairs are the code's.
+    #[test]
+    fn the_code_map_names_the_two_way_pairs_the_code_has() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = vec![];
+        sources(&root.join("laned-runner/src"), "", &mut files);
+        let texts: Vec<(String, String)> = files
+            .iter()
+            .map(|f| (f.clone(), std::fs::read_to_string(root.join("laned-runner/src").join(f)).unwrap()))
+            .collect();
+        let map = section(&std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap());
+        let named = named_pairs(&map).expect("ARCHITECTURE.md's code map has a `Two-way pairs:` line");
+        assert_eq!(named, two_way_pairs(&texts), "ARCHITECTURE.md's two-way pairs against the code's");
+    }
+
+    /// Pinned cases of reading the code: a plain path, braces, a
+    /// re-exported item, a comment left out, a module declared by `lib.rs`.
+    #[test]
+    fn two_way_pairs_are_read_off_crate_paths() {
+        let src = |f: &str, t: &str| (f.to_string(), t.to_string());
+        let sources = vec![
+            src("lib.rs", "mod a;\nmod b;\npub use a::Thing;"),
+            src("a.rs", "use crate::{b::{X, Y}, sync::lock};\nfn f() -> crate::Other {}"),
+            src("b/mod.rs", "// crate::c is only a comment\nuse crate::a::Z;"),
+            src("b/part.rs", "use crate::c::W;"),
+            src("c.rs", "use crate::sync;"),
+        ];
+        assert_eq!(
+            two_way_pairs(&sources),
+            vec![("a".to_string(), "b".to_string()), ("a".to_string(), "lib".to_string())]
+        );
+        let named = named_pairs("Two-way pairs: `b` ↔ `a`, `lib` ↔ `a`.\n\nMore `x` ↔ `y`").unwrap();
+        assert_eq!(named, vec![("a".to_string(), "b".to_string()), ("a".to_string(), "lib".to_string())]);
+        assert_eq!(named_pairs("no such line"), None);
     }
 
     /// Pinned cases: a file missing, a file named that is gone, a `mod.rs`

@@ -16,7 +16,6 @@ use crate::policy::LearnedTurnTimes;
 use crate::protocol::{Grant, Live, Request};
 use crate::shard::Shard;
 use crate::slot::Slot;
-use crate::wire::{StreamState, STREAM_STATE_VERSION};
 use arc_swap::ArcSwap;
 
 use crate::life::Life;
@@ -25,6 +24,9 @@ use crate::life::Life;
 pub(crate) struct Common {
     pub(crate) inner: Arc<dyn Runnable>,
     pub(crate) iface: Arc<Interface>,
+    /// The model's identity and what a stream's state is checked against
+    /// on the wire, fixed at construction.
+    pub(crate) wire: crate::wire::Wire,
     /// The laned states; a stream stays on the shard it was placed on.
     pub(crate) shards: Vec<Arc<Shard>>,
     /// Per shard: what its engine records (turns, seats, lanes, ...).
@@ -165,29 +167,6 @@ impl Common {
             Some(inputs) => RunError::with_inputs(kind, inputs),
             None => RunError::new(kind),
         }
-    }
-
-    /// The tensors of `state`, once it is known to be of this runner's
-    /// version and model and each tensor fits the model's per-stream fact
-    /// (what an import checks before anything of tract's sees the state).
-    pub(crate) fn checked_import(&self, state: &StreamState) -> Result<TVec<Tensor>, RunError> {
-        let refuse = |why: String| Err(RunError::new(RunErrorKind::State(why)));
-        if state.version != STREAM_STATE_VERSION {
-            return refuse(format!(
-                "the stream state is of version {}, this runner reads version {STREAM_STATE_VERSION}",
-                state.version
-            ));
-        }
-        let ours = &self.iface.identity;
-        if state.model != *ours {
-            return refuse(format!(
-                "the stream state is of model {:?}, this runner serves {ours:?}",
-                state.model
-            ));
-        }
-        self.iface
-            .state_tensors(&state.tensors)
-            .map_err(|why| RunError::new(RunErrorKind::State(why)))
     }
 
     /// A spawn's refusal as every spawn path gives it: once the runner's

@@ -15,7 +15,7 @@ use crate::err::{EndReason, RunError, RunErrorKind};
 use crate::protocol::{CallResult, Grant, Request};
 use crate::shard::Shard;
 use crate::slot::Slot;
-use crate::wire::{StateTensor, StreamState, STREAM_STATE_VERSION};
+use crate::wire::StreamState;
 
 /// The lane a stream holds, shared by its handle's clones; the last one
 /// dropped sends the lane back.
@@ -110,11 +110,11 @@ impl LanedStateHandle {
 
     async fn export<W: Wait>(&self, w: &mut W) -> Result<StreamState, RunError> {
         let tensors = self.snapshot(w).await?;
-        self.to_wire(&tensors)
+        self.stream.core.wire.export(&tensors)
     }
 
     async fn import<W: Wait>(&mut self, state: &StreamState, w: &mut W) -> Result<(), RunError> {
-        let tensors = self.stream.core.checked_import(state)?;
+        let tensors = self.stream.core.wire.import(state)?;
         self.restore(tensors, w).await
     }
 
@@ -159,21 +159,6 @@ impl LanedStateHandle {
     /// Cancel-safe: it only reads.
     pub async fn export_state_async(&self) -> Result<StreamState, RunError> {
         self.export(&mut Task).await
-    }
-
-    /// The stream's state tensors as they travel, with the model's
-    /// identity.
-    fn to_wire(&self, tensors: &[Tensor]) -> Result<StreamState, RunError> {
-        let tensors = tensors
-            .iter()
-            .map(StateTensor::of)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|why| RunError::new(RunErrorKind::State(why)))?;
-        Ok(StreamState {
-            version: STREAM_STATE_VERSION,
-            model: self.stream.core.iface.identity.clone(),
-            tensors,
-        })
     }
 
     /// This stream's explicit state on the wire ([`StreamState`]): to

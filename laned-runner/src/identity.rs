@@ -1,6 +1,8 @@
-//! What identifies a model's explicit state on the wire, fixed once when
-//! the runner is built: a state exported by one runner is imported only by
-//! a runner whose model computes the state the same way.
+//! How a model's identity is computed: what identifies its explicit state
+//! on the wire, so that a state exported by one runner is imported only by
+//! a runner whose model computes the state the same way. The computation
+//! only: the `wire` module calls it once, when the runner is built, keeps
+//! the result and is its one reader (stamping exports, checking imports).
 //!
 //! The identity reads `name|pairs|weights W|graph G`:
 //!
@@ -31,7 +33,8 @@ use tract_core::internal::*;
 
 use crate::iface::{Port, StateIo};
 
-/// The identity of `model`'s explicit state (this module's doc).
+/// The identity of `model`'s explicit state (this module's doc), its
+/// inputs and state pairs as the runner's interface has them.
 pub(crate) fn state_identity(model: Option<&TypedModel>, inputs: &[Port], state: &[StateIo]) -> String {
     let pairs: Vec<String> = state
         .iter()

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use tract_core::internal::*;
 
 use crate::err::{NewRunnerError, RunError, RunErrorKind};
-use crate::wire::StateTensor;
 
 /// The model's interface, shared read-only by every thread.
 #[derive(Debug)]
@@ -34,9 +33,6 @@ pub(crate) struct Interface {
     /// Whether a batched input has a free dim besides the batch: then seats
     /// of different shapes can be fed, and the shape joins the group key.
     pub free_dims: bool,
-    /// What identifies the model's explicit state on the wire, fixed here
-    /// (see [`crate::identity`]).
-    pub identity: String,
 }
 
 /// What ending a stream needs to know of a pulsed model.
@@ -81,37 +77,6 @@ impl PulseInfo {
             .unwrap_or(0)
             .max(0) as usize;
         Some(PulseInfo { symbol, pulse, delay })
-    }
-}
-
-impl Interface {
-    /// A stream state's tensors from the wire, one per state pair in the
-    /// model's order, each checked against its state input's fact for one
-    /// stream (datum type and shape, 1 on the batch axis) before any reaches
-    /// tract.
-    pub fn state_tensors(&self, tensors: &[StateTensor]) -> Result<TVec<Tensor>, String> {
-        if tensors.len() != self.state.len() {
-            return Err(format!(
-                "the model carries {} state tensors, {} were given",
-                self.state.len(),
-                tensors.len()
-            ));
-        }
-        self.state
-            .iter()
-            .zip(tensors)
-            .enumerate()
-            .map(|(index, (io, t))| {
-                let shape = one_stream_shape(&io.fact, Some(io.axis)).ok_or_else(|| {
-                    format!(
-                        "state input {} has a symbolic dim besides the batch: {}",
-                        io.input,
-                        shape_text(&io.fact)
-                    )
-                })?;
-                t.to_tensor_as(index, io.input, io.fact.datum_type, &shape)
-            })
-            .collect()
     }
 }
 
@@ -300,7 +265,8 @@ fn batch_symbol(fact: &TypedFact) -> Option<Symbol> {
     }
 }
 
-fn shape_text(fact: &TypedFact) -> String {
+/// `fact` as an error names it: its datum type and dims.
+pub(crate) fn shape_text(fact: &TypedFact) -> String {
     let dims: Vec<String> = fact.shape.dims().iter().map(|d| d.to_string()).collect();
     format!("{:?} [{}]", fact.datum_type, dims.join(", "))
 }
@@ -466,7 +432,6 @@ impl Interface {
             .iter()
             .filter(|p| p.batched)
             .any(|p| p.fact.shape.dims().iter().skip(1).any(|d| d.to_usize().is_err()));
-        let identity = crate::identity::state_identity(model.map(|m| &**m), &inputs, &state);
         Ok(Interface {
             batch,
             inputs,
@@ -479,7 +444,6 @@ impl Interface {
             state,
             pulse,
             free_dims,
-            identity,
         })
     }
 

@@ -86,7 +86,7 @@ use crate::policy::{LearnedTurnTimes, PolicyError, TurnPolicy};
 use crate::protocol::{Grant, Live};
 use crate::shard::Shard;
 use crate::slot::Slot;
-use crate::wire::StreamState;
+use crate::wire::{StreamState, Wire};
 use arc_swap::ArcSwap;
 
 /// Closes every shard when the last owning [`LanedRunner`] goes: every
@@ -162,6 +162,7 @@ impl LanedRunner {
         let state_spec = config.state.clone();
         let config = config.resolve()?;
         let iface = Arc::new(Interface::of(&*inner, &state_spec)?);
+        let wire = Wire::of(inner.typed_model().map(|m| &**m), &iface);
         let live = Arc::new(ArcSwap::from_pointee(Live {
             policy: config.policy,
             max_seats: config.max_seats,
@@ -214,6 +215,7 @@ impl LanedRunner {
         let core = Arc::new(Common {
             inner,
             iface,
+            wire,
             shards,
             metrics,
             events: Arc::new(Metrics::new(1)),
@@ -546,14 +548,14 @@ impl LanedRunner {
     /// its client where the stream resumes. The identity states carry is
     /// [`LanedRunner::state_identity`].
     pub fn check_state(&self, state: &StreamState) -> Result<(), RunError> {
-        self.core.checked_import(state).map(|_| ())
+        self.core.wire.import(state).map(|_| ())
     }
 
     /// The identity of this runner's model as its streams' exported states
     /// carry it ([`StreamState::model`]): its name, its state inputs'
     /// facts, a digest of its weights and one of its graph.
     pub fn state_identity(&self) -> &str {
-        &self.core.iface.identity
+        self.core.wire.identity()
     }
 
     /// A clone that does not keep the runner open: once every other clone is

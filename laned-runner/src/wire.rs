@@ -1,7 +1,16 @@
 //! A stream's explicit state as it travels between runners or processes
-//! (a replica draining hands its streams to another): the tensors, the
-//! identity of the model they belong to, and the format's version. Plain
-//! serde data: JSON, TOML, bincode, whatever the transport carries.
+//! (a replica draining hands its streams to another), and the one owner of
+//! it: the format (the tensors, the identity of the model they belong to,
+//! the format's version: plain serde data, for JSON, TOML, bincode,
+//! whatever the transport carries), the model's identity kept once the
+//! runner is built ([`Wire`], beside the runner's other shared facts), the
+//! export (a stream's tensors to a [`StreamState`]) and the checked import
+//! (a [`StreamState`] back to tensors, refused, naming both, for another
+//! version, another model or a tensor its state input does not take).
+//!
+//! How the identity is computed (the digests of the weights and the graph)
+//! is the `identity` module's job, called once from here; every other
+//! module reaches a stream's travelling state through this one.
 //!
 //! ```
 //! # use laned_runner::{StreamState, STREAM_STATE_VERSION};
@@ -12,6 +21,9 @@
 
 use serde::{Deserialize, Serialize};
 use tract_core::internal::*;
+
+use crate::err::{RunError, RunErrorKind};
+use crate::iface::{one_stream_shape, shape_text, Interface};
 
 /// The version [`StreamState`]s are written in, and the only one read.
 ///
@@ -141,6 +153,121 @@ impl StateTensor {
         if cfg!(target_endian = "big") {
             data.chunks_mut(dt.size_of()).for_each(|c| c.reverse());
         }
+        // SAFETY: `dt` is one of `TYPES`, plain numbers for which every bit
+        // pattern is a value, and `data` holds exactly the bytes `shape`
+        // takes of it (counted above; tract counts again).
         unsafe { Tensor::from_raw_dt(dt, &self.shape, &data) }.map_err(|e| format!("{e:#}"))
+    }
+}
+
+/// What this runner's streams' states are written with and checked
+/// against: the model's identity, computed once when the runner is built,
+/// and each state pair's facts for one stream. Shared read-only by every
+/// handle (in the runner's `Common`).
+#[derive(Debug)]
+pub(crate) struct Wire {
+    /// The identity states carry ([`StreamState::model`]).
+    identity: String,
+    /// Per state pair, in the model's order.
+    pairs: Vec<Pair>,
+}
+
+/// What one state tensor must be to be imported.
+#[derive(Debug)]
+struct Pair {
+    /// The model input the state feeds.
+    input: usize,
+    datum_type: DatumType,
+    /// One stream's shape (1 on the batch axis), or why there is none (a
+    /// symbolic dim besides the batch).
+    shape: Result<TVec<usize>, String>,
+}
+
+impl Wire {
+    /// The identity of `model`, whose interface is `iface` (the `identity`
+    /// module's computation), and its state pairs' per-stream facts.
+    pub(crate) fn of(model: Option<&TypedModel>, iface: &Interface) -> Wire {
+        let pairs = iface
+            .state
+            .iter()
+            .map(|io| Pair {
+                input: io.input,
+                datum_type: io.fact.datum_type,
+                shape: one_stream_shape(&io.fact, Some(io.axis)).ok_or_else(|| {
+                    format!(
+                        "state input {} has a symbolic dim besides the batch: {}",
+                        io.input,
+                        shape_text(&io.fact)
+                    )
+                }),
+            })
+            .collect();
+        Wire {
+            identity: crate::identity::state_identity(model, &iface.inputs, &iface.state),
+            pairs,
+        }
+    }
+
+    /// The identity this runner's states carry.
+    pub(crate) fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// A stream's state tensors (one per pair, batch extent 1) as they
+    /// travel, with the model's identity.
+    pub(crate) fn export(&self, tensors: &[Tensor]) -> Result<StreamState, RunError> {
+        let tensors = tensors
+            .iter()
+            .map(StateTensor::of)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|why| RunError::new(RunErrorKind::State(why)))?;
+        Ok(StreamState {
+            version: STREAM_STATE_VERSION,
+            model: self.identity.clone(),
+            tensors,
+        })
+    }
+
+    /// The tensors of `state`, once it is known to be of this runner's
+    /// version and model and each tensor fits its state input's fact for
+    /// one stream (datum type and shape): what an import checks before
+    /// anything of tract's sees the state.
+    pub(crate) fn import(&self, state: &StreamState) -> Result<TVec<Tensor>, RunError> {
+        self.checked(state)
+            .map_err(|why| RunError::new(RunErrorKind::State(why)))
+    }
+
+    /// [`Wire::import`]'s checks, in order: version, model, tensor count,
+    /// then each tensor.
+    fn checked(&self, state: &StreamState) -> Result<TVec<Tensor>, String> {
+        if state.version != STREAM_STATE_VERSION {
+            return Err(format!(
+                "the stream state is of version {}, this runner reads version {STREAM_STATE_VERSION}",
+                state.version
+            ));
+        }
+        let ours = &self.identity;
+        if state.model != *ours {
+            return Err(format!(
+                "the stream state is of model {:?}, this runner serves {ours:?}",
+                state.model
+            ));
+        }
+        if state.tensors.len() != self.pairs.len() {
+            return Err(format!(
+                "the model carries {} state tensors, {} were given",
+                self.pairs.len(),
+                state.tensors.len()
+            ));
+        }
+        self.pairs
+            .iter()
+            .zip(&state.tensors)
+            .enumerate()
+            .map(|(index, (pair, t))| {
+                let shape = pair.shape.as_ref().map_err(Clone::clone)?;
+                t.to_tensor_as(index, pair.input, pair.datum_type, shape)
+            })
+            .collect()
     }
 }

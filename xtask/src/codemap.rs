@@ -107,23 +107,66 @@ fn uses(code: &str) -> std::collections::BTreeSet<String> {
 }
 
 /// The pairs of modules that use each other, given each source file (path
-/// under `src/`) and its text; `lib.rs` uses every module it declares.
+/// under `src/`) and its text: the crate's top-level modules (`lib.rs` uses
+/// every module it declares), and within a folder its files (`shard/mod`,
+/// `shard/worker`: a `super::name` path names the sibling file `name`, or
+/// else the folder's `mod.rs`, which uses the files it declares).
 pub fn two_way_pairs(sources: &[(String, String)]) -> Vec<(String, String)> {
     use std::collections::{BTreeMap, BTreeSet};
+    let declared = |text: &str| -> Vec<String> {
+        text.lines()
+            .map(str::trim_start)
+            .filter_map(|l| l.strip_prefix("pub mod ").or_else(|| l.strip_prefix("mod ")))
+            .filter(|m| m.ends_with(';'))
+            .map(|m| m.trim_end_matches(';').to_string())
+            .collect()
+    };
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (file, text) in sources {
         let from = module_of(file).to_string();
         let mut used = uses(text);
         if from == "lib" {
-            for line in text.lines().map(str::trim_start) {
-                let declared = line.strip_prefix("pub mod ").or_else(|| line.strip_prefix("mod "));
-                if let Some(m) = declared {
-                    used.insert(m.trim_end_matches(';').to_string());
-                }
-            }
+            used.extend(declared(text));
         }
         used.remove(&from);
         edges.entry(from).or_default().extend(used);
+        // Within a folder.
+        let Some((folder, name)) = file.split_once('/') else {
+            continue;
+        };
+        let stem = |n: &str| n.strip_suffix(".rs").unwrap_or(n).to_string();
+        let here = format!("{folder}/{}", stem(name));
+        let siblings: BTreeSet<String> = sources
+            .iter()
+            .filter_map(|(f, _)| f.strip_prefix(&format!("{folder}/")).map(stem))
+            .collect();
+        let mut used: BTreeSet<String> = BTreeSet::new();
+        // A file's own test module (at its end) says `super` for the file.
+        let text = text.split("#[cfg(test)]").next().unwrap_or(text);
+        let text = text.split("#[cfg(all(test").next().unwrap_or(text);
+        for (i, _) in text.match_indices("super::") {
+            let word: String = text[i + "super::".len()..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let line_start = text[..i].rfind('\n').map_or(0, |n| n + 1);
+            if text[line_start..i].trim_start().starts_with("//") || word.is_empty() {
+                continue;
+            }
+            used.insert(if siblings.contains(&word) {
+                word
+            } else {
+                "mod".to_string()
+            });
+        }
+        if stem(name) == "mod" {
+            used.extend(declared(text));
+        }
+        used.remove(&stem(name));
+        edges
+            .entry(here)
+            .or_default()
+            .extend(used.into_iter().map(|u| format!("{folder}/{u}")));
     }
     let mut pairs = vec![];
     for (a, used) in &edges {
@@ -140,20 +183,17 @@ pub fn two_way_pairs(sources: &[(String, String)]) -> Vec<(String, String)> {
 /// in backticks), or `None` without such a line.
 pub fn named_pairs(section: &str) -> Option<Vec<(String, String)>> {
     let start = section.find("Two-way pairs:")?;
-    let line = section[start..].split("\n\n").next().unwrap_or_default();
-    let words: Vec<&str> = line.split('`').skip(1).step_by(2).collect();
-    let mut pairs: Vec<(String, String)> = words
-        .chunks(2)
-        .filter(|p| p.len() == 2)
-        .map(|p| {
-            let (a, b) = (p[0].to_string(), p[1].to_string());
-            if a < b {
-                (a, b)
-            } else {
-                (b, a)
-            }
-        })
-        .collect();
+    let paragraph = section[start..].split("\n\n").next().unwrap_or_default();
+    let paragraph = paragraph.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut pairs = vec![];
+    for (i, _) in paragraph.match_indices("` ↔ `") {
+        let before = &paragraph[..i];
+        let after = &paragraph[i + "` ↔ `".len()..];
+        let a = &before[before.rfind('`').map_or(0, |j| j + 1)..];
+        let b = &after[..after.find('`').unwrap_or(after.len())];
+        let (a, b) = (a.to_string(), b.to_string());
+        pairs.push(if a < b { (a, b) } else { (b, a) });
+    }
     pairs.sort();
     Some(pairs)
 }
@@ -205,11 +245,20 @@ mod tests {
         sources(&root.join("laned-runner/src"), "", &mut files);
         let texts: Vec<(String, String)> = files
             .iter()
-            .map(|f| (f.clone(), std::fs::read_to_string(root.join("laned-runner/src").join(f)).unwrap()))
+            .map(|f| {
+                (
+                    f.clone(),
+                    std::fs::read_to_string(root.join("laned-runner/src").join(f)).unwrap(),
+                )
+            })
             .collect();
         let map = section(&std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap());
         let named = named_pairs(&map).expect("ARCHITECTURE.md's code map has a `Two-way pairs:` line");
-        assert_eq!(named, two_way_pairs(&texts), "ARCHITECTURE.md's two-way pairs against the code's");
+        assert_eq!(
+            named,
+            two_way_pairs(&texts),
+            "ARCHITECTURE.md's two-way pairs against the code's"
+        );
     }
 
     /// Pinned cases of reading the code: a plain path, braces, a
@@ -221,15 +270,27 @@ mod tests {
             src("lib.rs", "mod a;\nmod b;\npub use a::Thing;"),
             src("a.rs", "use crate::{b::{X, Y}, sync::lock};\nfn f() -> crate::Other {}"),
             src("b/mod.rs", "// crate::c is only a comment\nuse crate::a::Z;"),
-            src("b/part.rs", "use crate::c::W;"),
+            src("b/part.rs", "use crate::c::W;\nuse super::Shared;"),
+            src(
+                "b/other.rs",
+                "use super::part::P;\n#[cfg(test)]\nmod tests { use super::*; }",
+            ),
             src("c.rs", "use crate::sync;"),
         ];
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        // `b/mod` declares nothing: `b/part` using it is one way.
+        assert_eq!(two_way_pairs(&sources), vec![pair("a", "b"), pair("a", "lib")]);
+        let mut declaring = sources.clone();
+        declaring[2].1.push_str("\nmod part;\nmod other;");
         assert_eq!(
-            two_way_pairs(&sources),
+            two_way_pairs(&declaring),
+            vec![pair("a", "b"), pair("a", "lib"), pair("b/mod", "b/part")]
+        );
+        let named = named_pairs("Two-way pairs: `b` ↔ `a` (a `note`), `lib` ↔\n`a`.\n\nMore `x` ↔ `y`").unwrap();
+        assert_eq!(
+            named,
             vec![("a".to_string(), "b".to_string()), ("a".to_string(), "lib".to_string())]
         );
-        let named = named_pairs("Two-way pairs: `b` ↔ `a`, `lib` ↔ `a`.\n\nMore `x` ↔ `y`").unwrap();
-        assert_eq!(named, vec![("a".to_string(), "b".to_string()), ("a".to_string(), "lib".to_string())]);
         assert_eq!(named_pairs("no such line"), None);
     }
 

@@ -17,7 +17,7 @@
 //! after turn, a worker lingering for more seats) runs the wakes kept so
 //! far between turns and before it sleeps ([`run_kept`]), so no task is
 //! woken late; a waker calling back into that same shard then is served on
-//! the spot with the engine its holder lent it (`Shard::wake_kept`).
+//! the spot with the engine its holder lent it (`Shared::wake_kept`, `shard/holder.rs`).
 
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -112,7 +112,7 @@ pub(crate) fn any_kept() -> bool {
 /// Run the wakes kept so far now, the scope staying open: the thread
 /// holding the engine calls it between turns and before it sleeps, so a
 /// task is not woken late by a holder that keeps the engine (see
-/// `Shard::wake_kept` for the waker that calls back).
+/// `Shared::wake_kept`, `shard/holder.rs` for the waker that calls back).
 pub(crate) fn run_kept() {
     if let Ok(wakers) = KEPT.try_with(|kept| std::mem::take(&mut kept.borrow_mut().wakers)) {
         run(wakers);

@@ -1,9 +1,10 @@
 //! The benchmark binaries' shared parts, behind `cargo xtask bench`. One
-//! closed loop and one real-time driver serve every model and system:
+//! closed loop and one real-time driver serve every model and system; they
+//! are `laned_load`'s (shared with `laned bench`), re-exported here:
 //!
 //! - [`load`]: streams as threads (closed loop, real time), the two
-//!   references (a state per stream, the ideal loop), the CPU clocks and
-//!   the capacity search;
+//!   references (a state per stream, the ideal loop) on the testkit's
+//!   fixtures, the CPU clocks and the capacity search;
 //! - [`searches`]: several capacity searches per system, interleaved, and
 //!   their median as the model benches print it;
 //! - [`tasks`]: the same streams as tokio tasks, as a server holds them;
@@ -25,13 +26,13 @@
 #![warn(missing_docs)]
 
 pub mod cli;
-pub mod feedback;
 pub mod load;
 pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod searches;
-pub mod tasks;
+
+pub use laned_load::{feedback, tasks};
 
 /// The workspace README's examples, compiled and run as doc tests here
 /// (this crate has the testkit and tokio they use).

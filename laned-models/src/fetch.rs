@@ -148,6 +148,31 @@ impl FetchError {
     }
 }
 
+/// The skip rule of the tests that need a real model: `fetched`, or `None`
+/// after printing `SKIPPED: {model} is unavailable here: why` where the
+/// files are simply not to be had here ([`FetchError::is_unavailable`]; a
+/// test suite's runner may refuse that word, as `cargo xtask test` does).
+/// A wrong file (a digest, a setting, the disk) panics: the test fails.
+///
+/// ```no_run
+/// use laned_models::{fetch, silero};
+///
+/// let Some(path) = fetch::or_skip("Silero VAD", silero::fetch()) else {
+///     return; // said SKIPPED
+/// };
+/// println!("testing {}", path.display());
+/// ```
+pub fn or_skip<T>(model: &str, fetched: Result<T, FetchError>) -> Option<T> {
+    match fetched {
+        Ok(t) => Some(t),
+        Err(e) if e.is_unavailable() => {
+            eprintln!("SKIPPED: {model} is unavailable here: {e}");
+            None
+        }
+        Err(e) => panic!("{model}: {e}"),
+    }
+}
+
 impl fmt::Display for FetchError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -2,6 +2,7 @@
 //! carries the batch symbol `B` on axis 0 of its batched inputs and outputs;
 //! each says in its doc line what lane-aware machinery it exercises.
 
+use fastrand::Rng;
 use tract_core::internal::*;
 use tract_core::ops::array::{Pad, PadMode, Slice, TypedConcat};
 use tract_core::ops::cnn::{Conv, KernelFormat, PaddingSpec, PoolSpec};
@@ -86,7 +87,7 @@ impl Fixture {
     /// take one of two values so that schedules see both agreeing and
     /// disagreeing seats.
     pub fn inputs(&self, rows: usize, seed: u64) -> TVec<TValue> {
-        let mut rng = Lcg(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut rng = Rng::with_seed(seed);
         self.inputs
             .iter()
             .map(|spec| {
@@ -95,7 +96,7 @@ impl Fixture {
                     shape[0] = rows;
                     random_tensor(&shape, &mut rng).into_tvalue()
                 } else {
-                    let v = if rng.next().is_multiple_of(2) { 0.5 } else { 2.0 };
+                    let v = if rng.bool() { 0.5 } else { 2.0 };
                     Tensor::from_shape(&spec.shape, &vec![v as f32; spec.shape.iter().product()])
                         .unwrap()
                         .into_tvalue()
@@ -229,13 +230,13 @@ impl Builder {
                 .model
                 .wire_node(format!("{name}.pad"), Pad { pads, mode }, &[wire])?[0];
         }
-        let mut rng = Lcg(self.next_seed());
+        let mut rng = Rng::with_seed(self.next_seed());
         let scale = 1.0 / ((cin * k) as f32).sqrt();
-        let weights: Vec<f32> = (0..cout * cin * k).map(|_| rng.uniform() * scale).collect();
+        let weights: Vec<f32> = (0..cout * cin * k).map(|_| uniform(&mut rng) * scale).collect();
         let kernel = self
             .model
             .add_const(format!("{name}.kernel"), Tensor::from_shape(&[cout, cin, k], &weights)?)?;
-        let bias: Vec<f32> = (0..cout).map(|_| rng.uniform() * 0.1).collect();
+        let bias: Vec<f32> = (0..cout).map(|_| uniform(&mut rng) * 0.1).collect();
         let bias = self
             .model
             .add_const(format!("{name}.bias"), Tensor::from_shape(&[cout], &bias)?)?;
@@ -517,9 +518,9 @@ pub fn deconv() -> TractResult<Fixture> {
     let x = b.source("features", FEATURES)?;
     let pad = b.zero_pad();
     let c1 = b.conv("conv1", x, FEATURES, 8, 2, 1, 1, pad)?;
-    let mut rng = Lcg(77);
+    let mut rng = Rng::with_seed(77);
     let (cin, cout, k) = (8, 4, 3);
-    let weights: Vec<f32> = (0..cout * cin * k).map(|_| rng.uniform() * 0.3).collect();
+    let weights: Vec<f32> = (0..cout * cin * k).map(|_| uniform(&mut rng) * 0.3).collect();
     let kernel = b
         .model
         .add_const("deconv.kernel", Tensor::from_shape(&[cout, cin, k], &weights)?)?;
@@ -563,10 +564,10 @@ pub fn gru_cell(features: usize, hidden: usize) -> TractResult<Fixture> {
     let x = model.add_source("x", f32::fact(dims!(batch.clone(), features)))?;
     let h0 = model.add_source("h", f32::fact(dims!(1, batch.clone(), hidden)))?;
     let h = model.wire_node("h.squeeze", AxisOp::Rm(0), &[h0])?[0];
-    let mut rng = Lcg(57);
+    let mut rng = Rng::with_seed(57);
     let scale = 1.0 / (features.max(hidden) as f32).sqrt();
     let mut weights = |model: &mut TypedModel, name: &str, rows: usize| -> TractResult<OutletId> {
-        let w: Vec<f32> = (0..rows * hidden).map(|_| rng.uniform() * scale).collect();
+        let w: Vec<f32> = (0..rows * hidden).map(|_| uniform(&mut rng) * scale).collect();
         model.add_const(name, Tensor::from_shape(&[rows, hidden], &w)?)
     };
     let mut gate = |model: &mut TypedModel, name: &str| -> TractResult<(OutletId, OutletId)> {
@@ -645,30 +646,14 @@ pub fn all() -> TractResult<Vec<Fixture>> {
     ])
 }
 
-/// A tiny deterministic generator: fixtures and schedules must not depend on
-/// the platform's randomness.
-#[derive(Debug, Clone)]
-pub struct Lcg(pub u64);
-
-impl Lcg {
-    /// The next value, in [0, 2^47).
-    #[allow(clippy::should_implement_trait)]
-    pub fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 17
-    }
-
-    /// Uniform in [-1, 1).
-    pub fn uniform(&mut self) -> f32 {
-        (self.next() % 2_000_000) as f32 / 1_000_000.0 - 1.0
-    }
+/// Uniform in [-1, 1), from `fastrand`'s seeded generator: fixtures and
+/// schedules never depend on the platform's randomness.
+fn uniform(rng: &mut Rng) -> f32 {
+    rng.f32() * 2.0 - 1.0
 }
 
-fn random_tensor(shape: &[usize], rng: &mut Lcg) -> Tensor {
-    let values: Vec<f32> = (0..shape.iter().product::<usize>()).map(|_| rng.uniform()).collect();
+fn random_tensor(shape: &[usize], rng: &mut Rng) -> Tensor {
+    let values: Vec<f32> = (0..shape.iter().product::<usize>()).map(|_| uniform(rng)).collect();
     Tensor::from_shape(shape, &values).unwrap()
 }
 
@@ -840,10 +825,10 @@ pub fn rnn_cell(features: usize, hidden: usize) -> TractResult<TypedModel> {
     let b = model.symbols.sym("B");
     let x = model.add_source("x", f32::fact(dims!(b.clone(), features)))?;
     let state = model.add_source("state", f32::fact(dims!(1, b, hidden)))?;
-    let mut rng = Lcg(91);
+    let mut rng = Rng::with_seed(91);
     let scale = 1.0 / (features.max(hidden) as f32).sqrt();
-    let w: Vec<f32> = (0..features * hidden).map(|_| rng.uniform() * scale).collect();
-    let u: Vec<f32> = (0..hidden * hidden).map(|_| rng.uniform() * scale).collect();
+    let w: Vec<f32> = (0..features * hidden).map(|_| uniform(&mut rng) * scale).collect();
+    let u: Vec<f32> = (0..hidden * hidden).map(|_| uniform(&mut rng) * scale).collect();
     let w = model.add_const("W", Tensor::from_shape(&[features, hidden], &w)?)?;
     let u = model.add_const("U", Tensor::from_shape(&[hidden, hidden], &u)?)?;
     let h = model.wire_node("state.squeeze", AxisOp::Rm(0), &[state])?[0];

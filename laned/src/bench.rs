@@ -25,9 +25,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use laned_bench::feedback::FeedBack;
-use laned_bench::load::{self, Throughput};
-use laned_bench::tasks::{self, TaskSystem};
+use laned_load::tasks::{self, TaskSystem};
+use laned_load::{median, threads, FeedBack, Throughput};
 use laned_runner::{LanedRunner, Mode, RunnerConfig};
 use tract_core::internal::*;
 use tract_core::plan::{LaneId, Seating};
@@ -243,7 +242,7 @@ fn exact(runner: &LanedRunner, solo: &Arc<dyn Runnable>, feed: &Feed, streams: u
 /// A state per stream: a thread each.
 fn solo(solo: &Arc<dyn Runnable>, feed: &Arc<Feed>, n: usize, d: Duration) -> TractResult<Throughput> {
     let (solo, feed) = (solo.clone(), feed.clone());
-    load::closed_loop(
+    threads::closed_loop(
         n,
         d,
         move |s| Ok((solo.spawn()?, feed.inputs(&[s as u64])?)),
@@ -257,7 +256,7 @@ fn solo(solo: &Arc<dyn Runnable>, feed: &Arc<Feed>, n: usize, d: Duration) -> Tr
 fn ideal(plan: &Arc<dyn Runnable>, feed: &Arc<Feed>, n: usize, cores: usize, d: Duration) -> TractResult<Throughput> {
     let threads = cores.clamp(1, n.max(1));
     let (plan, feed) = (plan.clone(), feed.clone());
-    load::closed_loop(
+    threads::closed_loop(
         threads,
         d,
         move |t| {
@@ -292,7 +291,7 @@ fn ideal(plan: &Arc<dyn Runnable>, feed: &Arc<Feed>, n: usize, cores: usize, d: 
 /// Ours: a thread per stream calling a runner of a shard per core.
 fn ours_threads(runner: &LanedRunner, feed: &Arc<Feed>, n: usize, d: Duration) -> TractResult<Throughput> {
     let (runner, feed) = (runner.clone(), feed.clone());
-    load::closed_loop(
+    threads::closed_loop(
         n,
         d,
         move |s| {
@@ -425,9 +424,9 @@ pub fn bench(args: &Args) -> TractResult<ExitCode> {
         }
         let row = Row {
             streams: n,
-            solo: load::median(&s),
-            ideal: load::median(&i),
-            ours: WAYS.iter().copied().zip(o.iter().map(|v| load::median(v))).collect(),
+            solo: median(&s),
+            ideal: median(&i),
+            ours: WAYS.iter().copied().zip(o.iter().map(|v| median(v))).collect(),
         };
         let (_, best) = row.best();
         let default = WAYS

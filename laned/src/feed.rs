@@ -7,7 +7,6 @@
 //! values); other types zeros, or what `--fill IX=VALUE` says.
 
 use laned_models::spec::one_stream_shape;
-use laned_testkit::fixtures::Lcg;
 use tract_core::internal::*;
 
 use crate::model::Loaded;
@@ -151,8 +150,8 @@ impl Feed {
                         // f64: an integer such as a sample rate exactly.
                         Some(v) => Tensor::from_shape(&port.shape, &vec![v; len])?,
                         None if port.datum_type.is_float() => {
-                            let mut rng = Lcg(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-                            let noise: Vec<f32> = (0..len).map(|_| gain * rng.uniform()).collect();
+                            let mut rng = fastrand::Rng::with_seed(seed);
+                            let noise: Vec<f32> = (0..len).map(|_| gain * (rng.f32() * 2.0 - 1.0)).collect();
                             Tensor::from_shape(&port.shape, &noise)?
                         }
                         None => Tensor::zero_dt(port.datum_type, &port.shape)?,

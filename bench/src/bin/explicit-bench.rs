@@ -12,14 +12,14 @@ use std::time::Duration;
 
 use laned_bench::load;
 use laned_runner::{LanedRunner, RunnerConfig, StateSpec};
-use laned_testkit::fixtures::{self, Lcg};
+use laned_testkit::fixtures;
 use tract_core::internal::*;
 
 const F: usize = 512;
 
 fn x(seed: u64) -> TValue {
-    let mut rng = Lcg(seed | 1);
-    Tensor::from_shape(&[1, F], &(0..F).map(|_| rng.uniform()).collect::<Vec<f32>>())
+    let mut rng = fastrand::Rng::with_seed(seed);
+    Tensor::from_shape(&[1, F], &(0..F).map(|_| rng.f32() * 2.0 - 1.0).collect::<Vec<f32>>())
         .unwrap()
         .into_tvalue()
 }

@@ -40,7 +40,6 @@ use laned_bench::load;
 use laned_bench::tasks::{self, TaskSystem};
 use laned_models::silero::{self, Context, CHUNK};
 use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec};
-use laned_testkit::fixtures::Lcg;
 use tokio_tungstenite::tungstenite::Message;
 use tract_core::internal::*;
 
@@ -175,9 +174,9 @@ impl Gru {
 
     /// Stream `s`'s pulse as bytes: noise.
     fn pulse(&self, s: usize) -> Vec<u8> {
-        let mut rng = Lcg(s as u64 * 2 + 1);
+        let mut rng = fastrand::Rng::with_seed(s as u64);
         (0..self.interface.pulse_bytes() / 4)
-            .flat_map(|_| (0.1 * rng.uniform()).to_le_bytes())
+            .flat_map(|_| (0.1 * (rng.f32() * 2.0 - 1.0)).to_le_bytes())
             .collect()
     }
 }
@@ -205,8 +204,8 @@ struct Search {
 /// Stream `s`'s chunk: noise (the model's cost does not depend on the
 /// sound).
 fn chunk(s: usize) -> Vec<f32> {
-    let mut rng = Lcg(s as u64 * 2 + 1);
-    (0..CHUNK).map(|_| 0.1 * rng.uniform()).collect()
+    let mut rng = fastrand::Rng::with_seed(s as u64);
+    (0..CHUNK).map(|_| 0.1 * (rng.f32() * 2.0 - 1.0)).collect()
 }
 
 fn per_chunk(cpu: Option<Duration>, chunks: u64) -> Option<u64> {
@@ -405,8 +404,7 @@ fn over_network(
             .enumerate()
             .zip(frames)
             .map(|((s, ws), frame)| {
-                let offset =
-                    Duration::from_nanos(Lcg((n as u64).wrapping_add(s as u64) | 1).next() % PERIOD.as_nanos() as u64);
+                let offset = load::phase(n as u64, s, PERIOD);
                 tokio::spawn(client(ws, frame, warm + offset, t0, t0 + duration))
             })
             .collect();

@@ -12,7 +12,6 @@ use laned_bench::searches::Searches;
 use laned_bench::tasks::{self, TaskSystem};
 use laned_models::silero::{self, Context, CHUNK, CONTEXT, SAMPLE_RATE};
 use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
-use laned_testkit::fixtures::Lcg;
 use tract_core::internal::*;
 use tract_core::plan::{LaneId, Seating};
 
@@ -35,8 +34,8 @@ one of the words; `--searches N` runs each search N times, interleaved
 /// Stream `s`'s chunk: noise (the model's cost does not depend on the
 /// sound), the last `CONTEXT` samples of the one before in front.
 fn chunk_inputs(s: usize) -> TVec<TValue> {
-    let mut rng = Lcg(s as u64 * 2 + 1);
-    let chunk: Vec<f32> = (0..CHUNK).map(|_| 0.1 * rng.uniform()).collect();
+    let mut rng = fastrand::Rng::with_seed(s as u64);
+    let chunk: Vec<f32> = (0..CHUNK).map(|_| 0.1 * (rng.f32() * 2.0 - 1.0)).collect();
     Context::default().inputs(&chunk)
 }
 

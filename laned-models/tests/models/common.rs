@@ -1,28 +1,13 @@
 //! What the model tests build alike: a runner over a real model's plan,
 //! a call whose error reads as a tract error, an exact comparison, the
-//! proof that turns were shared, the fetch-or-skip rule.
+//! proof that turns were shared.
 #![allow(dead_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use laned_models::FetchError;
 use laned_runner::{LanedRunner, LanedStateHandle, Mode, RunnerConfig, StatePair, StateSpec};
 use tract_core::internal::*;
-
-/// `fetched`, or `None` after saying `SKIPPED` where the model is simply
-/// not to be had here (CI fails on that word unless told otherwise); a
-/// wrong file (a digest, a setting) fails the test.
-pub fn or_skip<T>(model: &str, fetched: Result<T, FetchError>) -> Option<T> {
-    match fetched {
-        Ok(t) => Some(t),
-        Err(e) if e.is_unavailable() => {
-            eprintln!("SKIPPED: {model} is unavailable here: {e}");
-            None
-        }
-        Err(e) => panic!("{model}: {e}"),
-    }
-}
 
 /// A runner over a real model's `plan`, its explicit state the input
 /// `state` paired with output 1 where given, lingering 2 ms.

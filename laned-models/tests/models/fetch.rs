@@ -2,9 +2,7 @@
 //! error for one that is not names both digests, and the cache's layout is
 //! a folder per package version.
 
-use crate::common::or_skip;
-
-use laned_models::fetch::{self, FetchError};
+use laned_models::fetch::{self, or_skip, FetchError};
 use laned_models::silero;
 
 /// SHA-256 of the three bytes `abc` (FIPS 180-2's first example).

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use common::{assert_turns_shared, call, compare, model_runner, or_skip};
+use common::{assert_turns_shared, call, compare, model_runner};
+use laned_models::fetch::or_skip;
 use laned_models::oww::{self, Windows, CHUNK, THRESHOLD};
 use laned_models::sound::{self, Sound};
 use laned_runner::{LanedRunner, LanedStateHandle, Mode};

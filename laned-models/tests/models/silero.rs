@@ -3,18 +3,17 @@
 //! modes, each getting exactly the probabilities of its solo run. Skipped,
 //! saying why, where pip cannot fetch the model.
 
-use crate::common;
-
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
+use laned_models::fetch::or_skip;
 use laned_models::silero::{self, Context, Sound};
 use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec};
 use tract_core::internal::*;
 
 fn plan() -> Option<Arc<dyn Runnable>> {
-    let path = common::or_skip("Silero VAD", silero::fetch())?;
+    let path = or_skip("Silero VAD", silero::fetch())?;
     Some(DefaultRuntime.prepare(silero::load(&path).unwrap()).unwrap().into())
 }
 

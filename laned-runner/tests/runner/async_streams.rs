@@ -12,9 +12,10 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use fastrand::Rng;
 use laned_runner::{LanedRunner, LanedStateHandle, Mode, RunnerConfig, Settled, SpawnError};
 use laned_testkit::drive::{self, AsyncRunner, AsyncStream, BoxFuture};
-use laned_testkit::fixtures::{self, Fixture, Lcg};
+use laned_testkit::fixtures::{self, Fixture};
 use laned_testkit::schedule::{proptest_config, schedule, Schedule, ScheduleConfig};
 use laned_testkit::Tolerance;
 use proptest::prelude::*;
@@ -360,10 +361,10 @@ fn dropped_futures_lose_nothing_of_anyone_else() {
                 .map(|t| {
                     let (r, f, dropped) = (r2.clone(), f2.clone(), d2.clone());
                     tokio::spawn(async move {
-                        let mut rng = Lcg(t + 3);
+                        let mut rng = Rng::with_seed(t + 3);
                         for _stream in 0..4 {
                             // A spawn given up on now and then, queued or not.
-                            let wait = Duration::from_micros(rng.next() % 3000);
+                            let wait = Duration::from_micros(rng.u64(..3000));
                             let Ok(spawned) = tokio::time::timeout(wait, r.spawn_async()).await else {
                                 dropped.fetch_add(1, Ordering::Relaxed);
                                 continue;
@@ -375,18 +376,18 @@ fn dropped_futures_lose_nothing_of_anyone_else() {
                             let mut drops = 0;
                             for c in 0..6 {
                                 let inputs = f.inputs(1, t * 100 + c);
-                                if drops < 2 && rng.next().is_multiple_of(5) {
+                                if drops < 2 && rng.u64(..5) == 0 {
                                     // Dropped before its first poll: never
                                     // queued, nothing to settle.
                                     drop(h.call_async(inputs.clone()));
                                     assert!(h.settle_async().await.is_none());
                                     drops += 1;
                                     dropped.fetch_add(1, Ordering::Relaxed);
-                                } else if drops < 2 && rng.next().is_multiple_of(3) {
+                                } else if drops < 2 && rng.u64(..3) == 0 {
                                     // Dropped after a random time: before
                                     // the first poll, queued, seated or
                                     // answered but not yet polled.
-                                    let wait = Duration::from_micros(rng.next() % 400);
+                                    let wait = Duration::from_micros(rng.u64(..400));
                                     match tokio::time::timeout(wait, h.call_async(inputs.clone())).await {
                                         Ok(out) => assert!(histories.answered(&f, &inputs, &out.unwrap())),
                                         // Settled: whether it ran is known,

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
+use fastrand::Rng;
 use laned_runner::{LanedRunner, LanedStateHandle, Mode, PortRef, RunnerConfig, StatePair, StateSpec};
-use laned_testkit::fixtures::{self, Lcg};
+use laned_testkit::fixtures;
 use tract_core::internal::*;
 
 const F: usize = 8;
@@ -21,8 +22,8 @@ fn plan() -> Arc<dyn Runnable> {
 }
 
 fn x(rows: usize, seed: u64) -> Tensor {
-    let mut rng = Lcg(seed | 1);
-    let v: Vec<f32> = (0..rows * F).map(|_| rng.uniform()).collect();
+    let mut rng = Rng::with_seed(seed);
+    let v: Vec<f32> = (0..rows * F).map(|_| rng.f32() * 2.0 - 1.0).collect();
     Tensor::from_shape(&[rows, F], &v).unwrap()
 }
 

@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use fastrand::Rng;
 use laned_runner::{CancelToken, LanedRunner, Mode, RunErrorKind, RunnerConfig, SpawnError};
-use laned_testkit::fixtures::{self, Fixture, Lcg};
+use laned_testkit::fixtures::{self, Fixture};
 use tract_core::internal::*;
 
 const MODES: [Mode; 2] = [Mode::Worker, Mode::Combining];
@@ -279,11 +280,11 @@ fn eviction_racing_a_call() {
                 .mode(mode)
                 .idle_timeout(Duration::from_millis(3)),
         );
-        let mut rng = Lcg(7);
+        let mut rng = Rng::with_seed(7);
         let (mut ran, mut evicted) = (0, 0);
         for _ in 0..40 {
             let mut h = r.spawn_timeout(Duration::from_secs(20)).unwrap();
-            thread::sleep(Duration::from_micros(2000 + rng.next() % 2000));
+            thread::sleep(Duration::from_micros(2000 + rng.u64(..2000)));
             match h.call(f.inputs(1, 5)) {
                 Ok(out) => {
                     assert_eq!(*out[0], *solo[0]);
@@ -358,12 +359,12 @@ fn cancel_racing_seating() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
         let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(2).mode(mode));
-        let mut rng = Lcg(11);
+        let mut rng = Rng::with_seed(11);
         for round in 0..40 {
             let mut h = r.try_spawn().unwrap();
             let token = CancelToken::new();
             let t2 = token.clone();
-            let delay = Duration::from_micros(rng.next() % 300);
+            let delay = Duration::from_micros(rng.u64(..300));
             let c = thread::spawn(move || {
                 thread::sleep(delay);
                 t2.cancel();
@@ -439,7 +440,7 @@ fn churn() {
                 let (r, f) = (r.clone(), f.clone());
                 thread::spawn(move || {
                     let plan = f.runnable().unwrap();
-                    let mut rng = Lcg(w + 1);
+                    let mut rng = Rng::with_seed(w + 1);
                     // Per completed stream: what it got, and its solo run.
                     let (mut got, mut want) = (vec![], vec![]);
                     while Instant::now() < deadline {
@@ -448,12 +449,12 @@ fn churn() {
                         };
                         let mut solo = plan.spawn().unwrap();
                         let (mut stream_got, mut stream_want) = (vec![], vec![]);
-                        let seed = rng.next();
-                        let calls = 1 + rng.next() % 4;
+                        let seed = rng.u64(..);
+                        let calls = 1 + rng.u64(..4);
                         let mut intact = true;
                         for c in 0..calls {
                             let inputs = f.inputs(1, seed + c);
-                            match rng.next() % 10 {
+                            match rng.u64(..10) {
                                 0 => thread::sleep(Duration::from_millis(30)), // get evicted
                                 1 => {
                                     let token = CancelToken::new();
@@ -474,7 +475,7 @@ fn churn() {
                                 }
                             }
                         }
-                        if intact && rng.next().is_multiple_of(2) {
+                        if intact && rng.bool() {
                             let _ = h.finish(None, 0);
                         }
                         got.push(stream_got);

@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 
 mod serve;
 
+use laned_models::fetch::or_skip;
 use laned_testkit::fixtures::{self, Layout, TdnnConfig};
 use tract_core::internal::*;
 use tract_pulse::internal::tract_nnef;
@@ -26,19 +27,6 @@ fn text(out: &Output) -> String {
 /// What Silero VAD's published ONNX needs told: its state pair, its
 /// chunk's length, its sample rate.
 const SILERO_FACTS: [&str; 6] = ["--state", "2=1", "--input", "0=batch,576", "--fill", "1=16000"];
-
-/// `fetched`, or `None` after saying `SKIPPED` where the model is simply
-/// not to be had here (CI fails on that word); a wrong file fails the test.
-fn or_skip<T>(model: &str, fetched: Result<T, laned_models::FetchError>) -> Option<T> {
-    match fetched {
-        Ok(t) => Some(t),
-        Err(e) if e.is_unavailable() => {
-            eprintln!("SKIPPED: {model} is unavailable here: {e}");
-            None
-        }
-        Err(e) => panic!("{model}: {e}"),
-    }
-}
 
 fn save(model: &TypedModel, dir: &Path, name: &str) -> String {
     let path = dir.join(name);

@@ -10,12 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use futures_util::{SinkExt, StreamExt};
+use laned_models::fetch::or_skip;
 use laned_models::spec::{Interface, Spec};
-use laned_testkit::fixtures::{self, Layout, Lcg, TdnnConfig};
+use laned_testkit::fixtures::{self, Layout, TdnnConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tract_core::internal::*;
 
-use super::{laned, or_skip, save, text};
+use super::{laned, save, text};
 
 /// A `laned serve` process, killed when dropped.
 pub struct Serving {
@@ -121,9 +122,13 @@ pub fn solo(spec: &Path, pairs: &[(usize, usize)], pulses: &[Vec<u8>]) -> Vec<Ve
 
 /// `count` pulses of `bytes` each: seeded noise as `f32`, in [-1, 1).
 pub fn noise_pulses(seed: u64, count: usize, bytes: usize) -> Vec<Vec<u8>> {
-    let mut rng = Lcg(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = fastrand::Rng::with_seed(seed);
     (0..count)
-        .map(|_| (0..bytes / 4).flat_map(|_| rng.uniform().to_le_bytes()).collect())
+        .map(|_| {
+            (0..bytes / 4)
+                .flat_map(|_| (rng.f32() * 2.0 - 1.0).to_le_bytes())
+                .collect()
+        })
         .collect()
 }
 

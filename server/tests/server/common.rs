@@ -25,14 +25,7 @@ pub fn plan() -> Option<Arc<dyn Runnable>> {
 
 /// The model's path (for the child-process test), or `None` after a skip.
 pub fn model_path() -> Option<std::path::PathBuf> {
-    match silero::fetch() {
-        Ok(p) => Some(p),
-        Err(e) if e.is_unavailable() => {
-            eprintln!("SKIPPED: Silero VAD is unavailable here: {e}");
-            None
-        }
-        Err(e) => panic!("Silero VAD: {e}"),
-    }
+    laned_models::fetch::or_skip("Silero VAD", silero::fetch())
 }
 
 /// The probabilities of `samples`' whole chunks, run alone with tract.
@@ -214,19 +207,6 @@ pub async fn expect_close(ws: &mut Ws) -> (u16, String) {
     }
 }
 
-/// A small seeded generator.
-pub struct Lcg(pub u64);
-
-impl Lcg {
-    pub fn below(&mut self, n: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 33) as usize) % n
-    }
-}
-
 /// Streams `samples` in frames of random sizes (seeded) and returns the
 /// probabilities of every whole chunk, checking their numbering; closes.
 pub async fn stream(addr: SocketAddr, samples: &[f32], i16_format: bool, seed: u64) -> Vec<f32> {
@@ -235,11 +215,11 @@ pub async fn stream(addr: SocketAddr, samples: &[f32], i16_format: bool, seed: u
     let width = if i16_format { 2 } else { 4 };
     let want = samples.len() / CHUNK;
     let (mut tx, mut rx) = ws.split();
-    let mut rng = Lcg(seed);
+    let mut rng = fastrand::Rng::with_seed(seed);
     let sender = async {
         let mut at = 0;
         while at < bytes.len() {
-            let n = ((1 + rng.below(1500)) * width).min(bytes.len() - at);
+            let n = (rng.usize(1..=1500) * width).min(bytes.len() - at);
             tx.send(Message::Binary(bytes[at..at + n].to_vec().into()))
                 .await
                 .unwrap();

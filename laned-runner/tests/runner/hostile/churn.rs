@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use fastrand::Rng;
 use laned_runner::{CancelToken, RunErrorKind, RunnerConfig};
-use laned_testkit::fixtures::{self, Lcg};
+use laned_testkit::fixtures;
 
 use super::{bounded, SETUPS};
 
@@ -34,16 +35,16 @@ fn churn_with_cancels_at_random_moments() {
                     let (r, f) = (r.clone(), f.clone());
                     thread::spawn(move || {
                         let plan = f.runnable().unwrap();
-                        let mut rng = Lcg(w + 17);
+                        let mut rng = Rng::with_seed(w + 17);
                         // The token of the call in flight, for the canceller.
                         let current: Arc<Mutex<Option<CancelToken>>> = Arc::default();
                         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
                         let canceller = {
                             let (current, done) = (current.clone(), done.clone());
                             thread::spawn(move || {
-                                let mut rng = Lcg(w + 99);
+                                let mut rng = Rng::with_seed(w + 99);
                                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                                    thread::sleep(Duration::from_micros(rng.next() % 400));
+                                    thread::sleep(Duration::from_micros(rng.u64(..400)));
                                     if let Some(token) = current.lock().unwrap().take() {
                                         token.cancel();
                                     }
@@ -56,8 +57,8 @@ fn churn_with_cancels_at_random_moments() {
                                 continue;
                             };
                             let mut solo = plan.spawn().unwrap();
-                            let seed = rng.next();
-                            for c in 0..1 + rng.next() % 6 {
+                            let seed = rng.u64(..);
+                            for c in 0..1 + rng.u64(..6) {
                                 let inputs = f.inputs(1, seed + c);
                                 let token = CancelToken::new();
                                 *current.lock().unwrap() = Some(token.clone());

@@ -8,9 +8,10 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
+use fastrand::Rng;
 use laned_runner::{LanedStateHandle, Settled};
 use laned_testkit::exec::Strict;
-use laned_testkit::fixtures::{self, Fixture, Lcg};
+use laned_testkit::fixtures::{self, Fixture};
 
 use super::*;
 
@@ -85,13 +86,13 @@ fn ends_stream(e: &laned_runner::RunError) -> bool {
 
 /// One stream of the churn: calls with futures dropped at random poll
 /// points, each dropped call settled, every answer checked against `solo`.
-async fn churn_stream(mut h: LanedStateHandle, f: &Fixture, rng: &mut Lcg, what: &str) -> usize {
+async fn churn_stream(mut h: LanedStateHandle, f: &Fixture, rng: &mut Rng, what: &str) -> usize {
     let mut solo = Solo::new(f);
     let mut ran = 0;
-    for c in 0..1 + rng.next() % 6 {
-        let inputs = f.inputs(1, rng.next() ^ c);
-        let polls = (rng.next() % 4) as usize;
-        let drop_it = rng.next().is_multiple_of(3);
+    for c in 0..1 + rng.u64(..6) {
+        let inputs = f.inputs(1, rng.u64(..) ^ c);
+        let polls = rng.usize(..4);
+        let drop_it = rng.u64(..3) == 0;
         let out = if drop_it {
             drop_after(h.call_async(inputs.clone()), polls).await
         } else {
@@ -153,10 +154,10 @@ fn thousands_of_tasks_churn_exactly() {
                     .map(|t| {
                         let (r, f, what, ran) = (r.clone(), f.clone(), what.clone(), calls_ran.clone());
                         tokio::spawn(async move {
-                            let mut rng = Lcg(t + 1);
+                            let mut rng = Rng::with_seed(t + 1);
                             // A spawn given up on at a random poll point.
-                            let polls = (rng.next() % 8) as usize;
-                            let spawned = if rng.next().is_multiple_of(4) {
+                            let polls = rng.usize(..8);
+                            let spawned = if rng.u64(..4) == 0 {
                                 drop_after(r.spawn_async(), polls).await
                             } else {
                                 Some(r.spawn_async().await)
@@ -218,7 +219,7 @@ fn no_wake_up_is_lost_under_the_strict_executor() {
             .map(|t| {
                 let (r, f, what) = (r.clone(), f.clone(), what.clone());
                 exec.spawn(async move {
-                    let mut rng = Lcg(t + 7);
+                    let mut rng = Rng::with_seed(t + 7);
                     let polls = (t % 4) as usize;
                     let Some(spawned) = drop_after(r.spawn_async(), polls + 2).await else {
                         return 0;

@@ -2,7 +2,7 @@
 //! holds them. Ours through `spawn_async` and `call_async`; tract's runner
 //! the only way a tokio user can drive it, a `spawn_blocking` per call.
 //! Closed loop and real time, measured as the thread-per-stream generators
-//! of [`crate::load`] measure (warm-up call excluded; CPU over the timed
+//! of [`crate::threads`] measure (warm-up call excluded; CPU over the timed
 //! part), but for real-time latency, counted from the send. Stream `s`
 //! sends `inputs(s)` every time, so one driver serves every model.
 
@@ -13,10 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use laned_runner::LanedRunner;
-use laned_testkit::fixtures::Lcg;
-
-use crate::load::{self, Latencies, Throughput};
 use tract_core::internal::*;
+
+use crate::{process_cpu_time, Latencies, Throughput};
 
 /// A stream driven as a task: ours natively, tract's behind spawn_blocking.
 #[derive(Clone)]
@@ -129,11 +128,9 @@ pub fn closed_loop(
             .collect();
         ready.wait().await;
         ready.wait().await;
-        let (started, cpu_before) = (Instant::now(), load::process_cpu_time());
+        let (started, cpu_before) = (Instant::now(), process_cpu_time());
         tokio::time::sleep(duration).await;
-        let cpu = cpu_before
-            .zip(load::process_cpu_time())
-            .map(|(a, b)| b.saturating_sub(a));
+        let cpu = cpu_before.zip(process_cpu_time()).map(|(a, b)| b.saturating_sub(a));
         stop.store(true, Ordering::Relaxed);
         for t in tasks {
             t.await??;
@@ -149,9 +146,9 @@ pub fn closed_loop(
     })
 }
 
-/// Real time: `n` tasks each due to send a pulse every `period` from a
-/// random phase, for `duration`; a late answer delays the stream's next
-/// pulse. Latency counts from when the task sent the pulse (not from when
+/// Real time: `n` tasks, each due to send a pulse every `period` from its
+/// [`phase`](crate::phase) within the first (seeded `seed`), for
+/// `duration`; a late answer delays the stream's next pulse. Latency counts from when the task sent the pulse (not from when
 /// it was due, as the thread generator counts: tokio's timer has a
 /// millisecond's grain, which says nothing of the runner).
 pub fn real_time(
@@ -170,8 +167,7 @@ pub fn real_time(
             .map(|s| {
                 let (system, ready, start_at) = (system.clone(), ready.clone(), start_at.clone());
                 let inputs = inputs(s);
-                let offset =
-                    Duration::from_nanos(Lcg(seed.wrapping_add(s as u64) | 1).next() % period.as_nanos().max(1) as u64);
+                let offset = crate::phase(seed, s, period);
                 tokio::spawn(async move {
                     let stream = system.spawn().await;
                     ready.wait().await;

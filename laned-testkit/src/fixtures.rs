@@ -664,23 +664,52 @@ pub const POISON: f32 = 666.0;
 /// `TractError`, not a panic): "refused input".
 pub const REFUSED: f32 = 667.0;
 
-/// Identity, except that it panics when its input holds [`POISON`] (what a
-/// turn hitting a bug in an op looks like) and errs when it holds
-/// [`REFUSED`] (an op refusing its input).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PanicOnPoison;
+/// An op passing its one input through unchanged, row for row (its
+/// output fact the input's, its axes the input's), once `$before` has run
+/// with the input in `$inputs`: what a fixture's op adds (a panic, an
+/// error, time spent) is `$before`, the tract boilerplate is this macro's.
+macro_rules! identity_op {
+    ($(#[$doc:meta])* $name:ident, |$inputs:ident| $before:block) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        pub struct $name;
 
-impl Op for PanicOnPoison {
-    fn name(&self) -> StaticName {
-        "PanicOnPoison".into()
-    }
-    op_as_typed_op!();
+        impl Op for $name {
+            fn name(&self) -> StaticName {
+                stringify!($name).into()
+            }
+            op_as_typed_op!();
+        }
+
+        impl EvalOp for $name {
+            op_out_of_plan!();
+
+            fn eval(&self, _ctx: &EvalContext, $inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+                $before
+                Ok($inputs)
+            }
+        }
+
+        impl TypedOp for $name {
+            as_op!();
+
+            fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
+                Ok(tvec!(inputs[0].without_value()))
+            }
+
+            fn axes_mapping(&self, inputs: &[&TypedFact], outputs: &[&TypedFact]) -> TractResult<AxesMapping> {
+                AxesMapping::natural(inputs, outputs)
+            }
+        }
+    };
 }
 
-impl EvalOp for PanicOnPoison {
-    op_out_of_plan!();
-
-    fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+identity_op!(
+    /// Identity, except that it panics when its input holds [`POISON`] (what a
+    /// turn hitting a bug in an op looks like) and errs when it holds
+    /// [`REFUSED`] (an op refusing its input).
+    PanicOnPoison,
+    |inputs| {
         let values = inputs[0].to_plain_array_view::<f32>()?;
         if values.iter().any(|v| *v == POISON) {
             panic!("poisoned input");
@@ -688,22 +717,8 @@ impl EvalOp for PanicOnPoison {
         if values.iter().any(|v| *v == REFUSED) {
             bail!("refused input");
         }
-        drop(values);
-        Ok(inputs)
     }
-}
-
-impl TypedOp for PanicOnPoison {
-    as_op!();
-
-    fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
-        Ok(tvec!(inputs[0].without_value()))
-    }
-
-    fn axes_mapping(&self, inputs: &[&TypedFact], outputs: &[&TypedFact]) -> TractResult<AxesMapping> {
-        AxesMapping::natural(inputs, outputs)
-    }
-}
+);
 
 /// A causal conv behind an op that panics on [`POISON`]: exercises a turn
 /// that panics (isolation).
@@ -719,44 +734,20 @@ pub fn panicking() -> TractResult<Fixture> {
 /// What [`CrowdedRows`] spends per pair of rows in a batch.
 pub const CROWDING: std::time::Duration = std::time::Duration::from_millis(1);
 
-/// Identity, row for row, that costs [`CROWDING`] per pair of rows of its
-/// batch (a turn of `k` rows spins `k² · CROWDING` on the clock): what a
-/// model whose ops slow down per row as the batch widens looks like, in the
-/// extreme. Rows never mix; only the time does.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct CrowdedRows;
-
-impl Op for CrowdedRows {
-    fn name(&self) -> StaticName {
-        "CrowdedRows".into()
-    }
-    op_as_typed_op!();
-}
-
-impl EvalOp for CrowdedRows {
-    op_out_of_plan!();
-
-    fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+identity_op!(
+    /// Identity, row for row, that costs [`CROWDING`] per pair of rows of its
+    /// batch (a turn of `k` rows spins `k² · CROWDING` on the clock): what a
+    /// model whose ops slow down per row as the batch widens looks like, in the
+    /// extreme. Rows never mix; only the time does.
+    CrowdedRows,
+    |inputs| {
         let rows = inputs[0].shape().first().copied().unwrap_or(1) as u32;
         let until = std::time::Instant::now() + CROWDING * rows * rows;
         while std::time::Instant::now() < until {
             std::hint::spin_loop();
         }
-        Ok(inputs)
     }
-}
-
-impl TypedOp for CrowdedRows {
-    as_op!();
-
-    fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
-        Ok(tvec!(inputs[0].without_value()))
-    }
-
-    fn axes_mapping(&self, inputs: &[&TypedFact], outputs: &[&TypedFact]) -> TractResult<AxesMapping> {
-        AxesMapping::natural(inputs, outputs)
-    }
-}
+);
 
 /// A causal conv behind [`CrowdedRows`]: a model slower per row the wider
 /// its turn (a turn of one row is the cheapest per row), for the learned

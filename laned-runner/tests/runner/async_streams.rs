@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use common::{runner, runner_with, SETUPS};
+use common::{runner, runner_with, MODES, SETUPS};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -505,7 +505,7 @@ fn async_spawns_get_the_same_refusals() {
 fn idle_streams_are_evicted_with_nobody_calling() {
     let f = fixtures::small_tdnn();
     let rt = tokio_rt();
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         let r = runner_with(
             &f,
             RunnerConfig::builder()
@@ -547,7 +547,7 @@ fn idle_streams_are_evicted_with_nobody_calling() {
 fn a_burst_of_spawning_tasks_on_free_lanes_is_not_refused_busy() {
     let f = fixtures::small_tdnn();
     let rt = tokio_rt();
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         for max_waiting in [0, 1] {
             let r = runner_with(
                 &f,

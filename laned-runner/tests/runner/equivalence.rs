@@ -10,6 +10,8 @@ use laned_testkit::{verify_runner, Tolerance};
 use proptest::prelude::*;
 use tract_core::internal::*;
 
+use crate::common::MODES;
+
 fn ours(mode: Mode, shards: usize) -> impl Fn(Arc<dyn Runnable>, usize) -> TractResult<Arc<dyn Runnable>> {
     move |plan, lanes| {
         // The schedule's lanes include one for borrowing; the runner adds its own.
@@ -39,7 +41,7 @@ fn check_sharded(fixture: &Fixture, schedule: &Schedule, mode: Mode, shards: usi
 #[test]
 fn seed_case_three_shards() {
     let fixture = fixtures::tdnn(fixtures::TdnnConfig::light()).unwrap();
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         check_sharded(&fixture, &seed_case(), mode, 3).unwrap();
     }
 }
@@ -114,7 +116,7 @@ fn every_fixture_both_modes_with_wide_calls_and_ends() {
         picks: vec![u64::MAX],
     };
     for fixture in fixtures::all().unwrap() {
-        for mode in [Mode::Worker, Mode::Combining] {
+        for mode in MODES {
             check(&fixture, &schedule, mode).unwrap();
         }
     }

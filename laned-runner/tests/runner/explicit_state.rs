@@ -11,6 +11,8 @@ use laned_runner::{LanedRunner, LanedStateHandle, Mode, PortRef, RunnerConfig, S
 use laned_testkit::fixtures;
 use tract_core::internal::*;
 
+use crate::common::{runner_on, MODES};
+
 const F: usize = 8;
 const H: usize = 6;
 
@@ -49,15 +51,17 @@ fn feed(h: &mut LanedStateHandle, xs: &[Tensor]) -> Vec<Tensor> {
         .collect()
 }
 
-fn runner(spec: StateSpec, mode: Mode, shards: usize, lanes: usize) -> LanedRunner {
-    let config = RunnerConfig::builder()
-        .state(spec)
-        .mode(mode)
-        .shards(shards)
-        .max_lanes(lanes)
-        .linger(Duration::from_millis(2))
-        .build();
-    LanedRunner::new(plan(), config).unwrap()
+/// A runner on the RNN cell keeping its state as `spec` says.
+fn rnn_runner(spec: StateSpec, mode: Mode, shards: usize, lanes: usize) -> LanedRunner {
+    runner_on(
+        plan(),
+        RunnerConfig::builder()
+            .state(spec)
+            .mode(mode)
+            .shards(shards)
+            .max_lanes(lanes)
+            .linger(Duration::from_millis(2)),
+    )
 }
 
 /// Streams calling at once (shared turns), arriving staggered and reusing
@@ -66,7 +70,7 @@ fn runner(spec: StateSpec, mode: Mode, shards: usize, lanes: usize) -> LanedRunn
 fn every_stream_gets_its_solo_run() {
     let plan = plan();
     for (mode, shards) in [(Mode::Worker, 1), (Mode::Combining, 1), (Mode::Worker, 3)] {
-        let r = runner(StateSpec::Detect, mode, shards, 4);
+        let r = rnn_runner(StateSpec::Detect, mode, shards, 4);
         let threads: Vec<_> = (0..8u64)
             .map(|s| {
                 let r = r.clone();
@@ -93,7 +97,7 @@ fn every_stream_gets_its_solo_run() {
 #[test]
 fn streams_with_different_states_share_turns() {
     let plan = plan();
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         let config = RunnerConfig::builder()
             .state(StateSpec::Detect)
             .mode(mode)
@@ -128,8 +132,8 @@ fn streams_with_different_states_share_turns() {
 #[test]
 fn a_wide_call_continues_the_stream_in_its_first_row() {
     let plan = plan();
-    for mode in [Mode::Worker, Mode::Combining] {
-        let r = runner(StateSpec::Detect, mode, 1, 2);
+    for mode in MODES {
+        let r = rnn_runner(StateSpec::Detect, mode, 1, 2);
         let mut h = r.try_spawn().unwrap();
         let first = x(1, 1);
         let got_first = h.call(tvec!(first.clone().into_tvalue())).unwrap()[0]
@@ -159,7 +163,7 @@ fn a_wide_call_continues_the_stream_in_its_first_row() {
 fn pairs_by_name_and_clear_errors() {
     let plan = plan();
     let spec = StateSpec::Pairs(vec![StatePair::new(PortRef::Name("state".into()), PortRef::Index(1))]);
-    let r = runner(spec, Mode::Worker, 1, 2);
+    let r = rnn_runner(spec, Mode::Worker, 1, 2);
     let mut h = r.try_spawn().unwrap();
     let xs = [x(1, 5), x(1, 6)];
     for (x, want) in xs.iter().zip(solo(&plan, &xs)) {
@@ -188,7 +192,7 @@ fn pairs_by_name_and_clear_errors() {
 #[test]
 fn a_reused_lane_starts_from_the_initial_state() {
     let plan = plan();
-    let r = runner(StateSpec::Detect, Mode::Worker, 1, 1);
+    let r = rnn_runner(StateSpec::Detect, Mode::Worker, 1, 1);
     let mut a = r.try_spawn().unwrap();
     for t in 0..3 {
         a.call(tvec!(x(1, 40 + t).into_tvalue())).unwrap();
@@ -204,10 +208,10 @@ fn a_reused_lane_starts_from_the_initial_state() {
 #[test]
 fn a_stream_moves_between_runners_through_its_state() {
     let plan = plan();
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         let (from, to) = (
-            runner(StateSpec::Detect, mode, 1, 2),
-            runner(StateSpec::Detect, mode, 1, 2),
+            rnn_runner(StateSpec::Detect, mode, 1, 2),
+            rnn_runner(StateSpec::Detect, mode, 1, 2),
         );
         let xs: Vec<Tensor> = (0..6).map(|t| x(1, 70 + t)).collect();
         let want = solo(&plan, &xs);
@@ -258,8 +262,8 @@ fn a_configured_initial_state_is_where_streams_start() {
     let spec = StateSpec::Pairs(vec![
         StatePair::new("state", "stateN").with_initial(vec![1, 1, H], init.clone())
     ]);
-    for mode in [Mode::Worker, Mode::Combining] {
-        let r = runner(spec.clone(), mode, 1, 2);
+    for mode in MODES {
+        let r = rnn_runner(spec.clone(), mode, 1, 2);
         let mut a = r.try_spawn().unwrap();
         let xs = [x(1, 31), x(1, 32)];
         assert_eq!(feed(&mut a, &xs), solo_from(&plan, &xs, &h0), "{mode:?}");
@@ -300,7 +304,7 @@ fn a_configured_initial_state_is_where_streams_start() {
 #[test]
 fn an_evicted_stream_leaves_no_state_behind() {
     let plan = plan();
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         let config = RunnerConfig::builder()
             .state(StateSpec::Detect)
             .mode(mode)
@@ -446,7 +450,7 @@ mod harness {
 /// The same with streams as tokio tasks (`spawn_async`, `call_async`): the
 /// explicit state is kept per lane for tasks as for threads.
 #[test]
-fn async_streams_get_their_solo_runs() {
+fn async_streams_keep_their_state_per_lane() {
     let plan = plan();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -454,7 +458,7 @@ fn async_streams_get_their_solo_runs() {
         .build()
         .unwrap();
     for (mode, shards) in [(Mode::Worker, 1), (Mode::Combining, 1), (Mode::Worker, 3)] {
-        let r = runner(StateSpec::Detect, mode, shards, 4);
+        let r = rnn_runner(StateSpec::Detect, mode, shards, 4);
         let results = rt.block_on(async {
             let tasks: Vec<_> = (0..8u64)
                 .map(|s| {
@@ -499,10 +503,10 @@ fn async_streams_get_their_solo_runs() {
 #[test]
 fn a_stream_moves_between_processes_on_the_wire() {
     let plan = plan();
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         let (from, to) = (
-            runner(StateSpec::Detect, mode, 1, 2),
-            runner(StateSpec::Detect, mode, 2, 2),
+            rnn_runner(StateSpec::Detect, mode, 1, 2),
+            rnn_runner(StateSpec::Detect, mode, 2, 2),
         );
         let xs: Vec<Tensor> = (0..6).map(|t| x(1, 170 + t)).collect();
         let want = solo(&plan, &xs);
@@ -555,7 +559,7 @@ fn a_stream_moves_between_processes_on_the_wire() {
 /// name, those configured by name, none without explicit state.
 #[test]
 fn the_runner_names_the_state_pairs_it_keeps() {
-    let detected = runner(StateSpec::Detect, Mode::Worker, 1, 2);
+    let detected = rnn_runner(StateSpec::Detect, Mode::Worker, 1, 2);
     assert_eq!(detected.explicit_state(), vec![(1, 1)]);
     let plain = LanedRunner::new(
         fixtures::small_tdnn().runnable().unwrap(),

@@ -11,22 +11,11 @@ use laned_runner::{EndReason, LanedRunner, Mode, NewRunnerError, RunErrorKind, R
 use laned_testkit::fixtures::{self, Fixture};
 use tract_core::internal::*;
 
-use super::common::{eventually, runner_with};
+use crate::common::{eventually, one_shard, runner_with, MODES};
 
-const MODES: [Mode; 2] = [Mode::Worker, Mode::Combining];
-
-/// One shard of `lanes` lanes whose turns wait 600 s for every held lane's
-/// seat: a turn held back until something else starts it.
-fn lingering(f: &Fixture, mode: Mode, lanes: usize) -> LanedRunner {
-    runner_with(
-        f,
-        RunnerConfig::builder()
-            .shards(1)
-            .max_lanes(lanes)
-            .mode(mode)
-            .linger(Duration::from_secs(600)),
-    )
-}
+/// Turns waiting this long for every held lane's seat are held back until
+/// something else starts them.
+const HELD: Duration = Duration::from_secs(600);
 
 /// The outputs of `seeds`' pulses run one after the other on a state of
 /// their own: what a stream served through lanes must get.
@@ -173,7 +162,7 @@ fn step_4_the_drain_waits_for_streams_then_calls_the_rest_stragglers() {
 fn step_5_a_draining_inbox_starts_a_held_turn_at_once() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = lingering(&f, mode, 2);
+        let r = one_shard(&f, mode, 2, HELD);
         let (mut a, _idle) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
         let caller = {
             let f = f.clone();
@@ -312,7 +301,7 @@ fn step_8_the_close_joins_the_modes_threads() {
 fn step_9_the_closed_engine_answers_every_pending_call() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = lingering(&f, mode, 5);
+        let r = one_shard(&f, mode, 5, HELD);
         let _idle = r.try_spawn().unwrap();
         let callers: Vec<_> = (0..4)
             .map(|s| {

@@ -1,8 +1,7 @@
-//! Stream lifecycle, in both modes: admission with backpressure, end of
-//! stream, idle eviction, cancellation, drain and shutdown, and the races
-//! between them.
+//! A stream's life, in both modes: admission with backpressure, end of
+//! stream, idle eviction, cancellation, and the races between them. The
+//! runner's own life (its drain and close) is `life.rs`'s.
 
-use super::common::eventually;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -12,11 +11,7 @@ use laned_runner::{CancelToken, LanedRunner, Mode, RunErrorKind, RunnerConfig, S
 use laned_testkit::fixtures::{self, Fixture};
 use tract_core::internal::*;
 
-const MODES: [Mode; 2] = [Mode::Worker, Mode::Combining];
-
-fn runner(f: &Fixture, config: laned_runner::RunnerConfigBuilder) -> LanedRunner {
-    LanedRunner::new(f.runnable().unwrap(), config.build()).unwrap()
-}
+use crate::common::{eventually, runner_with, MODES, SETUPS};
 
 /// How many spawners wait, as the refusal of a non-waiting spawn reports it.
 fn waiting(r: &LanedRunner) -> usize {
@@ -32,7 +27,7 @@ fn waiting(r: &LanedRunner) -> usize {
 fn waiting_spawns_get_lanes_first_come_first_served() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(1).mode(mode));
+        let r = runner_with(&f, RunnerConfig::builder().shards(1).max_lanes(1).mode(mode));
         let holder = r.try_spawn().unwrap();
         let order = Arc::new(Mutex::new(vec![]));
         let mut waiters = vec![];
@@ -71,7 +66,7 @@ fn waiting_spawns_get_lanes_first_come_first_served() {
 fn a_spawn_times_out_and_leaks_nothing() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(1).mode(mode));
+        let r = runner_with(&f, RunnerConfig::builder().shards(1).max_lanes(1).mode(mode));
         let holder = r.try_spawn().unwrap();
         let err = r.spawn_timeout(Duration::from_millis(30)).unwrap_err();
         assert_eq!(err.to_string(), "no lane of the 1 freed up within 30ms");
@@ -85,7 +80,7 @@ fn a_spawn_times_out_and_leaks_nothing() {
 fn a_full_admission_queue_refuses_as_busy() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(
+        let r = runner_with(
             &f,
             RunnerConfig::builder().shards(1).max_lanes(1).max_waiting(1).mode(mode),
         );
@@ -116,7 +111,7 @@ fn a_full_admission_queue_refuses_as_busy() {
 fn a_spawn_waiting_when_the_runner_is_dropped_is_answered() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(1).mode(mode));
+        let r = runner_with(&f, RunnerConfig::builder().shards(1).max_lanes(1).mode(mode));
         let _holder = r.try_spawn().unwrap();
         // The waiter does not own the runner, so dropping `r` closes it.
         let r2 = r.detached();
@@ -165,7 +160,7 @@ fn streams_end_on_partial_pulses_with_their_delay_flushed() {
         fixtures::small_tdnn(),
     ] {
         for mode in MODES {
-            let r = runner(
+            let r = runner_with(
                 &f,
                 RunnerConfig::builder()
                     .shards(1)
@@ -236,7 +231,7 @@ fn finishing_a_stream_of_a_model_without_pulse_properties_is_refused() {
 fn an_idle_stream_is_evicted_and_its_lane_reused() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(
+        let r = runner_with(
             &f,
             RunnerConfig::builder()
                 .shards(1)
@@ -272,7 +267,7 @@ fn eviction_racing_a_call() {
     let f = fixtures::small_tdnn();
     let solo = f.runnable().unwrap().spawn().unwrap().run(f.inputs(1, 5)).unwrap();
     for mode in MODES {
-        let r = runner(
+        let r = runner_with(
             &f,
             RunnerConfig::builder()
                 .shards(1)
@@ -312,7 +307,7 @@ fn a_queued_call_is_cancelled_from_another_thread() {
     let solo_first = f.runnable().unwrap().spawn().unwrap().run(f.inputs(1, 2)).unwrap();
     for mode in MODES {
         // Two held lanes and a long linger: a's call waits for b's.
-        let r = runner(
+        let r = runner_with(
             &f,
             RunnerConfig::builder()
                 .shards(1)
@@ -358,7 +353,7 @@ fn a_queued_call_is_cancelled_from_another_thread() {
 fn cancel_racing_seating() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(2).mode(mode));
+        let r = runner_with(&f, RunnerConfig::builder().shards(1).max_lanes(2).mode(mode));
         let mut rng = Rng::with_seed(11);
         for round in 0..40 {
             let mut h = r.try_spawn().unwrap();
@@ -380,53 +375,14 @@ fn cancel_racing_seating() {
     }
 }
 
-/// `drain` finishes what is queued, refuses what comes after, and returns
-/// the final metrics; streams calling meanwhile end with an answer or a
-/// clear refusal, never a hang.
-#[test]
-fn drain_finishes_the_queue_and_refuses_the_rest() {
-    let f = fixtures::small_tdnn();
-    for mode in MODES {
-        let r = runner(&f, RunnerConfig::builder().shards(1).max_lanes(4).mode(mode));
-        let callers: Vec<_> = (0..4)
-            .map(|s| {
-                let (mut h, f) = (r.try_spawn().unwrap(), f.clone());
-                thread::spawn(move || {
-                    let mut answered = 0;
-                    loop {
-                        match h.call(f.inputs(1, s)) {
-                            Ok(_) => answered += 1,
-                            Err(e) => {
-                                assert!(matches!(e.kind(), RunErrorKind::Draining | RunErrorKind::Closed), "{e}");
-                                return answered;
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        eventually("some turns", || r.metrics().turns > 20);
-        let snapshot = r.close();
-        let answered: u64 = callers.into_iter().map(|t| t.join().unwrap()).sum();
-        assert!(snapshot.turns > 0);
-        assert_eq!(snapshot.seats, answered, "{mode:?}: every seat run was answered");
-        assert!(matches!(r.try_spawn(), Err(SpawnError::Draining | SpawnError::Closed)));
-    }
-}
-
 /// Hundreds of short streams on a few threads: spawning (waiting), calling,
 /// ending, being evicted or cancelled at random; every stream that
 /// completed got exactly its solo run, and no lane leaked.
 #[test]
 fn churn() {
     let f = fixtures::small_tdnn();
-    for (mode, shards) in [
-        (Mode::Worker, 1),
-        (Mode::Combining, 1),
-        (Mode::Worker, 3),
-        (Mode::Combining, 3),
-    ] {
-        let r = runner(
+    for (mode, shards) in SETUPS {
+        let r = runner_with(
             &f,
             RunnerConfig::builder()
                 .shards(shards)

@@ -7,11 +7,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use laned_runner::{LanedRunner, Mode, RunnerConfig};
+use laned_runner::{LanedRunner, RunnerConfig};
 use laned_testkit::fixtures;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::{CompositeKey, MetricKind};
 use tract_core::internal::*;
+
+use crate::common::MODES;
 
 type Reported = HashMap<(MetricKind, String, Vec<(String, String)>), DebugValue>;
 
@@ -42,7 +44,7 @@ fn label(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 /// own snapshot; the gauges per shard say what each shard holds.
 #[test]
 fn a_recorder_sees_tract_names_and_our_gauges() {
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         let f = fixtures::small_tdnn();
         let mut model = f.model.clone();
         model.set_name("tdnn-small");
@@ -135,7 +137,7 @@ fn an_unnamed_model_is_reported_without_a_runnable_label() {
 /// state, a policy change.
 #[test]
 fn refusals_and_failures_reach_the_recorder_under_laned_names() {
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         let f = fixtures::panicking().unwrap();
         let mut model = f.model.clone();
         model.set_name("poisonable");

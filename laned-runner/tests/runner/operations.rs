@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use common::{eventually, runner, SETUPS};
+use common::{bounded, eventually, runner, runner_with, MODES, SETUPS};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -22,16 +22,6 @@ fn solo(f: &Fixture, s: u64, calls: usize) -> Vec<TVec<TValue>> {
     (0..calls)
         .map(|c| state.run(f.inputs(1, s * 100 + c as u64)).unwrap())
         .collect()
-}
-
-/// Runs `body` on a thread, failing if it takes longer than 60 s.
-fn bounded<T: Send + 'static>(what: &str, body: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    thread::spawn(move || {
-        let _ = tx.send(body());
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| panic!("{what}: hung (or panicked) past 60 s"))
 }
 
 /// A soft drain with 32 live streams: new spawns are refused with
@@ -318,7 +308,7 @@ fn capacity_reads_pinned_cases() {
 fn queued_seats_are_read_until_their_turn() {
     bounded("seats queued", || {
         let f = fixtures::small_tdnn();
-        for mode in [Mode::Worker, Mode::Combining] {
+        for mode in MODES {
             let config = RunnerConfig::builder()
                 .mode(mode)
                 .shards(1)
@@ -401,13 +391,14 @@ fn every_end_reason_is_read_back() {
 
 /// A runner whose turns come only every `tick`: a seat queued waits there.
 fn ticking(f: &Fixture, mode: Mode, tick: Duration) -> LanedRunner {
-    let config = RunnerConfig::builder()
-        .mode(mode)
-        .shards(1)
-        .max_lanes(4)
-        .policy(TurnPolicy::tick(tick))
-        .build();
-    LanedRunner::new(f.runnable().unwrap(), config).unwrap()
+    runner_with(
+        f,
+        RunnerConfig::builder()
+            .mode(mode)
+            .shards(1)
+            .max_lanes(4)
+            .policy(TurnPolicy::tick(tick)),
+    )
 }
 
 /// A blocking call whose deadline passes while it is queued gets
@@ -419,7 +410,7 @@ fn ticking(f: &Fixture, mode: Mode, tick: Duration) -> LanedRunner {
 fn a_call_past_its_deadline_leaves_the_queue() {
     bounded("deadline", || {
         let f = fixtures::small_tdnn();
-        for mode in [Mode::Worker, Mode::Combining] {
+        for mode in MODES {
             let r = ticking(&f, mode, Duration::from_millis(600));
             let mut late = r.try_spawn().unwrap();
             let mut other = r.try_spawn().unwrap();
@@ -458,7 +449,7 @@ fn an_async_call_past_its_deadline_leaves_the_queue() {
         // A current-thread runtime without the time driver: nothing of
         // tokio's can wake the task at the deadline, only the runner.
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        for mode in [Mode::Worker, Mode::Combining] {
+        for mode in MODES {
             let r = ticking(&f, mode, Duration::from_millis(600));
             let mut late = r.try_spawn().unwrap();
             let mut patient = r.try_spawn().unwrap();

@@ -6,15 +6,17 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use laned_runner::{LanedRunner, Mode, RunnerConfig, TurnPolicy};
+use laned_runner::{LanedRunner, RunnerConfig, TurnPolicy};
 use laned_testkit::fixtures;
+
+use crate::common::MODES;
 
 /// Changing the policy and max_seats while threads call loses no call: every
 /// call is answered, exactly as its stream's solo run.
 #[test]
 fn live_policy_changes_under_load_lose_no_call() {
     let f = fixtures::small_tdnn();
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         let r = LanedRunner::new(
             f.runnable().unwrap(),
             RunnerConfig::builder().shards(1).max_lanes(6).mode(mode).build(),

@@ -9,17 +9,7 @@ use laned_runner::{LanedRunner, LanedStateHandle, Mode, NewRunnerError, RunError
 use laned_testkit::fixtures::{self, Fixture};
 use tract_core::internal::*;
 
-const MODES: [Mode; 2] = [Mode::Worker, Mode::Combining];
-
-fn runner(fixture: &Fixture, lanes: usize, mode: Mode, linger: Duration) -> LanedRunner {
-    let config = RunnerConfig::builder()
-        .shards(1)
-        .max_lanes(lanes)
-        .mode(mode)
-        .linger(linger)
-        .build();
-    LanedRunner::new(fixture.runnable().unwrap(), config).unwrap()
-}
+use crate::common::{one_shard, MODES};
 
 /// What `inputs` give on a fresh solo state.
 fn solo(fixture: &Fixture, inputs: TVec<TValue>) -> TVec<TValue> {
@@ -47,7 +37,7 @@ fn call_all(handles: Vec<(LanedStateHandle, TVec<TValue>)>) -> Vec<Answer> {
 fn a_wide_call_is_answered_stacked() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, 4, mode, Duration::ZERO);
+        let r = one_shard(&f, mode, 4, Duration::ZERO);
         let mut h = r.try_spawn().unwrap();
         let out = h.call(f.inputs(3, 5)).unwrap();
         assert_eq!(out[0].shape(), &[3, 32, 4]);
@@ -62,7 +52,7 @@ fn a_wide_call_is_answered_stacked() {
 fn a_call_wider_than_the_free_lanes_is_split() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, 1, mode, Duration::ZERO);
+        let r = one_shard(&f, mode, 1, Duration::ZERO);
         let mut h = r.try_spawn().unwrap();
         let out = h.call(f.inputs(3, 5)).unwrap();
         assert_eq!(out[0].shape(), &[3, 32, 4]);
@@ -80,7 +70,7 @@ fn a_call_wider_than_the_free_lanes_is_split() {
 fn a_linger_ends_once_every_held_lane_is_queued() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, 3, mode, Duration::from_secs(3600));
+        let r = one_shard(&f, mode, 3, Duration::from_secs(3600));
         let handles = (0..3).map(|s| (r.try_spawn().unwrap(), f.inputs(1, s))).collect();
         for out in call_all(handles) {
             out.unwrap();
@@ -101,7 +91,7 @@ fn shared_inputs_group_seats_into_turns() {
         inputs
     };
     for mode in MODES {
-        let r = runner(&f, 2, mode, Duration::from_secs(3600));
+        let r = one_shard(&f, mode, 2, Duration::from_secs(3600));
         let handles = vec![
             (r.try_spawn().unwrap(), with_gain(1, 0.5)),
             (r.try_spawn().unwrap(), with_gain(2, 0.5)),
@@ -113,7 +103,7 @@ fn shared_inputs_group_seats_into_turns() {
             "{mode:?}: agreeing seats share a turn"
         );
 
-        let r = runner(&f, 2, mode, Duration::from_millis(200));
+        let r = one_shard(&f, mode, 2, Duration::from_millis(200));
         let handles = vec![
             (r.try_spawn().unwrap(), with_gain(1, 0.5)),
             (r.try_spawn().unwrap(), with_gain(2, 2.0)),
@@ -135,7 +125,7 @@ fn shared_inputs_group_seats_into_turns() {
 fn resolved_symbols_hold_for_one_call_and_split_turns() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, 2, mode, Duration::from_millis(200));
+        let r = one_shard(&f, mode, 2, Duration::from_millis(200));
         let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
         a.resolve(&f.stream, 5).unwrap();
         b.resolve(&f.stream, 7).unwrap();
@@ -165,7 +155,7 @@ fn resolved_symbols_hold_for_one_call_and_split_turns() {
 fn a_bad_input_fails_its_own_call_only() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, 2, mode, Duration::from_millis(100));
+        let r = one_shard(&f, mode, 2, Duration::from_millis(100));
         let bad = tvec!(Tensor::zero::<f32>(&[1, 39, 4]).unwrap().into_tvalue());
         let good = f.inputs(1, 9);
         let outs = call_all(vec![
@@ -203,7 +193,7 @@ fn a_bad_input_fails_its_own_call_only() {
 #[test]
 fn batched_inputs_must_agree_on_rows() {
     let f = fixtures::two_in_two_out().unwrap();
-    let r = runner(&f, 2, Mode::Worker, Duration::ZERO);
+    let r = one_shard(&f, Mode::Worker, 2, Duration::ZERO);
     let mut inputs = f.inputs(2, 1);
     inputs[1] = f.inputs(1, 1)[1].clone();
     let err = r.try_spawn().unwrap().call(inputs).unwrap_err();
@@ -219,7 +209,7 @@ fn batched_inputs_must_agree_on_rows() {
 fn a_failed_turn_carries_tracts_error_as_its_source() {
     let f = fixtures::panicking().unwrap();
     for mode in MODES {
-        let r = runner(&f, 2, mode, Duration::from_secs(3600));
+        let r = one_shard(&f, mode, 2, Duration::from_secs(3600));
         let mut a = r.try_spawn().unwrap();
         let mut refused = f.inputs(1, 1);
         refused[0] = Tensor::from_shape(&[1, 40, 4], &[fixtures::REFUSED; 160])
@@ -248,7 +238,7 @@ fn a_failed_turn_carries_tracts_error_as_its_source() {
 fn a_panicking_turn_fails_its_seats_only() {
     let f = fixtures::panicking().unwrap();
     for mode in MODES {
-        let r = runner(&f, 3, mode, Duration::from_secs(3600));
+        let r = one_shard(&f, mode, 3, Duration::from_secs(3600));
         let (a, b, mut c) = (r.try_spawn().unwrap(), r.try_spawn().unwrap(), r.try_spawn().unwrap());
         let mut poisoned = f.inputs(1, 1);
         poisoned[0] = Tensor::from_shape(&[1, 40, 4], &[fixtures::POISON; 160])
@@ -285,7 +275,7 @@ fn a_panicking_turn_fails_its_seats_only() {
 fn a_stream_outside_a_failed_turn_keeps_its_state() {
     let f = fixtures::panicking().unwrap();
     for mode in MODES {
-        let r = runner(&f, 2, mode, Duration::ZERO);
+        let r = one_shard(&f, mode, 2, Duration::ZERO);
         let (mut a, mut c) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
         let solo_state = f.runnable().unwrap();
         let mut c_solo = solo_state.spawn().unwrap();
@@ -316,7 +306,7 @@ fn a_stream_outside_a_failed_turn_keeps_its_state() {
 fn dropping_the_runner_answers_queued_calls() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, 2, mode, Duration::from_secs(3600));
+        let r = one_shard(&f, mode, 2, Duration::from_secs(3600));
         let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
         let inputs = f.inputs(1, 1);
         let queued = thread::spawn(move || a.call(inputs));
@@ -338,7 +328,7 @@ fn dropping_the_runner_answers_queued_calls() {
 fn a_clone_dropped_while_its_twin_calls_loses_nothing() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, 2, mode, Duration::from_millis(100));
+        let r = one_shard(&f, mode, 2, Duration::from_millis(100));
         let a = r.try_spawn().unwrap();
         let twin = a.clone();
         let b = r.try_spawn().unwrap();
@@ -368,7 +358,7 @@ fn twin_calls_on_one_stream_are_both_served_in_turn() {
     let second = reference.run(x.clone()).unwrap();
     assert_ne!(*first[0], *second[0], "the fixture's state must show the order");
     for mode in MODES {
-        let r = runner(&f, 2, mode, Duration::ZERO);
+        let r = one_shard(&f, mode, 2, Duration::ZERO);
         for round in 0..40 {
             let a = r.try_spawn().unwrap();
             let answers = call_all(vec![(a.clone(), x.clone()), (a, x.clone())]);
@@ -398,7 +388,7 @@ fn twin_calls_on_one_stream_are_both_served_in_turn() {
 fn the_last_handle_dropped_gives_the_lane_back() {
     let f = fixtures::small_tdnn();
     for mode in MODES {
-        let r = runner(&f, 1, mode, Duration::ZERO);
+        let r = one_shard(&f, mode, 1, Duration::ZERO);
         let a = r.try_spawn().unwrap();
         let err = r.try_spawn().unwrap_err();
         assert_eq!(

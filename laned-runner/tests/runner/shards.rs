@@ -6,11 +6,9 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 
-use common::runner;
-use laned_runner::{LanedRunner, Mode, RunErrorKind, RunnerConfig, SpawnError};
+use common::{runner, MODES};
+use laned_runner::{LanedRunner, RunErrorKind, RunnerConfig, SpawnError};
 use laned_testkit::fixtures;
-
-const MODES: [Mode; 2] = [Mode::Worker, Mode::Combining];
 
 /// A stream goes to the shard with the most free lanes, the lowest index on
 /// ties, so spawns spread evenly.

@@ -7,12 +7,14 @@ use std::sync::{Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use laned_runner::{LanedRunner, Mode, RunnerConfig};
+use laned_runner::{LanedRunner, RunnerConfig};
 use laned_testkit::fixtures;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 use tract_core::internal::*;
+
+use crate::common::MODES;
 
 /// Every event seen, as "LEVEL target: message field=value ...".
 static SEEN: Mutex<Vec<String>> = Mutex::new(vec![]);
@@ -74,7 +76,7 @@ fn seen(what: &str) -> Vec<String> {
 #[test]
 fn failures_evictions_and_drains_are_traced() {
     install();
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         SEEN.lock().unwrap().clear();
         let f = fixtures::panicking().unwrap();
         let r = LanedRunner::new(

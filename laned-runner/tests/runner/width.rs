@@ -5,9 +5,11 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use laned_runner::{LanedRunner, Mode, RunnerConfig};
+use laned_runner::{LanedRunner, RunnerConfig};
 use laned_testkit::fixtures::{self, Fixture};
 use tract_core::plan::{LaneId, Seating};
+
+use crate::common::MODES;
 
 /// The width a plain laned state of `f` (tract's, no runner) serves
 /// cheapest per row, among 1 to `widest`: each width timed over `turns`
@@ -70,7 +72,7 @@ fn the_learned_width_never_exceeds_the_cheapest_per_row_width() {
     let f = fixtures::slower_batched().unwrap();
     let cheapest = cheapest_per_row(&f, 4, 20);
     assert_eq!(cheapest, 1, "a turn of k rows spins k² x {:?}", fixtures::CROWDING);
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         let r = LanedRunner::new(
             f.runnable().unwrap(),
             RunnerConfig::builder().max_lanes(8).mode(mode).build(),

@@ -9,7 +9,7 @@ use fastrand::Rng;
 use laned_runner::{CancelToken, RunErrorKind, RunnerConfig};
 use laned_testkit::fixtures;
 
-use super::{bounded, SETUPS};
+use crate::common::{bounded, runner_with, SETUPS};
 
 /// Every call ends answered or `Cancelled`, and a cancelled call never ran:
 /// each stream's answers equal its solo run fed exactly the calls that were
@@ -19,16 +19,14 @@ fn churn_with_cancels_at_random_moments() {
     for (mode, shards) in SETUPS {
         bounded("churn with cancels", move || {
             let f = fixtures::small_tdnn();
-            let r = laned_runner::LanedRunner::new(
-                f.runnable().unwrap(),
+            let r = runner_with(
+                &f,
                 RunnerConfig::builder()
                     .shards(shards)
                     .max_lanes(3)
                     .mode(mode)
-                    .idle_timeout(Duration::from_millis(20))
-                    .build(),
-            )
-            .unwrap();
+                    .idle_timeout(Duration::from_millis(20)),
+            );
             let deadline = Instant::now() + Duration::from_millis(1200);
             let workers: Vec<_> = (0..4u64)
                 .map(|w| {

@@ -11,7 +11,8 @@ use proptest::prelude::*;
 use tract_core::internal::*;
 
 use super::ops::{counter, Switch};
-use super::{bounded, pulse, solo};
+use super::{pulse, solo};
+use crate::common::{bounded, MODES};
 
 /// One call: its datum type, rank, rows (axis 0) and other dims.
 #[derive(Debug, Clone)]
@@ -158,7 +159,7 @@ fn pinned_call_shapes() {
         ],
     ];
     for streams in cases {
-        for mode in [Mode::Worker, Mode::Combining] {
+        for mode in MODES {
             for shards in [1, 3] {
                 check_calls(mode, shards, streams.clone());
             }

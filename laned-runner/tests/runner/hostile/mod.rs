@@ -12,45 +12,41 @@ mod round_four;
 mod state_import;
 mod task_churn;
 
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::common::{bounded, runner_on, MODES, SETUPS};
 use laned_runner::{CancelToken, LanedRunner, Mode, NewRunnerError, RunErrorKind, RunnerConfig, SpawnError};
 use ops::{counter, Fault, Hook, Switch};
 use tract_core::internal::*;
 
-/// Both modes, one shard and three.
-const SETUPS: [(Mode, usize); 4] = [
-    (Mode::Worker, 1),
-    (Mode::Combining, 1),
-    (Mode::Worker, 3),
-    (Mode::Combining, 3),
-];
-
-/// Runs `body` on a thread of its own and fails if it does not return
-/// within 60 s: a runner that hangs fails the test.
-fn bounded<T: Send + 'static>(what: &str, body: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    let worker = thread::spawn(move || {
-        let _ = tx.send(body());
-    });
-    match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(value) => {
-            worker.join().unwrap();
-            value
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            // The body panicked: re-raise its panic here.
-            std::panic::resume_unwind(worker.join().unwrap_err())
-        }
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("hung: {what}"),
-    }
+/// A runner of two lanes on `plan`, its state pairs detected.
+fn state_runner(plan: Arc<dyn Runnable>) -> LanedRunner {
+    runner_on(
+        plan,
+        RunnerConfig::builder()
+            .max_lanes(2)
+            .state(laned_runner::StateSpec::Detect),
+    )
 }
 
-fn runner(plan: Arc<dyn Runnable>, config: laned_runner::RunnerConfigBuilder) -> LanedRunner {
-    LanedRunner::new(plan, config.build()).unwrap()
+/// `h`'s output for `f`'s inputs of `seed`.
+fn feed(f: &laned_testkit::fixtures::Fixture, h: &mut laned_runner::LanedStateHandle, seed: u64) -> Tensor {
+    h.call(f.inputs(1, seed)).unwrap()[0].clone().into_tensor()
+}
+
+/// `x` as a call's inputs.
+fn tvalue(x: &Tensor) -> TVec<TValue> {
+    tvec!(x.clone().into_tvalue())
+}
+
+/// A single-threaded tokio runtime with timers.
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
 }
 
 /// A `[1, dims...]` pulse filled from `seed`.
@@ -109,7 +105,7 @@ fn a_resolved_symbol_the_input_contradicts_is_refused_naming_both() {
     for (mode, shards) in SETUPS {
         bounded("resolve contradiction", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[None, None]).unwrap(),
                 RunnerConfig::builder().mode(mode).shards(shards).max_lanes(2),
             );
@@ -142,7 +138,7 @@ fn a_turn_failing_before_tract_ran_on_a_fresh_state_fails_its_seats_only() {
         for fault in [Fault::Err, Fault::Panic] {
             bounded("fresh state, failed borrowed reset", move || {
                 let switch = Switch::new();
-                let r = runner(
+                let r = runner_on(
                     counter(&switch, &[Some(3)]).unwrap(),
                     RunnerConfig::builder().mode(mode).shards(shards).max_lanes(2),
                 );
@@ -176,7 +172,7 @@ fn a_first_turn_that_errs_inside_tract_loses_only_its_streams() {
         for fault in [Fault::Err, Fault::Panic] {
             bounded("first turn errs", move || {
                 let switch = Switch::new();
-                let r = runner(
+                let r = runner_on(
                     counter(&switch, &[Some(3)]).unwrap(),
                     RunnerConfig::builder().mode(mode).shards(shards).max_lanes(2),
                 );
@@ -203,7 +199,7 @@ fn a_reset_panicking_at_a_grant_fails_that_spawn_only() {
         for fault in [Fault::Err, Fault::Panic] {
             bounded("grant reset fault", move || {
                 let switch = Switch::new();
-                let r = runner(
+                let r = runner_on(
                     counter(&switch, &[Some(3)]).unwrap(),
                     RunnerConfig::builder().mode(mode).shards(shards).max_lanes(3),
                 );
@@ -230,7 +226,7 @@ fn a_reset_panicking_for_a_borrowed_lane_fails_that_call_only() {
     for (mode, shards) in SETUPS {
         bounded("borrowed reset panic", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder().mode(mode).shards(shards).max_lanes(3),
             );
@@ -254,7 +250,7 @@ fn a_reset_panicking_at_eviction_evicts_that_stream_only() {
     for (mode, shards) in SETUPS {
         bounded("eviction reset panic", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder()
                     .mode(mode)
@@ -316,7 +312,7 @@ fn a_recovery_whose_reset_panics_rebuilds_the_state() {
     for (mode, shards) in SETUPS {
         bounded("recovery reset panic", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder().mode(mode).shards(shards).max_lanes(2),
             );
@@ -343,7 +339,7 @@ fn seats_of_different_shapes_never_share_a_turn() {
         for (a_dims, b_dims) in [([3, 4], [2, 6]), ([3, 4], [2, 5]), ([3, 4], [3, 4])] {
             bounded("free dims", move || {
                 let switch = Switch::new();
-                let r = runner(
+                let r = runner_on(
                     counter(&switch, &[None, None]).unwrap(),
                     RunnerConfig::builder()
                         .mode(mode)
@@ -376,7 +372,7 @@ fn a_cancel_that_loses_the_race_never_cancels_the_next_call() {
     for (mode, shards) in SETUPS {
         bounded("late cancel", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder().mode(mode).shards(shards).max_lanes(2),
             );
@@ -408,10 +404,10 @@ fn a_cancel_that_loses_the_race_never_cancels_the_next_call() {
 /// never ran.
 #[test]
 fn a_cancel_of_a_queued_call_says_it_never_ran() {
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         bounded("queued cancel", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder().mode(mode).shards(1).max_lanes(2),
             );
@@ -487,7 +483,7 @@ fn admission_at_its_limits() {
         bounded("admission limits", move || {
             let switch = Switch::new();
             let plan = counter(&switch, &[Some(3)]).unwrap();
-            let r = runner(
+            let r = runner_on(
                 plan.clone(),
                 RunnerConfig::builder().mode(mode).shards(shards).max_lanes(1),
             );
@@ -498,7 +494,7 @@ fn admission_at_its_limits() {
             drop(held);
             waiter.join().unwrap().unwrap();
 
-            let r = runner(
+            let r = runner_on(
                 plan,
                 RunnerConfig::builder()
                     .mode(mode)
@@ -566,10 +562,10 @@ fn configuration_at_its_limits_is_refused_clearly() {
 /// linger out, and the queued call is answered.
 #[test]
 fn drain_does_not_wait_out_a_linger() {
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         bounded("drain under a long linger", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder()
                     .mode(mode)
@@ -600,7 +596,7 @@ fn closing_while_combining_callers_evict() {
     for round in 0..20 {
         bounded("close racing eviction", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder()
                     .mode(Mode::Combining)
@@ -641,10 +637,10 @@ fn closing_while_combining_callers_evict() {
 /// and every answer given was the stream's own.
 #[test]
 fn a_close_under_steady_load_is_not_held_off() {
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         bounded("close under steady load", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder().mode(mode).shards(1).max_lanes(8).max_seats(1),
             );
@@ -687,10 +683,10 @@ fn a_close_under_steady_load_is_not_held_off() {
 /// requests are taken in before the idle streams are looked at.
 #[test]
 fn a_call_waiting_through_a_long_turn_is_not_evicted() {
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         bounded("eviction after a long turn", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder()
                     .mode(mode)
@@ -715,10 +711,10 @@ fn a_call_waiting_through_a_long_turn_is_not_evicted() {
 /// not only the call guarded last; neither call ran.
 #[test]
 fn one_token_cancels_every_call_it_guards() {
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         bounded("a token shared by two calls", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder().mode(mode).shards(1).max_lanes(3),
             );
@@ -759,10 +755,10 @@ fn one_token_cancels_every_call_it_guards() {
 /// ends (the idle stream is evicted before the spawn looks), not `Full`.
 #[test]
 fn a_spawn_after_a_long_turn_gets_an_idle_streams_lane() {
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         bounded("spawn after a long turn", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder()
                     .mode(mode)
@@ -787,10 +783,10 @@ fn a_spawn_after_a_long_turn_gets_an_idle_streams_lane() {
 /// after is served, not evicted, and the timed-out call never ran.
 #[test]
 fn a_retry_after_a_timed_out_call_is_not_evicted() {
-    for mode in [Mode::Worker, Mode::Combining] {
+    for mode in MODES {
         bounded("retry after a deadline", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder()
                     .mode(mode)

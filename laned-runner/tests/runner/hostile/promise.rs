@@ -15,23 +15,8 @@ use super::*;
 /// stalls or fails its op.
 fn counting(config: laned_runner::RunnerConfigBuilder) -> (Arc<Switch>, LanedRunner) {
     let switch = Switch::new();
-    let r = runner(counter(&switch, &[Some(3)]).unwrap(), config);
+    let r = runner_on(counter(&switch, &[Some(3)]).unwrap(), config);
     (switch, r)
-}
-
-fn both_modes() -> [Mode; 2] {
-    [Mode::Worker, Mode::Combining]
-}
-
-fn tvalue(x: &Tensor) -> TVec<TValue> {
-    tvec!(x.clone().into_tvalue())
-}
-
-fn current_thread() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap()
 }
 
 /// Defect 1: a call's waker that panics when its answer lands costs that
@@ -39,7 +24,7 @@ fn current_thread() -> tokio::runtime::Runtime {
 /// blocking call is answered, and new streams are admitted.
 #[test]
 fn a_panicking_call_waker_touches_only_its_own_task() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("a panicking call waker", move || {
             let (_, r) = counting(
                 RunnerConfig::builder()
@@ -72,7 +57,7 @@ fn a_panicking_call_waker_touches_only_its_own_task() {
 /// waiters' wake-ups, and the spawner still gets its lane when polled.
 #[test]
 fn a_panicking_spawn_waker_harms_nobody_else() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("a panicking spawn waker", move || {
             let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(1));
             let held = r.try_spawn().unwrap();
@@ -112,7 +97,7 @@ fn a_panicking_spawn_waker_harms_nobody_else() {
 /// later call's deadline is still enforced.
 #[test]
 fn a_panicking_waker_does_not_kill_the_deadline_thread() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("a panicking deadline waker", move || {
             let (_, r) = counting(
                 RunnerConfig::builder()
@@ -144,7 +129,7 @@ fn a_panicking_waker_does_not_kill_the_deadline_thread() {
 /// `wake()`) does not deadlock it.
 #[test]
 fn a_waker_calling_back_into_the_runner_does_not_deadlock() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("a re-entrant waker", move || {
             let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(3));
             let spawned = Arc::new(AtomicUsize::new(0));
@@ -176,7 +161,7 @@ fn a_waker_calling_back_into_the_runner_does_not_deadlock() {
 /// at most one lane; blocking and task spawns get the others.
 #[test]
 fn a_stalled_spawn_holds_at_most_one_lane() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("a stalled spawn", move || {
             let (switch, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(4));
             let busy = r.try_spawn().unwrap();
@@ -205,7 +190,7 @@ fn a_stalled_spawn_holds_at_most_one_lane() {
 /// `try_spawn` and drop never gets the thread refused while lanes are free.
 #[test]
 fn spawn_churn_never_refuses_a_free_lane() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("spawn churn", move || {
             let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(4));
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -230,7 +215,7 @@ fn spawn_churn_never_refuses_a_free_lane() {
 /// clone of it and one place in the queue.
 #[test]
 fn a_repolled_spawn_keeps_one_waker_and_one_place() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("waker pile-up", move || {
             let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(1));
             let held = r.try_spawn().unwrap();
@@ -250,7 +235,7 @@ fn a_repolled_spawn_keeps_one_waker_and_one_place() {
 /// them, not all.
 #[test]
 fn a_freed_lane_wakes_one_waiter() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("thundering herd", move || {
             let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(1));
             let held = r.try_spawn().unwrap();
@@ -282,7 +267,7 @@ fn a_freed_lane_wakes_one_waiter() {
 /// five rounds each, since C wins the state only sometimes.
 #[test]
 fn a_deadline_holds_while_a_caller_serves_others() {
-    for mode in both_modes() {
+    for mode in MODES {
         for as_task in [false, true] {
             bounded("deadline while combining", move || {
                 let (switch, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(6).max_seats(1));
@@ -343,7 +328,7 @@ fn a_deadline_holds_while_a_caller_serves_others() {
 #[test]
 fn a_call_after_finish_is_refused() {
     let f = laned_testkit::fixtures::small_tdnn();
-    for mode in both_modes() {
+    for mode in MODES {
         let r = LanedRunner::new(
             f.runnable().unwrap(),
             RunnerConfig::builder().mode(mode).max_lanes(2).build(),
@@ -374,7 +359,7 @@ fn a_call_after_finish_is_refused() {
 /// ran, and the turn never spins on one it cannot withdraw.
 #[test]
 fn a_wide_call_past_its_deadline_between_rows_completes() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("a wide call past its deadline", move || {
             let (switch, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(2).max_seats(1));
             let mut h = r.try_spawn().unwrap();
@@ -393,7 +378,7 @@ fn a_wide_call_past_its_deadline_between_rows_completes() {
 /// threads waiting on each other.
 #[test]
 fn wakers_calling_back_across_shards_do_not_deadlock() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("re-entrant wakers on two shards", move || {
             let (_, r) = counting(RunnerConfig::builder().mode(mode).shards(2).max_lanes(1));
             let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
@@ -432,7 +417,7 @@ fn wakers_calling_back_across_shards_do_not_deadlock() {
 /// `Drained` from every API.
 #[test]
 fn end_reasons_agree_through_every_api() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("end reasons", move || {
             let (switch, r) = counting(RunnerConfig::builder().mode(mode).shards(2).max_lanes(1));
             let (s0, s1) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
@@ -448,7 +433,7 @@ fn end_reasons_agree_through_every_api() {
             closing.join().unwrap();
             assert_eq!(s0.end_reason(), Some(EndReason::Closed), "{mode:?}");
 
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder().mode(mode).max_lanes(2),
             );
@@ -479,7 +464,7 @@ fn readiness_follows_max_waiting() {
 /// no lane is held in the gauges or in `capacity`.
 #[test]
 fn releases_after_a_drain_are_booked() {
-    for mode in both_modes() {
+    for mode in MODES {
         let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(4));
         let watch = r.detached();
         let stragglers: Vec<_> = (0..3).map(|_| r.try_spawn().unwrap()).collect();
@@ -565,7 +550,7 @@ fn combining_tasks_do_not_starve_the_executor() {
 /// was seated settles as not run, and the stream goes on exactly.
 #[test]
 fn a_dropped_call_is_settled_never_guessed() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("settling a dropped call", move || {
             let (switch, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(2));
             let mut a = r.try_spawn().unwrap();
@@ -616,7 +601,7 @@ fn a_dropped_call_is_settled_never_guessed() {
 /// task on the same single-threaded runtime keeps running meanwhile.
 #[test]
 fn an_awaited_drain_does_not_block_the_executor() {
-    for mode in both_modes() {
+    for mode in MODES {
         let (_, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(2));
         let straggler = r.try_spawn().unwrap();
         let rt = current_thread();
@@ -647,7 +632,7 @@ fn an_awaited_drain_does_not_block_the_executor() {
 /// are all withdrawn, no lane or seat left behind, and the streams serve on.
 #[test]
 fn thousands_of_dropped_calls_leave_nothing_behind() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("mass cancellation", move || {
             let (switch, r) = counting(RunnerConfig::builder().mode(mode).max_lanes(2001));
             let busy = r.try_spawn().unwrap();

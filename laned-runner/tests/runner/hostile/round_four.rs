@@ -14,21 +14,6 @@ use proptest::prelude::*;
 
 use super::*;
 
-fn both_modes() -> [Mode; 2] {
-    [Mode::Worker, Mode::Combining]
-}
-
-fn current_thread() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap()
-}
-
-fn tvalue(x: &Tensor) -> TVec<TValue> {
-    tvec!(x.clone().into_tvalue())
-}
-
 /// Streams whose end depends on their length: a conv padded after the
 /// end, a valid conv wider than the pulse (a delay to flush), strided convs,
 /// the causal TDNN.
@@ -67,7 +52,7 @@ fn ended_through(f: &Fixture, r: &LanedRunner, handles: usize, calls: u64, real:
 fn finish_through_a_clone_counts_every_pulse() {
     for f in ending_fixtures() {
         for (mode, shards) in SETUPS {
-            let r = runner(
+            let r = runner_on(
                 f.runnable().unwrap(),
                 RunnerConfig::builder().mode(mode).shards(shards).max_lanes(2),
             );
@@ -95,8 +80,8 @@ fn finish_through_a_clone_counts_every_pulse() {
 #[test]
 fn a_clone_finishes_at_the_true_length_after_a_drop() {
     let f = fixtures::end_padded().unwrap();
-    for mode in both_modes() {
-        let r = runner(f.runnable().unwrap(), RunnerConfig::builder().mode(mode).max_lanes(3));
+    for mode in MODES {
+        let r = runner_on(f.runnable().unwrap(), RunnerConfig::builder().mode(mode).max_lanes(3));
         let with_pulse = ended_through(&f, &r, 1, 1, 1);
         let without = {
             let h = r.try_spawn().unwrap();
@@ -155,7 +140,7 @@ fn a_refused_spawn_names_the_runners_end_on_every_path() {
         let config = || RunnerConfig::builder().mode(mode).shards(shards).max_lanes(2);
         let when = format!("{mode:?}/{shards}");
         // Stopped admitting: no end marked yet, every path `Draining`.
-        let r = runner(plan.clone(), config());
+        let r = runner_on(plan.clone(), config());
         let live = r.try_spawn().unwrap();
         r.stop_admitting();
         for (path, got) in spawns(&r) {
@@ -176,7 +161,7 @@ fn a_refused_spawn_names_the_runners_end_on_every_path() {
             &format!("{when}, drained"),
         );
         // Closed: `Closed` everywhere.
-        let r = runner(plan.clone(), config());
+        let r = runner_on(plan.clone(), config());
         let live = r.try_spawn().unwrap();
         r.close();
         refused_alike(
@@ -191,7 +176,7 @@ fn a_refused_spawn_names_the_runners_end_on_every_path() {
             "the runner was closed, not dropped"
         );
         // Dropped (its last owning clone): `Closed` through a detached clone.
-        let r = runner(plan.clone(), config());
+        let r = runner_on(plan.clone(), config());
         let detached = r.detached();
         let live = r.try_spawn().unwrap();
         drop(r);
@@ -223,15 +208,6 @@ fn sigmoid_gru(f: &Fixture) -> TypedModel {
     other
 }
 
-fn gru_runner(plan: Arc<dyn Runnable>) -> LanedRunner {
-    runner(plan, RunnerConfig::builder().max_lanes(2).state(StateSpec::Detect))
-}
-
-/// One call of `h` with the cell's inputs of `seed`, its output.
-fn feed(f: &Fixture, h: &mut LanedStateHandle, seed: u64) -> Tensor {
-    h.call(f.inputs(1, seed)).unwrap()[0].clone().into_tensor()
-}
-
 /// Defect 3: two models alike but for one op (`tanh` and `sigmoid`) have
 /// different identities, and each refuses the other's state naming both
 /// (on main each imported the other's); the same model prepared twice
@@ -239,9 +215,9 @@ fn feed(f: &Fixture, h: &mut LanedStateHandle, seed: u64) -> Tensor {
 #[test]
 fn another_graphs_state_is_refused_naming_both() {
     let f = fixtures::gru_cell(5, 4).unwrap();
-    let tanh = gru_runner(f.runnable().unwrap());
-    let sigmoid = gru_runner(DefaultRuntime.prepare(sigmoid_gru(&f)).unwrap().into());
-    let again = gru_runner(f.runnable().unwrap());
+    let tanh = state_runner(f.runnable().unwrap());
+    let sigmoid = state_runner(DefaultRuntime.prepare(sigmoid_gru(&f)).unwrap().into());
+    let again = state_runner(f.runnable().unwrap());
     let (mut a, mut b) = (tanh.try_spawn().unwrap(), sigmoid.try_spawn().unwrap());
     assert_ne!(feed(&f, &mut a, 1), feed(&f, &mut b, 1), "the graphs compute apart");
     let (ours, theirs) = (a.export_state().unwrap(), b.export_state().unwrap());
@@ -271,7 +247,7 @@ fn another_graphs_state_is_refused_naming_both() {
 #[test]
 fn a_state_of_the_old_format_is_refused_by_version() {
     let f = fixtures::gru_cell(5, 4).unwrap();
-    let r = gru_runner(f.runnable().unwrap());
+    let r = state_runner(f.runnable().unwrap());
     let mut h = r.try_spawn().unwrap();
     let mut json = serde_json::to_value(h.export_state().unwrap()).unwrap();
     json["version"] = 1.into();
@@ -303,7 +279,7 @@ fn refused_policies() -> Vec<TurnPolicy> {
 fn a_policy_is_refused_alike_however_it_arrives() {
     let switch = Switch::new();
     let plan = counter(&switch, &[Some(3)]).unwrap();
-    let r = runner(plan.clone(), RunnerConfig::builder().max_lanes(2));
+    let r = runner_on(plan.clone(), RunnerConfig::builder().max_lanes(2));
     let before = r.policy();
     for policy in refused_policies() {
         let text = policy.to_string();
@@ -370,10 +346,10 @@ fn a_refused_policy_table_names_its_fault() {
 /// `settle` answered for either.
 #[test]
 fn a_verdict_settles_one_named_call() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("two drops, one verdict", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder().mode(mode).max_lanes(3),
             );
@@ -439,10 +415,10 @@ fn a_verdict_settles_one_named_call() {
 /// combining mode when its task polled again).
 #[test]
 fn a_call_polled_once_counts_as_queued() {
-    for mode in both_modes() {
+    for mode in MODES {
         bounded("queued seats from the first poll", move || {
             let switch = Switch::new();
-            let r = runner(
+            let r = runner_on(
                 counter(&switch, &[Some(3)]).unwrap(),
                 RunnerConfig::builder().mode(mode).max_lanes(3),
             );

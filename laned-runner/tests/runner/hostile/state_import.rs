@@ -5,10 +5,12 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use laned_runner::{LanedRunner, LanedStateHandle, RunErrorKind, RunnerConfig, StateSpec, StreamState};
+use laned_runner::{RunErrorKind, StreamState};
 use laned_testkit::fixtures::{self, Fixture};
 use tract_core::internal::*;
 use tract_core::ops::konst::Const;
+
+use super::{feed, state_runner};
 
 /// Inputs and hidden units of the GRU cell.
 const F: usize = 5;
@@ -16,19 +18,6 @@ const H: usize = 4;
 
 fn gru() -> Fixture {
     fixtures::gru_cell(F, H).unwrap()
-}
-
-fn runner(plan: Arc<dyn Runnable>) -> LanedRunner {
-    LanedRunner::new(
-        plan,
-        RunnerConfig::builder().max_lanes(2).state(StateSpec::Detect).build(),
-    )
-    .unwrap()
-}
-
-/// `h`'s output for the fixture's inputs of `seed`.
-fn feed(fixture: &Fixture, h: &mut LanedStateHandle, seed: u64) -> Tensor {
-    h.call(fixture.inputs(1, seed)).unwrap()[0].clone().into_tensor()
 }
 
 /// `state` with its first tensor's datum type, shape and bytes replaced,
@@ -45,7 +34,7 @@ fn crafted(state: &StreamState, datum_type: &str, shape: &[usize], data: &[u8]) 
 #[test]
 fn overflowing_zero_element_shapes_are_refused() {
     let fixture = gru();
-    let r = runner(fixture.runnable().unwrap());
+    let r = state_runner(fixture.runnable().unwrap());
     let mut a = r.try_spawn().unwrap();
     let first = feed(&fixture, &mut a, 1);
     let exported = a.export_state().unwrap();
@@ -106,9 +95,9 @@ fn another_models_weights_are_told_apart() {
     let op = Const::new(changed).unwrap();
     other.nodes[konst].outputs[0].fact = op.output_facts(&[]).unwrap().remove(0);
     other.nodes[konst].op = Box::new(op);
-    let mine = runner(fixture.runnable().unwrap());
-    let same = runner(fixture.runnable().unwrap());
-    let theirs = runner(DefaultRuntime.prepare(other).unwrap().into());
+    let mine = state_runner(fixture.runnable().unwrap());
+    let same = state_runner(fixture.runnable().unwrap());
+    let theirs = state_runner(DefaultRuntime.prepare(other).unwrap().into());
 
     let mut a = mine.try_spawn().unwrap();
     feed(&fixture, &mut a, 3);
@@ -144,7 +133,7 @@ fn another_models_weights_are_told_apart() {
 #[test]
 fn a_state_handed_over_by_tasks_continues_exactly() {
     let fixture = gru();
-    let r = runner(fixture.runnable().unwrap());
+    let r = state_runner(fixture.runnable().unwrap());
     let (mut a, mut b) = (r.try_spawn().unwrap(), r.try_spawn().unwrap());
     feed(&fixture, &mut a, 1);
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();

@@ -55,7 +55,7 @@ fn churn_runner(f: &Fixture, mode: Mode, shards: usize, lanes: usize, max_waitin
         .shards(shards)
         .max_lanes(lanes / shards + 1)
         .max_waiting(max_waiting);
-    LanedRunner::new(f.runnable().unwrap(), config.build()).unwrap()
+    crate::common::runner_with(f, config)
 }
 
 /// A stream's reference: the fixture run alone, fed exactly the calls of

@@ -38,8 +38,10 @@ pub(crate) struct Admission {
     /// Signalled by every freed lane and refusal: the drain waits on it.
     cv: Condvar,
     max_waiting: usize,
-    /// The runner's life: step 3 (spawns refused, and why) is set and read
-    /// under `state`'s lock.
+    /// The runner's life: step 3 (spawns refused, and why) is set under
+    /// `state`'s lock and read under it by the queue (so no arrival joins
+    /// after the refusal answered the waiters); `is_refused` and `refusal`
+    /// read it without.
     life: Arc<Life>,
     /// The spawners-waiting gauge of the `metrics` facade (nothing without
     /// the feature); set under the lock, so it follows the queue in order.

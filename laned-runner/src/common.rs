@@ -198,9 +198,7 @@ impl Common {
         self.life.mark_end(EndReason::Closed);
         self.admission.refuse(SpawnError::Closed);
         self.timer.close();
-        for shard in &self.shards {
-            shard.close();
-        }
+        Shard::close_all(&self.shards);
     }
 }
 

@@ -12,10 +12,13 @@
 //! - step 5, the shards draining;
 //! - step 7, the shards closed.
 //!
-//! Who may touch it: the draining or closing thread sets the bits, each
-//! under the lock its readers decide under (the admission queue's for step
-//! 3, each shard's inbox lock for 5 and 7, then waking its sleepers), so a
-//! reader's look and sleep never miss a step; anyone reads.
+//! Who may touch it: the draining or closing thread sets the bits. Step 3
+//! under the admission queue's lock, which its queue reads it under; 5 and
+//! 7 under the first shard's inbox lock, and then each shard's inbox lock
+//! is taken in turn and its sleepers woken, so a sleeper that looked
+//! before the bit was set is asleep by then, and woken. Anyone reads,
+//! under a lock or not: a reader without one (the engine, a handle) only
+//! ever acts on a step that came.
 
 use crate::err::{EndReason, SpawnError};
 use crate::sync::{AtomicU8, Ordering};
@@ -48,9 +51,9 @@ impl Life {
     /// Set `bit` unless one of `unless` is set already (the first of two
     /// exclusive bits stands).
     fn set(&self, bit: u8, unless: u8) {
-        let _ = self
-            .0
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| (b & unless == 0).then_some(b | bit));
+        let _ = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+            (b & unless == 0).then_some(b | bit)
+        });
     }
 
     /// Step 3: refuse spawns with `why` (`Draining` or `Closed`), unless
@@ -139,6 +142,10 @@ mod tests {
         life.start_draining();
         life.close();
         assert!(life.is_draining() && life.is_closed());
-        assert_eq!(life.spawn_refusal(), Some(SpawnError::Draining), "unchanged by later steps");
+        assert_eq!(
+            life.spawn_refusal(),
+            Some(SpawnError::Draining),
+            "unchanged by later steps"
+        );
     }
 }

@@ -39,23 +39,24 @@
 //!    a lane or its deadline passes; the streams left are the stragglers,
 //!    and the runner is marked drained, so that they are told `Draining`
 //!    (retry elsewhere), not `Closed`, from now on.
-//! 5. **The runner is marked draining**, under each shard's inbox lock in
-//!    turn, and the inbox's sleeper woken: a
+//! 5. **The runner is marked draining** (under the first shard's inbox
+//!    lock; each shard's is then taken in turn and its sleeper woken, so no
+//!    sleeper misses it): a
 //!    turn policy waiting for more seats starts the turn at once (nothing
 //!    new can join).
-//! 6. **The engine refuses new calls** (`Draining`) from the next request
-//!    it takes in, whoever holds the state (the worker; in combining mode a
+//! 6. **Every engine refuses new calls** (`Draining`) from the next
+//!    request it takes in, whoever holds the state (the worker; in combining mode a
 //!    caller, the helper, or the draining thread, which waits for the
 //!    state); what is queued is served turn after
 //!    turn. A draining helper does not wait for more calls: it lets the
 //!    state go once nothing is queued. Once nothing is queued or waiting
 //!    for an answer, the runner closes every shard.
-//! 7. **The deadline thread stops.** The runner is marked closed, under
-//!    each shard's inbox lock in turn, and everyone sleeping on it woken:
-//!    from now on a push is refused and
+//! 7. **The deadline thread stops.** The runner is marked closed (as in
+//!    5), and on every shard, before any is joined, everyone sleeping on its
+//!    inbox or its mode's condvar woken: from now on a push is refused and
 //!    answered `Closed` by the pusher itself.
-//! 8. **The mode's thread stops**: the worker (or the helper) sees the flag;
-//!    the closing thread joins it (never itself).
+//! 8. **The modes' threads stop**: each worker (or helper) sees the mark;
+//!    the closing thread joins them, shard after shard (never itself).
 //! 9. **The engine is closed on a live thread** (the worker in worker
 //!    mode, the closing thread otherwise): every pending call is answered
 //!    `Closed`, the queue dropped, and the state dropped with it.
@@ -196,9 +197,7 @@ impl LanedRunner {
             match Shard::start(parts, &config) {
                 Ok(shard) => shards.push(shard),
                 Err(e) => {
-                    for shard in &shards {
-                        shard.close();
-                    }
+                    Shard::close_all(&shards);
                     return Err(e);
                 }
             }
@@ -207,9 +206,7 @@ impl LanedRunner {
         // never finds it missing; it sleeps until the first such call.
         let timer = Arc::new(crate::deadline::Timer::new());
         if let Err(e) = timer.start() {
-            for shard in &shards {
-                shard.close();
-            }
+            Shard::close_all(&shards);
             return Err(NewRunnerError::Spawn(e));
         }
         let core = Arc::new(Common {

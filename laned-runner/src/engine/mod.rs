@@ -196,7 +196,11 @@ impl Engine {
                     Ok(_) if self.is_draining() => Some(EndReason::Drained),
                     Ok(lane) => self.streams.lost(LaneId(lane)).map(|_| EndReason::Lost),
                 };
-                slot.fill(if self.is_closed() { Some(EndReason::Closed) } else { status });
+                slot.fill(if self.is_closed() {
+                    Some(EndReason::Closed)
+                } else {
+                    status
+                });
             }
             Request::Pulses { stream, slot } => {
                 slot.fill(self.streams.own(stream).map(|lane| self.streams.pulses(lane)));

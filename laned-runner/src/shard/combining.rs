@@ -186,10 +186,8 @@ impl Combining {
                     inbox = match tick {
                         None => self.help.wait(inbox).unwrap_or_else(|e| e.into_inner()),
                         Some(tick) => {
-                            let (inbox, timeout) = self
-                                .help
-                                .wait_timeout(inbox, tick)
-                                .unwrap_or_else(|e| e.into_inner());
+                            let (inbox, timeout) =
+                                self.help.wait_timeout(inbox, tick).unwrap_or_else(|e| e.into_inner());
                             ticked = timeout.timed_out();
                             inbox
                         }
@@ -283,10 +281,14 @@ impl Combining {
         }
     }
 
-    /// Closing in combining mode: step 8 (the helper woken and joined),
-    /// then 9 and 10 on the closing thread.
-    pub(super) fn close(&self) {
+    /// Step 7, the mode's part: the helper is woken to see the close.
+    pub(super) fn wake_for_close(&self) {
         self.help.notify_all();
+    }
+
+    /// Closing in combining mode: step 8 (the helper joined), then 9 and 10
+    /// on the closing thread.
+    pub(super) fn close(&self) {
         self.shared.join_thread();
         let _wakes = Deferred::open();
         let mut engine = self.shared.lock();

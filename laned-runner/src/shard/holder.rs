@@ -52,7 +52,9 @@ thread_local! {
 
 /// Run `wakes` with the engine in `slot` (taken out of its lock, which
 /// the caller keeps holding) lent to them, then put it back, even if
-/// `wakes` unwinds.
+/// `wakes` unwinds. On a thread whose locals are being torn down (a call
+/// from another thread-local's destructor) the wakes run unlent: the
+/// engine never leaves its lock for a stack that is gone.
 pub(super) fn lend<T: Any + Send + Sync>(shard: &Arc<T>, slot: &mut Option<Box<Engine>>, wakes: impl FnOnce()) {
     /// Puts the engine back into its lock when the wakes are over.
     struct Back<'a> {
@@ -62,26 +64,32 @@ pub(super) fn lend<T: Any + Send + Sync>(shard: &Arc<T>, slot: &mut Option<Box<E
     impl Drop for Back<'_> {
         fn drop(&mut self) {
             // Wakers lend in turn and take back before returning, so the
-            // entry pushed below is the last one again.
-            let lent = LENT.with(|l| {
+            // entry pushed below is the last one again. The stack is alive:
+            // it was when the entry was pushed, and a thread's locals are
+            // torn down one after the other, not while one of them runs.
+            let lent = LENT.try_with(|l| {
                 let mut l = l.borrow_mut();
                 debug_assert_eq!(l.len(), self.depth + 1, "a waker's lend outlived it");
                 l.pop()
             });
-            *self.slot = lent.and_then(|lent| lent.engine);
+            *self.slot = lent.ok().flatten().and_then(|lent| lent.engine);
         }
     }
-    let engine = slot.take();
-    let depth = LENT.with(|l| {
+    let pushed = LENT.try_with(|l| {
         let mut l = l.borrow_mut();
         l.push(Lent {
             shard: shard.clone() as Owner,
-            engine,
+            engine: slot.take(),
         });
         l.len() - 1
     });
-    let _back = Back { slot, depth };
-    wakes();
+    match pushed {
+        Ok(depth) => {
+            let _back = Back { slot, depth };
+            wakes();
+        }
+        Err(_) => wakes(),
+    }
 }
 
 /// Run `f` with `shard`'s engine if this thread lent it to the wakes it
@@ -97,18 +105,22 @@ pub(super) fn with_lent<T: Any + Send + Sync, R>(shard: &Arc<T>, f: impl FnOnce(
     impl Drop for Back {
         fn drop(&mut self) {
             let engine = self.engine.take();
-            LENT.with(|l| l.borrow_mut()[self.at].engine = engine);
+            let _ = LENT.try_with(|l| l.borrow_mut()[self.at].engine = engine);
         }
     }
-    let (at, engine) = LENT.with(|l| {
-        let mut l = l.borrow_mut();
-        let at = l.iter().rposition(|lent| is(&lent.shard, shard))?;
-        // Already in use further up this thread: a waker's serving never
-        // runs wakes itself (they stay kept for the lender), so this is not
-        // reached; the caller then waits for the lock as anyone would.
-        let engine = l[at].engine.take()?;
-        Some((at, engine))
-    })?;
+    let (at, engine) = LENT
+        .try_with(|l| {
+            let mut l = l.borrow_mut();
+            let at = l.iter().rposition(|lent| is(&lent.shard, shard))?;
+            // Already in use further up this thread: a waker's serving never
+            // runs wakes itself (they stay kept for the lender), so this is
+            // not reached; the caller then waits for the lock as anyone
+            // would.
+            let engine = l[at].engine.take()?;
+            Some((at, engine))
+        })
+        .ok()
+        .flatten()?;
     let mut back = Back {
         at,
         engine: Some(engine),
@@ -120,8 +132,11 @@ pub(super) fn with_lent<T: Any + Send + Sync, R>(shard: &Arc<T>, f: impl FnOnce(
 /// calling back into the runner): the one whose engine it lent last, or
 /// the one it is the worker of.
 pub(super) fn home<T: Any + Send + Sync>() -> Option<Arc<T>> {
-    LENT.with(|l| l.borrow().last().map(|lent| lent.shard.clone()))
-        .or_else(|| WORKER_OF.with(|w| w.borrow().clone()))
+    // Nothing while this thread's locals are torn down.
+    let lent = LENT.try_with(|l| l.borrow().last().map(|lent| lent.shard.clone()));
+    lent.ok()
+        .flatten()
+        .or_else(|| WORKER_OF.try_with(|w| w.borrow().clone()).ok().flatten())
         .and_then(|owner| owner.downcast().ok())
 }
 
@@ -132,5 +147,7 @@ pub(super) fn set_worker<T: Any + Send + Sync>(shard: &Arc<T>) {
 
 /// Whether this thread is `shard`'s worker.
 pub(super) fn is_worker_of<T: Any + Send + Sync>(shard: &Arc<T>) -> bool {
-    WORKER_OF.with(|w| w.borrow().as_ref().is_some_and(|me| is(me, shard)))
+    WORKER_OF
+        .try_with(|w| w.borrow().as_ref().is_some_and(|me| is(me, shard)))
+        .unwrap_or(false)
 }

@@ -165,12 +165,39 @@ impl Shard {
         }
     }
 
-    /// Refuse everything from now on, answer every waiting caller, and drop
-    /// the state on a live thread: steps 7 (the inbox, here), 8 (the join)
-    /// and 9 and 10 (the worker's own, or the closing thread's in combining
-    /// mode) of the runner's life.
-    pub fn close(&self) {
+    /// Close `shards`: step 7 for every shard first (the runner marked
+    /// closed, each shard's sleepers woken: a worker closes its engine and
+    /// lets it go at once), then 8 to 10 for each in turn. In this order a
+    /// release pushed to a later shard while an earlier one is joined
+    /// (a straggler handle dropped, by a waker the earlier shard's worker
+    /// runs, say) finds that shard's engine let go, not held by a worker
+    /// asleep until its own turn in the close.
+    pub fn close_all(shards: &[Arc<Shard>]) {
+        for shard in shards {
+            shard.mark_closed();
+        }
+        for shard in shards {
+            shard.close();
+        }
+    }
+
+    /// Step 7 for this shard: the runner is marked closed under its inbox
+    /// lock, and whoever sleeps on the inbox or the mode's condvar is woken
+    /// to see it.
+    fn mark_closed(&self) {
         self.shared.inbox.close();
+        match &self.flavor {
+            Flavor::Worker(worker) => worker.wake_for_close(),
+            Flavor::Combining(combining) => combining.wake_for_close(),
+        }
+    }
+
+    /// Refuse everything from now on, answer every waiting caller, and drop
+    /// the state on a live thread: steps 7 (here, again if `close_all`
+    /// did it), 8 (the join) and 9 and 10 (the worker's own, or the closing
+    /// thread's in combining mode) of the runner's life.
+    fn close(&self) {
+        self.mark_closed();
         match &self.flavor {
             Flavor::Worker(worker) => worker.close(),
             Flavor::Combining(combining) => combining.close(),

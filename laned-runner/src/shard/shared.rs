@@ -51,13 +51,17 @@ pub(super) struct Held<'a>(MutexGuard<'a, Option<Box<Engine>>>);
 impl std::ops::Deref for Held<'_> {
     type Target = Engine;
     fn deref(&self) -> &Engine {
-        self.0.as_deref().expect("the engine is back once its lender's wakes ran")
+        self.0
+            .as_deref()
+            .expect("the engine is back once its lender's wakes ran")
     }
 }
 
 impl std::ops::DerefMut for Held<'_> {
     fn deref_mut(&mut self) -> &mut Engine {
-        self.0.as_deref_mut().expect("the engine is back once its lender's wakes ran")
+        self.0
+            .as_deref_mut()
+            .expect("the engine is back once its lender's wakes ran")
     }
 }
 
@@ -128,7 +132,8 @@ impl Shared {
                     engine.accept_batch(request.take().into_iter().collect(), Instant::now())
                 });
                 if lent.is_none() {
-                    self.lock().accept_batch(request.take().into_iter().collect(), Instant::now());
+                    self.lock()
+                        .accept_batch(request.take().into_iter().collect(), Instant::now());
                 }
             }
             Err(request) => refuse(request),
@@ -158,11 +163,10 @@ impl Shared {
         Some(engine)
     }
 
-    /// Move every request of the inbox into the engine, and the draining
-    /// flag with them: whoever holds the state takes it in (step 6 of
-    /// the runner's life), or a combining helper under steady load would serve new
-    /// calls for as long as they came, the drain waiting on its lock. Idle
-    /// streams are evicted as of the take (see `Engine::accept_batch`).
+    /// Move every request of the inbox into the engine, which refuses new
+    /// calls once the runner drains (step 6 of the runner's life: it reads
+    /// the runner's life as it takes each in). Idle streams are evicted as
+    /// of the take (see `Engine::accept_batch`).
     pub(super) fn take_inbox(&self, engine: &mut Engine) -> bool {
         let (requests, taken_at) = {
             let mut inbox = self.inbox.lock();
@@ -283,10 +287,23 @@ impl Shared {
     /// (a spawn from the other shard's waker, say), so that two runner
     /// threads waiting on each other never both wait for good.
     pub(super) fn serve_meanwhile(self: &Arc<Self>) {
-        if holder::with_lent(self, |engine| self.take_inbox(engine)).is_none() {
-            // Taking the state takes the inbox in.
-            drop(self.hold());
+        if holder::with_lent(self, |engine| self.take_inbox(engine)).is_some() {
+            return;
         }
+        // A worker running wakes once the runner is closed: the engine is
+        // its own to close (steps 9 and 10, here rather than on its way
+        // out), answering what waits in the inbox. Every shard is closed at
+        // once (`Shard::close_all`), so two workers may wait on each other
+        // here, each answered only by the other's close.
+        if self.is_closed() && holder::is_worker_of(self) {
+            if let Some(mut engine) = self.try_lock() {
+                engine.close();
+                self.take_inbox(&mut engine);
+            }
+            return;
+        }
+        // Taking the state takes the inbox in.
+        drop(self.hold());
     }
 
     /// Whether a calling thread sleeps on its answer now (one counted in

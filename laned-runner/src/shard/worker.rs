@@ -223,11 +223,16 @@ impl Worker {
         }
     }
 
-    /// Closing in worker mode: step 8 here (a drain waiting for the worker
-    /// to be quiet sees the close; the worker is joined), steps 9 and 10
-    /// the worker's own, on its way out of [`Worker::work`].
-    pub(super) fn close(&self) {
+    /// Step 7, the mode's part: a drain waiting for the worker to be quiet
+    /// sees the close (the worker itself sleeps on the inbox, woken by its
+    /// close).
+    pub(super) fn wake_for_close(&self) {
         self.quiet.notify_all();
+    }
+
+    /// Closing in worker mode: step 8 here (the worker joined), steps 9 and
+    /// 10 the worker's own, on its way out of [`Worker::work`].
+    pub(super) fn close(&self) {
         self.shared.join_thread();
     }
 }

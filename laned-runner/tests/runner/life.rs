@@ -359,3 +359,55 @@ fn step_10_requests_racing_the_close_are_each_answered_once() {
         }
     }
 }
+
+/// Step 7 comes for every shard before any is joined: a waker that an
+/// earlier shard's worker runs during the close (the last runner dropped) (its call answered
+/// `Closed`), dropping a stream of a later shard, finds that shard's engine
+/// let go, so the close ends (in worker mode, with the later worker asleep
+/// on an idle inbox, the release would otherwise wait on its lock, and the
+/// close on that waker, for good).
+#[test]
+fn step_7_a_release_to_a_later_shard_during_the_close_is_taken() {
+    /// Drops the stream it holds when woken.
+    struct DropOnWake(std::sync::Mutex<Option<laned_runner::LanedStateHandle>>);
+    impl std::task::Wake for DropOnWake {
+        fn wake(self: Arc<Self>) {
+            drop(self.0.lock().unwrap().take());
+        }
+    }
+    let f = fixtures::small_tdnn();
+    for mode in MODES {
+        // A turn of one seat lingers for 30 s: the call waits there
+        // when the close comes.
+        let r = runner_with(
+            &f,
+            RunnerConfig::builder()
+                .shards(2)
+                .max_lanes(2)
+                .mode(mode)
+                .linger(Duration::from_secs(30)),
+        );
+        let mut first = r.try_spawn().unwrap();
+        // Placed on the shard with the most lanes free: the second.
+        let second = r.try_spawn().unwrap();
+        let wake = Arc::new(DropOnWake(std::sync::Mutex::new(Some(second))));
+        let waker = std::task::Waker::from(wake.clone());
+        let inputs = f.inputs(1, 0);
+        let closed = crate::common::bounded("the close", move || {
+            {
+                let mut call = std::pin::pin!(first.call_async(inputs));
+                let mut cx = std::task::Context::from_waker(&waker);
+                assert!(
+                    std::future::Future::poll(call.as_mut(), &mut cx).is_pending(),
+                    "{mode:?}"
+                );
+                // The last runner dropped: the close's steps 7 to 10, no
+                // drain first (a drain would answer the call before).
+                drop(r);
+            }
+            first.end_reason()
+        });
+        assert!(wake.0.lock().unwrap().is_none(), "{mode:?}: the waker ran");
+        assert_eq!(closed, Some(EndReason::Closed), "{mode:?}");
+    }
+}

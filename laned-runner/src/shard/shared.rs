@@ -290,20 +290,26 @@ impl Shared {
         if holder::with_lent(self, |engine| self.take_inbox(engine)).is_some() {
             return;
         }
-        // A worker running wakes once the runner is closed: the engine is
-        // its own to close (steps 9 and 10, here rather than on its way
-        // out), answering what waits in the inbox. Every shard is closed at
-        // once (`Shard::close_all`), so two workers may wait on each other
-        // here, each answered only by the other's close.
+        // A worker running wakes once the runner is closed: every shard is
+        // closed at once (`Shard::close_all`), so two workers may wait on
+        // each other here, each answered only by the other's close.
         if self.is_closed() && holder::is_worker_of(self) {
-            if let Some(mut engine) = self.try_lock() {
-                engine.close();
-                self.take_inbox(&mut engine);
-            }
-            return;
+            return self.close_here();
         }
         // Taking the state takes the inbox in.
         drop(self.hold());
+    }
+
+    /// Steps 9 and 10 on the worker's own thread, early, while it runs
+    /// wakes once the runner is closed (the engine let go; it is the
+    /// worker's to close): close the engine and answer what waits in the
+    /// inbox, rather than on the worker's way out, which waits for these
+    /// very wakes. The worker closes it again on its way out (a no-op).
+    pub(super) fn close_here(&self) {
+        if let Some(mut engine) = self.try_lock() {
+            engine.close();
+            self.take_inbox(&mut engine);
+        }
     }
 
     /// Whether a calling thread sleeps on its answer now (one counted in

@@ -66,16 +66,18 @@ impl Life {
         self.set(bit, REFUSING_DRAINING | REFUSING_CLOSED);
     }
 
+    /// Which of two exclusive marks is set, if one is.
+    fn which<T>(&self, marks: [(u8, T); 2]) -> Option<T> {
+        let bits = self.bits();
+        marks.into_iter().find(|(bit, _)| bits & bit != 0).map(|(_, t)| t)
+    }
+
     /// Why spawns are refused, once step 3 came.
     pub fn spawn_refusal(&self) -> Option<SpawnError> {
-        let bits = self.bits();
-        if bits & REFUSING_CLOSED != 0 {
-            Some(SpawnError::Closed)
-        } else if bits & REFUSING_DRAINING != 0 {
-            Some(SpawnError::Draining)
-        } else {
-            None
-        }
+        self.which([
+            (REFUSING_CLOSED, SpawnError::Closed),
+            (REFUSING_DRAINING, SpawnError::Draining),
+        ])
     }
 
     /// Mark how the life ends, unless a drain or close marked it first.
@@ -90,14 +92,7 @@ impl Life {
     /// How the life ends, once marked: `Drained` after a drain (its streams
     /// may retry elsewhere), `Closed` after a close.
     pub fn ending(&self) -> Option<EndReason> {
-        let bits = self.bits();
-        if bits & ENDED_DRAINED != 0 {
-            Some(EndReason::Drained)
-        } else if bits & ENDED_CLOSED != 0 {
-            Some(EndReason::Closed)
-        } else {
-            None
-        }
+        self.which([(ENDED_DRAINED, EndReason::Drained), (ENDED_CLOSED, EndReason::Closed)])
     }
 
     /// Step 5: the shards drain (take no new call, finish what is queued).

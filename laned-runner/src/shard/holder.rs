@@ -31,8 +31,8 @@ use crate::engine::Engine;
 type Owner = Arc<dyn Any + Send + Sync>;
 
 /// Whether `owner` is `shard`.
-fn is<T: Any + Send + Sync>(owner: &Owner, shard: &Arc<T>) -> bool {
-    std::ptr::addr_eq(Arc::as_ptr(owner), Arc::as_ptr(shard))
+fn is<T: Any + Send + Sync>(owner: &Owner, shard: &T) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(owner), shard as *const T)
 }
 
 /// One engine lent to this thread's wakers: its shard, and the engine
@@ -111,7 +111,7 @@ pub(super) fn with_lent<T: Any + Send + Sync, R>(shard: &Arc<T>, f: impl FnOnce(
     let (at, engine) = LENT
         .try_with(|l| {
             let mut l = l.borrow_mut();
-            let at = l.iter().rposition(|lent| is(&lent.shard, shard))?;
+            let at = l.iter().rposition(|lent| is(&lent.shard, &**shard))?;
             // Already in use further up this thread: a waker's serving never
             // runs wakes itself (they stay kept for the lender), so this is
             // not reached; the caller then waits for the lock as anyone
@@ -146,7 +146,7 @@ pub(super) fn set_worker<T: Any + Send + Sync>(shard: &Arc<T>) {
 }
 
 /// Whether this thread is `shard`'s worker.
-pub(super) fn is_worker_of<T: Any + Send + Sync>(shard: &Arc<T>) -> bool {
+pub(super) fn is_worker_of<T: Any + Send + Sync>(shard: &T) -> bool {
     WORKER_OF
         .try_with(|w| w.borrow().as_ref().is_some_and(|me| is(me, shard)))
         .unwrap_or(false)

@@ -149,6 +149,14 @@ impl Shared {
     /// taking its own shard's requests in while it waits on another.
     pub(super) fn hold(&self) -> Option<Held<'_>> {
         if self.is_closed() {
+            // A worker's own waker (run between its rounds, or while it
+            // closes) finds no one else to answer what it waits for: every
+            // shard is closed at once (`Shard::close_all`), so two workers
+            // may wait on each other's answers. The engine is the worker's
+            // to close: it does so here.
+            if holder::is_worker_of(self) {
+                self.close_here();
+            }
             return None;
         }
         let mut engine = self.try_lock()?;
@@ -290,13 +298,8 @@ impl Shared {
         if holder::with_lent(self, |engine| self.take_inbox(engine)).is_some() {
             return;
         }
-        // A worker running wakes once the runner is closed: every shard is
-        // closed at once (`Shard::close_all`), so two workers may wait on
-        // each other here, each answered only by the other's close.
-        if self.is_closed() && holder::is_worker_of(self) {
-            return self.close_here();
-        }
-        // Taking the state takes the inbox in.
+        // Taking the state takes the inbox in (or, closed, a worker closes
+        // its engine: see `hold`).
         drop(self.hold());
     }
 
@@ -305,7 +308,7 @@ impl Shared {
     /// worker's to close): close the engine and answer what waits in the
     /// inbox, rather than on the worker's way out, which waits for these
     /// very wakes. The worker closes it again on its way out (a no-op).
-    pub(super) fn close_here(&self) {
+    fn close_here(&self) {
         if let Some(mut engine) = self.try_lock() {
             engine.close();
             self.take_inbox(&mut engine);

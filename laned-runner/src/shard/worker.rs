@@ -196,12 +196,8 @@ impl Worker {
     /// would run the turn it waits for). Any other thread leaves it to the
     /// worker.
     pub(super) fn serve(&self, done: &dyn Fn() -> bool) {
-        if holder::is_worker_of(&self.shared) {
-            // Closed meanwhile: nobody else answers what this waker waits
-            // for, the worker being in its wakes.
-            if self.shared.is_closed() {
-                return self.shared.close_here();
-            }
+        if holder::is_worker_of(&*self.shared) {
+            // Closed meanwhile, `hold` closes the engine (see there).
             if let Some(mut engine) = self.shared.hold() {
                 self.shared.serve_here(&mut engine, done);
             }

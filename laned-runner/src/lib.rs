@@ -81,6 +81,7 @@ pub use handle::{LanedStateHandle, Settled};
 pub use laned_metrics::Snapshot;
 pub use policy::{ParsePolicyError, PolicyError, TurnPolicy};
 pub use runner::{Drained, LanedRunner};
+pub use width::cheapest_width;
 pub use wire::{StateTensor, StreamState, STREAM_STATE_VERSION};
 
 /// The README's examples, compiled and run as doc tests.

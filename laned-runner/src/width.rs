@@ -61,17 +61,34 @@ pub(crate) struct Width {
     narrowest: Option<usize>,
 }
 
+/// The turn width that costs least per row, of `per_row`'s (width, cost
+/// of a row at that width, in any unit): the widest of those within a
+/// tenth of the lowest cost, so noise between near-equal widths keeps the
+/// wider. The rule a runner learns its cap by (`RunnerConfig::learn_width`),
+/// for a tool that times widths itself (`laned check` does).
+///
+/// ```
+/// assert_eq!(laned_runner::cheapest_width(&[(1, 10.0), (2, 6.0), (4, 7.0)]), Some(2));
+/// assert_eq!(laned_runner::cheapest_width(&[(1, 10.0), (2, 6.0), (4, 6.5)]), Some(4));
+/// assert_eq!(laned_runner::cheapest_width(&[]), None);
+/// ```
+pub fn cheapest_width(per_row: &[(usize, f64)]) -> Option<usize> {
+    let lowest = per_row.iter().map(|(_, cost)| *cost).fold(f64::INFINITY, f64::min);
+    per_row
+        .iter()
+        .filter(|(_, cost)| *cost <= lowest * TOLERANCE)
+        .map(|(width, _)| *width)
+        .max()
+}
+
 /// The cheapest-per-row width learned so far, and whether it caps turns:
 /// `None` while no wider width counts and costs more (steps 1 to 3).
 pub(crate) fn learned(times: &LearnedTurnTimes, widest: usize) -> Option<usize> {
-    let per_row = |w: usize| times.counted(w, MIN_SAMPLES).map(|t| t.as_nanos() as f64 / w as f64);
-    let lowest = (1..=widest).filter_map(per_row).fold(f64::INFINITY, f64::min);
-    let cheapest = (1..=widest)
-        .rev()
-        .find(|w| per_row(*w).is_some_and(|p| p <= lowest * TOLERANCE))?;
-    ((cheapest + 1)..=widest)
-        .any(|w| per_row(w).is_some())
-        .then_some(cheapest)
+    let per_row: Vec<(usize, f64)> = (1..=widest)
+        .filter_map(|w| times.counted(w, MIN_SAMPLES).map(|t| (w, t.as_nanos() as f64 / w as f64)))
+        .collect();
+    let cheapest = cheapest_width(&per_row)?;
+    per_row.iter().any(|(w, _)| *w > cheapest).then_some(cheapest)
 }
 
 impl Width {

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use laned_load::FeedBack;
 use tract_core::internal::*;
 
 use crate::feed::Feed;
@@ -32,22 +33,11 @@ pub fn per_row(plan: &Arc<dyn Runnable>, feed: &Feed, widths: &[usize]) -> Tract
     widths
         .iter()
         .map(|&width| {
-            let mut state = plan.spawn()?;
+            // Explicit state fed back as a stream of the runner's would be.
+            let mut state = FeedBack::pairs(plan.clone(), feed.state(width)?).spawn()?;
             let streams: Vec<u64> = (0..width as u64).collect();
             let inputs = feed.inputs(&streams)?;
-            let mut kept: Vec<(usize, usize, TValue)> = feed
-                .state(width)?
-                .into_iter()
-                .map(|(i, o, t)| (i, o, t.into_tvalue()))
-                .collect();
-            let mut turn = |state: &mut Box<dyn State>| -> TractResult<()> {
-                let values: Vec<(usize, TValue)> = kept.iter().map(|(i, _, v)| (*i, v.clone())).collect();
-                let out = state.run(Feed::with_state(&inputs, &values))?;
-                for (_, o, v) in &mut kept {
-                    *v = out.get(*o).with_context(|| format!("no state output {o}"))?.clone();
-                }
-                Ok(())
-            };
+            let turn = |state: &mut Box<dyn State>| state.run(inputs.clone()).map(drop);
             turn(&mut state)?;
             let started = Instant::now();
             let mut turns = 0u32;
@@ -60,15 +50,11 @@ pub fn per_row(plan: &Arc<dyn Runnable>, feed: &Feed, widths: &[usize]) -> Tract
         .collect()
 }
 
-/// The width of `costs` that costs least per row (the widest of those
-/// within a tenth of the lowest, as the runner reads its own).
+/// The width of `costs` that costs least per row, by the runner's own rule
+/// ([`laned_runner::cheapest_width`]).
 pub fn cheapest(costs: &[(usize, Duration)]) -> Option<usize> {
-    let lowest = costs.iter().map(|(_, c)| *c).min()?;
-    costs
-        .iter()
-        .filter(|(_, c)| c.as_secs_f64() <= lowest.as_secs_f64() * 1.10)
-        .map(|(w, _)| *w)
-        .max()
+    let per_row: Vec<(usize, f64)> = costs.iter().map(|(w, c)| (*w, c.as_secs_f64())).collect();
+    laned_runner::cheapest_width(&per_row)
 }
 
 /// The line `laned check` prints.

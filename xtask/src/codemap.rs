@@ -36,8 +36,10 @@ pub fn drift(section: &str, files: &[String]) -> Vec<String> {
     let mut problems = vec![];
     for file in files {
         let alone = files.iter().filter(|f| base(f) == base(file)).count() == 1;
+        // A bare name stands for the one file of that name; a path must be
+        // the file's.
         let listed = named.iter().any(|n| *n == file || n.ends_with(&format!("/{file}")))
-            || (alone && named.iter().any(|n| base(n) == base(file)));
+            || (alone && named.iter().any(|n| !n.contains('/') && *n == base(file)));
         if !listed {
             problems.push(format!("laned-runner/src/{file} is not in ARCHITECTURE.md's code map"));
         }
@@ -46,7 +48,7 @@ pub fn drift(section: &str, files: &[String]) -> Vec<String> {
     for n in named.into_iter().filter(|n| !n.starts_with("tests/")) {
         let exists = files
             .iter()
-            .any(|f| f == n || n.ends_with(&format!("/{f}")) || base(f) == base(n));
+            .any(|f| f == n || n.ends_with(&format!("/{f}")) || (!n.contains('/') && base(f) == n));
         if !exists {
             problems.push(format!(
                 "ARCHITECTURE.md's code map names {n}, which laned-runner/src does not have"
@@ -266,16 +268,20 @@ mod tests {
     #[test]
     fn two_way_pairs_are_read_off_crate_paths() {
         let src = |f: &str, t: &str| (f.to_string(), t.to_string());
+        // Each case would add a pair if misread: `c` uses `a` and `b`, so
+        // counting the nested `b::{x, c}` as `c`, or `b/mod`'s comment,
+        // would make `a` <-> `c` or `b` <-> `c`; `b/other`'s test module
+        // says `super` for itself, not `b/mod`.
         let sources = vec![
             src("lib.rs", "mod a;\nmod b;\npub use a::Thing;"),
-            src("a.rs", "use crate::{b::{X, Y}, sync::lock};\nfn f() -> crate::Other {}"),
+            src("a.rs", "use crate::{b::{x, c}, sync::lock};\nfn f() -> crate::Other {}"),
             src("b/mod.rs", "// crate::c is only a comment\nuse crate::a::Z;"),
-            src("b/part.rs", "use crate::c::W;\nuse super::Shared;"),
+            src("b/part.rs", "use crate::sync::W;\nuse super::Shared;"),
             src(
                 "b/other.rs",
-                "use super::part::P;\n#[cfg(test)]\nmod tests { use super::*; }",
+                "use super::part::P;\n#[cfg(test)]\nmod tests { use super::Shared; }",
             ),
-            src("c.rs", "use crate::sync;"),
+            src("c.rs", "use crate::{a::K, b::Q};"),
         ];
         let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
         // `b/mod` declares nothing: `b/part` using it is one way.
@@ -317,5 +323,16 @@ mod tests {
         // `mod.rs` alone does not say which of the two.
         let vague = drift("- `lib.rs`, `a.rs`, `mod.rs`", &files);
         assert_eq!(vague.len(), 2, "{vague:?}");
+        // A file moved to another folder: the old path is stale, the new
+        // one unnamed, though the names agree.
+        let moved: Vec<String> = ["lib.rs", "shard/worker.rs"].iter().map(|s| s.to_string()).collect();
+        let stale = drift("- `lib.rs`, `engine/worker.rs`", &moved);
+        assert_eq!(
+            stale,
+            vec![
+                "laned-runner/src/shard/worker.rs is not in ARCHITECTURE.md's code map",
+                "ARCHITECTURE.md's code map names engine/worker.rs, which laned-runner/src does not have"
+            ]
+        );
     }
 }

@@ -10,7 +10,8 @@
 //!    `--no-install`): `cargo-nextest` from crates.io; the rest with
 //!    `apt-get` when this runs as root on a Debian-like system. Otherwise
 //!    the task stops at once, naming each missing tool and the package that
-//!    brings it.
+//!    brings it; a tool only wanted (`espeak-ng`: without it openWakeWord's
+//!    test scores noise) is named and the task goes on.
 //! 3. **The whole suite**, every feature, each test's output kept
 //!    (`--success-output immediate`, in `target/xtask-test.log`), then the
 //!    doc tests.
@@ -144,7 +145,7 @@ fn prerequisites(install: bool) -> bool {
         eprintln!("installing with apt-get: {}", packages.join(" "));
         let mut install = Command::new("apt-get");
         install.args(["install", "-y"]).args(&packages);
-        let installed = run(install) || {
+        let _ = run(install) || {
             let mut update = Command::new("apt-get");
             update.arg("update");
             let mut install = Command::new("apt-get");
@@ -152,7 +153,8 @@ fn prerequisites(install: bool) -> bool {
             run(update) && run(install)
         };
         let still: Vec<&Tool> = missing.iter().copied().filter(|t| !works(t.probe)).collect();
-        return installed && still.is_empty() || settle(&still);
+        // Whatever apt-get said, what matters is what works now.
+        return settle(&still);
     }
     settle(&missing)
 }

@@ -3,7 +3,7 @@
 //! laned state, every lane seated every turn, inputs pre-stacked) and
 //! streams through any runnable, each stream fed a fixture's inputs. The
 //! generators themselves, the measures, the CPU clocks and the capacity
-//! search are `laned_load`'s, re-exported here.
+//! search are `laned_load`'s.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,11 +13,8 @@ use tract_core::plan::{LaneId, Seating};
 
 use laned_testkit::fixtures::Fixture;
 
-pub use laned_load::threads::{closed_loop, real_time as real_time_with};
-pub use laned_load::{
-    cpu_time_of, median, phase, process_cpu_time, search_capacity, spread, threads_cpu_time, Capacity, Disputed,
-    Latencies, Throughput,
-};
+use laned_load::threads::{self, closed_loop};
+use laned_load::{Latencies, Throughput};
 
 /// One plain state per stream, one thread per stream: [`through`] the
 /// plan itself, whose `spawn` gives each stream a state of its own.
@@ -109,7 +106,7 @@ pub fn ideal_shards(
     )
 }
 
-/// [`real_time_with`], stream `s` sending the fixture's inputs seeded `s`
+/// [`laned_load::threads::real_time`], stream `s` sending the fixture's inputs seeded `s`
 /// every period.
 pub fn real_time(
     fixture: &Fixture,
@@ -120,7 +117,7 @@ pub fn real_time(
     seed: u64,
 ) -> TractResult<Latencies> {
     let fixture = fixture.clone();
-    real_time_with(runnable, n, period, duration, seed, move |s| {
+    threads::real_time(runnable, n, period, duration, seed, move |s| {
         fixture.inputs(1, s as u64)
     })
 }

@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use serde::{Deserialize, Serialize};
 
-use crate::load::Disputed;
+use laned_load::Disputed;
 
 /// A whole run.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -37,7 +37,7 @@
 
 mod capacity;
 mod cpu;
-pub mod feedback;
+mod feedback;
 mod measure;
 mod phase;
 pub mod tasks;

@@ -17,14 +17,23 @@ pub struct Throughput {
 /// Latencies of a real-time run.
 #[derive(Debug, Clone, Default)]
 pub struct Latencies {
-    /// Every pulse's latency, from the instant it was due to its answer,
-    /// sorted, in microseconds.
+    /// Every pulse's latency in microseconds (from the instant it was due,
+    /// or from its send where the driver says so) to its answer, sorted.
     pub sorted_us: Vec<u64>,
-    /// Pulses served.
-    pub pulses: u64,
 }
 
 impl Latencies {
+    /// The latencies of every pulse served, in microseconds, in any order.
+    pub fn new(mut us: Vec<u64>) -> Latencies {
+        us.sort_unstable();
+        Latencies { sorted_us: us }
+    }
+
+    /// Pulses served.
+    pub fn pulses(&self) -> u64 {
+        self.sorted_us.len() as u64
+    }
+
     /// The latency, in microseconds, that a fraction `q` (0..=1) of the pulses
     /// did not exceed (nearest rank); 0 when no pulse was served.
     pub fn quantile_us(&self, q: f64) -> u64 {

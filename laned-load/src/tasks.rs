@@ -196,10 +196,6 @@ pub fn real_time(
         for t in tasks {
             all.extend(t.await??);
         }
-        all.sort_unstable();
-        Ok(Latencies {
-            pulses: all.len() as u64,
-            sorted_us: all,
-        })
+        Ok(Latencies::new(all))
     })
 }

@@ -128,11 +128,7 @@ pub fn real_time(
     for t in threads {
         all.extend(t.join().map_err(|_| format_err!("a stream thread panicked"))??);
     }
-    all.sort_unstable();
-    Ok(Latencies {
-        pulses: all.len() as u64,
-        sorted_us: all,
-    })
+    Ok(Latencies::new(all))
 }
 
 #[cfg(test)]

@@ -85,7 +85,11 @@ pub fn cheapest_width(per_row: &[(usize, f64)]) -> Option<usize> {
 /// `None` while no wider width counts and costs more (steps 1 to 3).
 pub(crate) fn learned(times: &LearnedTurnTimes, widest: usize) -> Option<usize> {
     let per_row: Vec<(usize, f64)> = (1..=widest)
-        .filter_map(|w| times.counted(w, MIN_SAMPLES).map(|t| (w, t.as_nanos() as f64 / w as f64)))
+        .filter_map(|w| {
+            times
+                .counted(w, MIN_SAMPLES)
+                .map(|t| (w, t.as_nanos() as f64 / w as f64))
+        })
         .collect();
     let cheapest = cheapest_width(&per_row)?;
     per_row.iter().any(|(w, _)| *w > cheapest).then_some(cheapest)

@@ -12,8 +12,8 @@
 //!
 //! A stream's whole pipeline (its frame loop and one state per model) is a
 //! `Runnable` here, fed one chunk of audio at a time, so the closed loop and
-//! the real-time search of `laned_bench::load` drive it as they drive one
-//! model; as tasks it is an [`AsyncStream`] for `laned_bench::tasks`. The
+//! the real-time search of `laned_load` drive it as they drive one
+//! model; as tasks it is an [`AsyncStream`] for `laned_load::tasks`. The
 //! ideal loop runs every stream's chunk through one batched plain state per
 //! model on one thread, inputs stacked, with no queue at all.
 //!
@@ -25,10 +25,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use laned_bench::cli::{self, Common};
-use laned_bench::feedback::FeedBack;
-use laned_bench::load;
 use laned_bench::searches::Searches;
-use laned_bench::tasks::{self, AsyncStream, AsyncStreams, BoxFuture, TaskSystem};
+use laned_load::tasks::{self, AsyncStream, AsyncStreams, BoxFuture, TaskSystem};
+use laned_load::FeedBack;
 use laned_models::dtln::{self, Denoiser};
 use laned_models::oww::{self, Windows};
 use laned_models::sound::{self, Sound};
@@ -507,7 +506,7 @@ fn measure(
 ) -> TractResult<f64> {
     let model = models.model;
     let threads = |pipeline: Arc<dyn Runnable>| {
-        load::closed_loop(
+        laned_load::threads::closed_loop(
             n,
             d,
             move |s| Ok((pipeline.spawn()?, chunk_inputs(model, s))),
@@ -521,7 +520,7 @@ fn measure(
     let ideal = |threads: usize| {
         let threads = threads.clamp(1, n.max(1));
         let (plans, model) = (models.plans.clone(), models.model);
-        load::closed_loop(
+        laned_load::threads::closed_loop(
             threads,
             d,
             move |t| {
@@ -606,7 +605,7 @@ fn main() -> TractResult<()> {
             runs[ix].push(measure(*system, &models, &tokio, n, d)?);
         }
     }
-    let rates: Vec<f64> = runs.iter().map(|r| load::median(r)).collect();
+    let rates: Vec<f64> = runs.iter().map(|r| laned_load::median(r)).collect();
     let rate_of = |wanted: fn(&System) -> bool| rates[systems.iter().position(wanted).expect("in the table")];
     let solo = rate_of(|s| matches!(s, System::Solo));
     let ideal = rate_of(|s| matches!(s, System::Ideal));
@@ -707,7 +706,8 @@ fn main() -> TractResult<()> {
                     let (lat, turns) = match make {
                         Rt::Threads(make) => {
                             let system = make(n)?;
-                            let lat = load::real_time_with(system.clone(), n, period, probe, n as u64, inputs)?;
+                            let lat =
+                                laned_load::threads::real_time(system.clone(), n, period, probe, n as u64, inputs)?;
                             (lat, system.downcast_ref::<LanedRunner>().map(|r| r.metrics()))
                         }
                         Rt::Tasks(make) => {
@@ -749,11 +749,11 @@ fn main() -> TractResult<()> {
                     Ok(p99 as u128 <= budget.as_micros())
                 };
                 let cap = match rt_at {
-                    Some(n) => load::Capacity {
+                    Some(n) => laned_load::Capacity {
                         streams: if probe_at(n)? { n } else { 0 },
                         disputed: vec![],
                     },
-                    None => load::search_capacity(4, 4096, 8, probe_at)?,
+                    None => laned_load::search_capacity(4, 4096, 8, probe_at)?,
                 };
                 let cap = cap.streams;
                 found.record(ix, cap, &probes);

@@ -3,14 +3,13 @@
 //! ours (the runner keeps the state per lane and stacks the streams), with
 //! one shard and with a shard per core: a recurrent cell of 512 inputs (a
 //! 32 ms chunk at 16 kHz) and `hidden` of state. Runs on the bench's one
-//! closed loop (`laned_bench::load::closed_loop`: a warm-up call, the clock
+//! closed loop (`laned_load::threads::closed_loop`: a warm-up call, the clock
 //! read before the release).
 //! `cargo run --release -p laned-bench --bin explicit-bench -- [streams] [seconds] [hidden]`
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use laned_bench::load;
 use laned_runner::{LanedRunner, RunnerConfig, StateSpec};
 use laned_testkit::fixtures;
 use tract_core::internal::*;
@@ -37,7 +36,7 @@ fn main() -> TractResult<()> {
     let mut runs: Vec<Vec<f64>> = vec![vec![]; labels.len()];
     for _ in 0..3 {
         let p = plan.clone();
-        let solo = load::closed_loop(
+        let solo = laned_load::threads::closed_loop(
             n,
             d,
             move |s| {
@@ -58,7 +57,7 @@ fn main() -> TractResult<()> {
                 .max_lanes(n.div_ceil(shards))
                 .build();
             let runner = LanedRunner::new(plan.clone(), config)?;
-            let ours = load::closed_loop(
+            let ours = laned_load::threads::closed_loop(
                 n,
                 d,
                 move |s| Ok((runner.try_spawn()?, x(s as u64))),
@@ -70,14 +69,14 @@ fn main() -> TractResult<()> {
             runs[ix].push(ours.per_sec);
         }
     }
-    let solo = load::median(&runs[0]);
+    let solo = laned_load::median(&runs[0]);
     println!("| system | chunks/s | spread | / a state per stream |\n|---|---|---|---|");
     for (label, runs) in labels.iter().zip(&runs) {
-        let (lo, hi) = load::spread(runs);
+        let (lo, hi) = laned_load::spread(runs);
         println!(
             "| {label} | {:.0} | {lo:.0}..{hi:.0} | {:.2} |",
-            load::median(runs),
-            load::median(runs) / solo
+            laned_load::median(runs),
+            laned_load::median(runs) / solo
         );
     }
     Ok(())

@@ -8,7 +8,7 @@
 //!
 //! Against it, the same model in-process: this binary run again on the
 //! server's cores (`--in-process`), streams as tokio tasks calling the
-//! runner directly (`laned_bench::tasks::real_time`), with the server's
+//! runner directly (`laned_load::tasks::real_time`), with the server's
 //! runner settings (worker mode, one shard, a lane per stream, no linger).
 //!
 //! With `--gru`, the model is one the bench writes (a GRU of 40 features
@@ -18,7 +18,7 @@
 //! binary answer each; in-process, the same spec's runner.
 //!
 //! Both report capacity, the most streams whose p99 stays within 50 ms
-//! (`laned_bench::load::search_capacity`), and CPU per chunk: the server
+//! (`laned_bench::laned_load::search_capacity`), and CPU per chunk: the server
 //! process's own CPU (from `/proc/<pid>/stat`), and for the in-process run
 //! the whole process's, its load generator included (so the difference
 //! understates what the front costs), and both at the largest stream count
@@ -36,8 +36,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use laned_bench::cli;
-use laned_bench::load;
-use laned_bench::tasks::{self, TaskSystem};
+use laned_load::tasks::{self, TaskSystem};
 use laned_models::silero::{self, Context, CHUNK};
 use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec};
 use tokio_tungstenite::tungstenite::Message;
@@ -197,7 +196,7 @@ struct Probe {
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Search {
     capacity: usize,
-    disputed: Vec<load::Disputed>,
+    disputed: Vec<laned_load::Disputed>,
     probes: Vec<Probe>,
 }
 
@@ -214,7 +213,7 @@ fn per_chunk(cpu: Option<Duration>, chunks: u64) -> Option<u64> {
 
 fn search(max: usize, mut probe: impl FnMut(usize) -> TractResult<Probe>) -> TractResult<Search> {
     let mut probes = vec![];
-    let capacity = load::search_capacity(4, max, 8, |n| {
+    let capacity = laned_load::search_capacity(4, max, 8, |n| {
         let p = probe(n)?;
         eprintln!(
             "  {n} streams: p99 {:.1} ms, {} chunks, CPU/chunk {:?} ns",
@@ -270,14 +269,16 @@ fn in_process(served: &Served, args: &Args) -> TractResult<Search> {
             }
         };
         tasks::real_time(&rt, &system, n, PERIOD, WARM_UP, n as u64, &inputs)?;
-        let before = load::process_cpu_time();
+        let before = laned_load::process_cpu_time();
         let lat = tasks::real_time(&rt, &system, n, PERIOD, probe_for, n as u64, &inputs)?;
-        let cpu = before.zip(load::process_cpu_time()).map(|(a, b)| b.saturating_sub(a));
+        let cpu = before
+            .zip(laned_load::process_cpu_time())
+            .map(|(a, b)| b.saturating_sub(a));
         Ok(Probe {
             streams: n,
             p99_us: lat.quantile_us(0.99),
-            chunks: lat.pulses,
-            cpu_ns_per_chunk: per_chunk(cpu, lat.pulses),
+            chunks: lat.pulses(),
+            cpu_ns_per_chunk: per_chunk(cpu, lat.pulses()),
             client_cpu_ns_per_chunk: None,
         })
     })
@@ -404,33 +405,29 @@ fn over_network(
             .enumerate()
             .zip(frames)
             .map(|((s, ws), frame)| {
-                let offset = load::phase(n as u64, s, PERIOD);
+                let offset = laned_load::phase(n as u64, s, PERIOD);
                 tokio::spawn(client(ws, frame, warm + offset, t0, t0 + duration))
             })
             .collect();
         tokio::time::sleep_until(t0.into()).await;
-        let (server_before, client_before) = (load::cpu_time_of(pid), load::process_cpu_time());
+        let (server_before, client_before) = (laned_load::cpu_time_of(pid), laned_load::process_cpu_time());
         let mut all = vec![];
         for t in tasks {
             all.extend(t.await??);
         }
         let server_cpu = server_before
-            .zip(load::cpu_time_of(pid))
+            .zip(laned_load::cpu_time_of(pid))
             .map(|(a, b)| b.saturating_sub(a));
         let client_cpu = client_before
-            .zip(load::process_cpu_time())
+            .zip(laned_load::process_cpu_time())
             .map(|(a, b)| b.saturating_sub(a));
-        all.sort_unstable();
-        let lat = load::Latencies {
-            pulses: all.len() as u64,
-            sorted_us: all,
-        };
+        let lat = laned_load::Latencies::new(all);
         Ok(Probe {
             streams: n,
             p99_us: lat.quantile_us(0.99),
-            chunks: lat.pulses,
-            cpu_ns_per_chunk: per_chunk(server_cpu, lat.pulses),
-            client_cpu_ns_per_chunk: per_chunk(client_cpu, lat.pulses),
+            chunks: lat.pulses(),
+            cpu_ns_per_chunk: per_chunk(server_cpu, lat.pulses()),
+            client_cpu_ns_per_chunk: per_chunk(client_cpu, lat.pulses()),
         })
     })
 }

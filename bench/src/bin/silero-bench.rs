@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use laned_bench::cli;
-use laned_bench::feedback::FeedBack;
-use laned_bench::load;
 use laned_bench::searches::Searches;
-use laned_bench::tasks::{self, TaskSystem};
+use laned_load::tasks::{self, TaskSystem};
+use laned_load::FeedBack;
 use laned_models::silero::{self, Context, CHUNK, CONTEXT, SAMPLE_RATE};
 use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
 use tract_core::internal::*;
@@ -100,7 +99,7 @@ fn measure(system: System, plan: &Arc<dyn Runnable>, n: usize, d: Duration) -> T
     let run = match system {
         System::SoloThreads => {
             let solo = per_stream(plan);
-            load::closed_loop(
+            laned_load::threads::closed_loop(
                 n,
                 d,
                 move |s| Ok((solo.spawn()?, chunk_inputs(s))),
@@ -109,7 +108,7 @@ fn measure(system: System, plan: &Arc<dyn Runnable>, n: usize, d: Duration) -> T
         }
         System::SoloOneThread => {
             let solo = per_stream(plan);
-            load::closed_loop(
+            laned_load::threads::closed_loop(
                 1,
                 d,
                 move |_| {
@@ -135,8 +134,8 @@ fn measure(system: System, plan: &Arc<dyn Runnable>, n: usize, d: Duration) -> T
 
 /// `threads` threads, each running one batched state of `n` lanes, all
 /// seated every turn, inputs pre-stacked: no queue at all.
-fn ideal(plan: Arc<dyn Runnable>, threads: usize, n: usize, d: Duration) -> TractResult<load::Throughput> {
-    load::closed_loop(
+fn ideal(plan: Arc<dyn Runnable>, threads: usize, n: usize, d: Duration) -> TractResult<laned_load::Throughput> {
+    laned_load::threads::closed_loop(
         threads,
         d,
         move |_| {
@@ -158,8 +157,8 @@ fn ideal(plan: Arc<dyn Runnable>, threads: usize, n: usize, d: Duration) -> Trac
 }
 
 /// A thread per stream calling `runner`.
-fn ours_loop(runner: LanedRunner, n: usize, d: Duration) -> TractResult<load::Throughput> {
-    load::closed_loop(
+fn ours_loop(runner: LanedRunner, n: usize, d: Duration) -> TractResult<laned_load::Throughput> {
+    laned_load::threads::closed_loop(
         n,
         d,
         move |s| Ok((runner.try_spawn()?, chunk_inputs(s))),
@@ -217,7 +216,7 @@ fn main() -> TractResult<()> {
             runs[ix].push(measure(*system, &plan, n, d)?);
         }
     }
-    let rates: Vec<f64> = runs.iter().map(|r| load::median(r)).collect();
+    let rates: Vec<f64> = runs.iter().map(|r| laned_load::median(r)).collect();
     let best_solo = rates[0].max(rates[1]);
     println!(
         "\n## Closed loop, {n} streams (median of {} runs of {} s)\n",
@@ -305,9 +304,11 @@ fn main() -> TractResult<()> {
         for _ in 0..searches {
             for (ix, (_, system)) in rt.iter().enumerate() {
                 let mut probes = vec![];
-                let cap = load::search_capacity(4, 4096, 8, |n| {
+                let cap = laned_load::search_capacity(4, 4096, 8, |n| {
                     let lat = match system {
-                        Rt::Threads(make) => load::real_time_with(make(n)?, n, period, probe, n as u64, chunk_inputs)?,
+                        Rt::Threads(make) => {
+                            laned_load::threads::real_time(make(n)?, n, period, probe, n as u64, chunk_inputs)?
+                        }
                         Rt::Tasks(shards, mode, policy) => {
                             let system = TaskSystem::Ours(ours(&plan, n, *shards, *mode, *policy)?);
                             tasks::real_time(&tokio, &system, n, period, probe, n as u64, chunk_inputs)?

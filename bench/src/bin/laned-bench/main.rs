@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use laned_bench::progress::Progress;
 use laned_bench::report::{self, ClosedLoop, Machine, Probe, RealTime, Report};
-use laned_bench::{load, plot, tasks};
+use laned_bench::{load, plot};
+use laned_load::tasks;
 use laned_runner::{LanedRunner, Mode, RunnerConfig, TurnPolicy};
 use laned_testkit::fixtures::{self, Fixture, TdnnConfig};
 use tract_core::internal::*;
@@ -352,7 +353,7 @@ fn measure(
     plan: &Arc<dyn Runnable>,
     n: usize,
     d: Duration,
-) -> TractResult<(load::Throughput, Option<f64>)> {
+) -> TractResult<(laned_load::Throughput, Option<f64>)> {
     let per_core = std::thread::available_parallelism()
         .map(|c| c.get())
         .unwrap_or(1)
@@ -483,18 +484,18 @@ fn main() -> TractResult<()> {
             }
             for (ix, system) in args.systems.iter().enumerate() {
                 let r = &runs[ix];
-                let (min, max) = load::spread(r);
+                let (min, max) = laned_load::spread(r);
                 rows.push(ClosedLoop {
                     model: name.clone(),
                     streams: n,
                     system: system.short().into(),
                     label: system.label().into(),
-                    median: load::median(r),
+                    median: laned_load::median(r),
                     min,
                     max,
                     runs: r.clone(),
-                    mean_occupancy: (!occupancy[ix].is_empty()).then(|| load::median(&occupancy[ix])),
-                    cpu_us_per_pulse: (!cpu[ix].is_empty()).then(|| load::median(&cpu[ix])),
+                    mean_occupancy: (!occupancy[ix].is_empty()).then(|| laned_load::median(&occupancy[ix])),
+                    cpu_us_per_pulse: (!cpu[ix].is_empty()).then(|| laned_load::median(&cpu[ix])),
                 });
             }
         }
@@ -829,15 +830,15 @@ fn capacity(
         probe_time,
         max_streams,
     } = *scenario;
-    let mut probes: Vec<(Probe, load::Latencies)> = vec![];
+    let mut probes: Vec<(Probe, laned_load::Latencies)> = vec![];
     let mut probe = |n: usize| -> TractResult<bool> {
         let task_system = rt_tasks(plan, system, n)?;
         let runnable = match task_system {
             Some(_) => None,
             None => Some(rt_runnable(plan, system, n)?),
         };
-        let cpu_before = load::process_cpu_time();
-        let runner_before = system.runner_threads().and_then(load::threads_cpu_time);
+        let cpu_before = laned_load::process_cpu_time();
+        let runner_before = system.runner_threads().and_then(laned_load::threads_cpu_time);
         let lat = match (&task_system, &runnable) {
             (Some(tasks), _) => tasks::real_time(rt, tasks, n, period, probe_time, n as u64, |s| {
                 fixture.inputs(1, s as u64)
@@ -847,26 +848,26 @@ fn capacity(
         };
         // Read while the runner (and so its threads) still lives.
         let runner_cpu = runner_before
-            .zip(system.runner_threads().and_then(load::threads_cpu_time))
+            .zip(system.runner_threads().and_then(laned_load::threads_cpu_time))
             .map(|(a, b)| b.saturating_sub(a));
         drop((runnable, task_system));
         let cpu = cpu_before
-            .zip(load::process_cpu_time())
+            .zip(laned_load::process_cpu_time())
             .map(|(a, b)| b.saturating_sub(a));
         let p = Probe {
             streams: n,
             p50_us: lat.quantile_us(0.5),
             p99_us: lat.quantile_us(0.99),
             max_us: lat.quantile_us(1.0),
-            pulses: lat.pulses,
-            cpu_ms_per_1k: cpu.map(|c| c.as_secs_f64() * 1e6 / lat.pulses.max(1) as f64),
-            runner_cpu_ms_per_1k: runner_cpu.map(|c| c.as_secs_f64() * 1e6 / lat.pulses.max(1) as f64),
+            pulses: lat.pulses(),
+            cpu_ms_per_1k: cpu.map(|c| c.as_secs_f64() * 1e6 / lat.pulses().max(1) as f64),
+            runner_cpu_ms_per_1k: runner_cpu.map(|c| c.as_secs_f64() * 1e6 / lat.pulses().max(1) as f64),
         };
         let ok = p.p99_us as u128 <= budget.as_micros();
         probes.push((p, lat));
         Ok(ok)
     };
-    let found = load::search_capacity(8, max_streams.max(8), 4, &mut probe)?;
+    let found = laned_load::search_capacity(8, max_streams.max(8), 4, &mut probe)?;
     let good = found.streams;
     // A probe at the capacity that passed: the curve shown is one the
     // capacity was granted on.

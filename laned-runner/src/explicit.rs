@@ -178,7 +178,7 @@ mod tests {
     #[test]
     fn gathering_reuses_the_turn_buffer() {
         let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(accumulator().unwrap()).unwrap().into();
-        let iface = Interface::of(&*plan, &StateSpec::Detect).unwrap();
+        let iface = Interface::of(&*plan, &StateSpec::Detect, &[]).unwrap();
         let mut state = ExplicitState::new(&iface, 4).unwrap();
         for lane in 0..4 {
             let row = Tensor::from_shape(&[1, 1, 2], &[lane as f32, 10.0 + lane as f32]).unwrap();

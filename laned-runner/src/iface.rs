@@ -142,6 +142,7 @@ fn state_pairs(
     spec: &crate::config::StateSpec,
     inputs: &[(String, TypedFact)],
     outputs: &[(String, TypedFact)],
+    lifted: bool,
 ) -> Result<Vec<(usize, usize)>, NewRunnerError> {
     use crate::config::StateSpec;
     let in_names: Vec<String> = inputs.iter().map(|(n, _)| n.clone()).collect();
@@ -178,7 +179,8 @@ fn state_pairs(
                     }
                 }
             }
-            if pairs.is_empty() {
+            // A model whose state the lift found needs no pair detected.
+            if pairs.is_empty() && !lifted {
                 return Err(NewRunnerError::Config(format!(
                     "no state pair detected among inputs {in_names:?} and outputs {out_names:?} (an output named like an input plus N, _out, _new or a digit, of the same fact): name the pairs in the config"
                 )));
@@ -277,7 +279,13 @@ fn tensor_text(t: &Tensor) -> String {
 }
 
 impl Interface {
-    pub fn of(inner: &dyn Runnable, state_spec: &crate::config::StateSpec) -> Result<Interface, NewRunnerError> {
+    /// `inner`'s interface: the configured state pairs, then `lifted`, the
+    /// pairs the implicit-state lift added (`implicit`).
+    pub fn of(
+        inner: &dyn Runnable,
+        state_spec: &crate::config::StateSpec,
+        lifted: &[crate::implicit::LiftedPair],
+    ) -> Result<Interface, NewRunnerError> {
         let model = inner.typed_model();
         let name_of = |ix: usize, input: bool| -> String {
             model
@@ -302,7 +310,30 @@ impl Interface {
         let out_ports = (0..inner.output_count())
             .map(|ix| read(ix, false))
             .collect::<Result<Vec<_>, _>>()?;
-        let pairs = state_pairs(state_spec, &in_ports, &out_ports)?;
+        // The lifted ports are named like pairs; detection leaves them to
+        // the lift, which pairs them itself, after the configured ones.
+        let lifted_port = |i: usize, o: usize| lifted.iter().any(|p| p.input == i || p.output == o);
+        let mut pairs = if lifted.is_empty() {
+            state_pairs(state_spec, &in_ports, &out_ports, false)?
+        } else {
+            let user_in: Vec<(String, TypedFact)> = in_ports
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !lifted.iter().any(|p| p.input == *i))
+                .map(|(_, p)| p.clone())
+                .collect();
+            let user_out: Vec<(String, TypedFact)> = out_ports
+                .iter()
+                .enumerate()
+                .filter(|(o, _)| !lifted.iter().any(|p| p.output == *o))
+                .map(|(_, p)| p.clone())
+                .collect();
+            // The lift appends its ports, so the user's keep their indices.
+            state_pairs(state_spec, &user_in, &user_out, true)?
+        };
+        debug_assert!(pairs.iter().all(|(i, o)| !lifted_port(*i, *o)));
+        let configured = pairs.len();
+        pairs.extend(lifted.iter().map(|p| (p.input, p.output)));
         let state_in = |ix: usize| pairs.iter().any(|(i, _)| *i == ix);
         let state_out = |ix: usize| pairs.iter().any(|(_, o)| *o == ix);
         let mut symbols: Vec<Symbol> = vec![];
@@ -389,6 +420,7 @@ impl Interface {
                 )));
             }
             let initial = match state_spec {
+                _ if state.len() >= configured => lifted[state.len() - configured].initial.clone(),
                 crate::config::StateSpec::Pairs(spec) => spec[state.len()]
                     .initial
                     .as_ref()

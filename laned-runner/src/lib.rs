@@ -54,6 +54,7 @@ mod facade;
 mod handle;
 mod identity;
 mod iface;
+mod implicit;
 mod inbox;
 mod life;
 mod policy;
@@ -78,6 +79,7 @@ pub use handle::{LanedStateHandle, Settled};
 /// What [`LanedRunner::metrics`] and [`LanedRunner::close`] return: the
 /// counters as serde data (from `laned-metrics`, so a caller needs no
 /// dependency of its own to name it).
+pub use implicit::{ImplicitState, Laned};
 pub use laned_metrics::Snapshot;
 pub use policy::{ParsePolicyError, PolicyError, TurnPolicy};
 pub use runner::{Drained, LanedRunner};

@@ -78,6 +78,7 @@ use crate::admission::Admission;
 use crate::capacity::{Capacity, ShardCapacity};
 use crate::common::Common;
 use crate::config::RunnerConfig;
+use crate::implicit::ImplicitState;
 use crate::engine::Parts;
 use crate::err::{EndReason, NewRunnerError, RunError, SpawnError};
 use crate::handle::{LanedStateHandle, Stream};
@@ -162,8 +163,12 @@ impl LanedRunner {
         // Step 1 of the runner's life (this module's doc).
         let state_spec = config.state.clone();
         let config = config.resolve()?;
-        let iface = Arc::new(Interface::of(&*inner, &state_spec)?);
-        let wire = Wire::of(inner.typed_model().map(|m| &**m), &iface);
+        // The ops' implicit state lifted into explicit pairs first, so that
+        // everything after sees one kind of state.
+        let lifted = crate::implicit::lift(inner).map_err(|e| NewRunnerError::Model(format!("{e:#}")))?;
+        let inner = lifted.runnable;
+        let iface = Arc::new(Interface::of(&*inner, &state_spec, &lifted.pairs)?);
+        let wire = Wire::of(inner.typed_model().map(|m| &**m), &iface, lifted.report);
         let live = Arc::new(ArcSwap::from_pointee(Live {
             policy: config.policy,
             max_seats: config.max_seats,
@@ -546,6 +551,22 @@ impl LanedRunner {
     /// [`LanedRunner::state_identity`].
     pub fn check_state(&self, state: &StreamState) -> Result<(), RunError> {
         self.core.wire.import(state).map(|_| ())
+    }
+
+    /// Every op of the model keeping state from one turn to the next
+    /// (tract-pulse's Delay and PulsePad, a Scan's or GruSeq's hidden
+    /// state...) and how it is laned: lifted into explicit state, which
+    /// travels, or left in place, which does not.
+    pub fn implicit_state(&self) -> &[ImplicitState] {
+        self.core.wire.implicit()
+    }
+
+    /// Whether a stream's whole state can be exported and imported
+    /// elsewhere ([`LanedStateHandle::export_state`]): false when some op
+    /// keeps state no export reads ([`LanedRunner::implicit_state`] names
+    /// it), and then a stream moved to another runner must start over.
+    pub fn state_travels(&self) -> bool {
+        self.core.wire.stays().is_none()
     }
 
     /// The identity of this runner's model as its streams' exported states

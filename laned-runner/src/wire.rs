@@ -14,7 +14,7 @@
 //!
 //! ```
 //! # use laned_runner::{StreamState, STREAM_STATE_VERSION};
-//! let json = r#"{"version":2,"model":"rnn|state F32 1,B,6|weights 6c62272e07bb0142|graph 0d6a3f0c2e5b1a97","tensors":[]}"#;
+//! let json = r#"{"version":3,"model":"rnn|state F32 1,B,6|weights 6c62272e07bb0142|graph 0d6a3f0c2e5b1a97","tensors":[]}"#;
 //! let state: StreamState = serde_json::from_str(json).unwrap();
 //! assert_eq!(state.version, STREAM_STATE_VERSION);
 //! ```
@@ -27,10 +27,12 @@ use crate::iface::{one_stream_shape, shape_text, Interface};
 
 /// The version [`StreamState`]s are written in, and the only one read.
 ///
-/// Version 2: the model's identity covers its graph, not only its weights
-/// (see the runner's `identity` module); a version-1 state is refused by
-/// its version, naming both.
-pub const STREAM_STATE_VERSION: u32 = 2;
+/// Version 3: the tensors hold every piece of a stream's state, its ops'
+/// implicit state lifted out of them (`implicit`) after the model's own
+/// explicit pairs; a version-2 state, which held only the latter, is
+/// refused by its version, naming both. (Version 2: the model's identity
+/// covers its graph, not only its weights.)
+pub const STREAM_STATE_VERSION: u32 = 3;
 
 /// One stream's explicit state, from
 /// [`LanedStateHandle::export_state`](crate::LanedStateHandle::export_state),
@@ -170,6 +172,8 @@ pub(crate) struct Wire {
     identity: String,
     /// Per state pair, in the model's order.
     pairs: Vec<Pair>,
+    /// Every op keeping state across turns, and how it is laned.
+    implicit: Vec<crate::implicit::ImplicitState>,
 }
 
 /// What one state tensor must be to be imported.
@@ -186,7 +190,11 @@ struct Pair {
 impl Wire {
     /// The identity of `model`, whose interface is `iface` (the `identity`
     /// module's computation), and its state pairs' per-stream facts.
-    pub(crate) fn of(model: Option<&TypedModel>, iface: &Interface) -> Wire {
+    pub(crate) fn of(
+        model: Option<&TypedModel>,
+        iface: &Interface,
+        implicit: Vec<crate::implicit::ImplicitState>,
+    ) -> Wire {
         let pairs = iface
             .state
             .iter()
@@ -205,7 +213,32 @@ impl Wire {
         Wire {
             identity: crate::identity::state_identity(model, &iface.inputs, &iface.state),
             pairs,
+            implicit,
         }
+    }
+
+    /// Every op of the model keeping state across turns, and how it is
+    /// laned.
+    pub(crate) fn implicit(&self) -> &[crate::implicit::ImplicitState] {
+        &self.implicit
+    }
+
+    /// Why a stream's state cannot travel: the ops keeping state that no
+    /// export reads, named; `None` when all of it travels.
+    pub(crate) fn stays(&self) -> Option<String> {
+        let stays: Vec<String> = self
+            .implicit
+            .iter()
+            .filter(|s| !s.travels())
+            .map(|s| format!("{:?} ({})", s.node, s.op))
+            .collect();
+        (!stays.is_empty()).then(|| {
+            format!(
+                "the model keeps state in {} that cannot travel: {}",
+                if stays.len() == 1 { "an op" } else { "ops" },
+                stays.join(", ")
+            )
+        })
     }
 
     /// The identity this runner's states carry.
@@ -216,6 +249,9 @@ impl Wire {
     /// A stream's state tensors (one per pair, batch extent 1) as they
     /// travel, with the model's identity.
     pub(crate) fn export(&self, tensors: &[Tensor]) -> Result<StreamState, RunError> {
+        if let Some(why) = self.stays() {
+            return Err(RunError::new(RunErrorKind::State(why)));
+        }
         let tensors = tensors
             .iter()
             .map(StateTensor::of)
@@ -240,6 +276,9 @@ impl Wire {
     /// [`Wire::import`]'s checks, in order: version, model, tensor count,
     /// then each tensor.
     fn checked(&self, state: &StreamState) -> Result<TVec<Tensor>, String> {
+        if let Some(why) = self.stays() {
+            return Err(why);
+        }
         if state.version != STREAM_STATE_VERSION {
             return Err(format!(
                 "the stream state is of version {}, this runner reads version {STREAM_STATE_VERSION}",

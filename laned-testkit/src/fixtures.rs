@@ -555,50 +555,13 @@ pub fn deconv() -> TractResult<Fixture> {
 /// `hN [1, B, H]` out. The state's batch sits on axis 1, so a runner must
 /// gather and scatter it along that axis.
 pub fn gru_cell(features: usize, hidden: usize) -> TractResult<Fixture> {
-    use tract_core::ops::einsum::EinSum;
-    use tract_core::ops::math::{sub, tanh};
-    use tract_core::ops::nn::sigmoid;
     let mut model = TypedModel::default();
     let batch = model.symbols.sym("B");
     let stream = model.symbols.sym("S");
     let x = model.add_source("x", f32::fact(dims!(batch.clone(), features)))?;
     let h0 = model.add_source("h", f32::fact(dims!(1, batch.clone(), hidden)))?;
     let h = model.wire_node("h.squeeze", AxisOp::Rm(0), &[h0])?[0];
-    let mut rng = Rng::with_seed(57);
-    let scale = 1.0 / (features.max(hidden) as f32).sqrt();
-    let mut weights = |model: &mut TypedModel, name: &str, rows: usize| -> TractResult<OutletId> {
-        let w: Vec<f32> = (0..rows * hidden).map(|_| uniform(&mut rng) * scale).collect();
-        model.add_const(name, Tensor::from_shape(&[rows, hidden], &w)?)
-    };
-    let mut gate = |model: &mut TypedModel, name: &str| -> TractResult<(OutletId, OutletId)> {
-        let w = weights(model, &format!("{name}.W"), features)?;
-        let u = weights(model, &format!("{name}.U"), hidden)?;
-        let xw = model.wire_node(
-            format!("{name}.xw"),
-            EinSum::new("bf,fh->bh".parse()?, f32::datum_type()),
-            &[x, w],
-        )?[0];
-        let hu = model.wire_node(
-            format!("{name}.hu"),
-            EinSum::new("bk,kh->bh".parse()?, f32::datum_type()),
-            &[h, u],
-        )?[0];
-        Ok((xw, hu))
-    };
-    let (zx, zh) = gate(&mut model, "z")?;
-    let (rx, rh) = gate(&mut model, "r")?;
-    let (nx, nh) = gate(&mut model, "n")?;
-    let z = model.wire_node("z.sum", add(), &[zx, zh])?[0];
-    let z = model.wire_node("z", sigmoid(), &[z])?[0];
-    let r = model.wire_node("r.sum", add(), &[rx, rh])?[0];
-    let r = model.wire_node("r", sigmoid(), &[r])?[0];
-    let rn = model.wire_node("n.reset", mul(), &[r, nh])?[0];
-    let n = model.wire_node("n.sum", add(), &[nx, rn])?[0];
-    let n = model.wire_node("n", tanh(), &[n])?[0];
-    // h' = (1 - z) n + z h = n + z (h - n)
-    let d = model.wire_node("h.minus.n", sub(), &[h, n])?[0];
-    let zd = model.wire_node("z.keep", mul(), &[z, d])?[0];
-    let y = model.wire_node("y", add(), &[n, zd])?[0];
+    let y = gru_step(&mut model, x, h, features, hidden)?;
     let next = model.wire_node("hN", AxisOp::Add(0), &[y])?[0];
     model.select_output_outlets(&[y, next])?;
     model.set_name("gru-cell");
@@ -624,6 +587,98 @@ pub fn gru_cell(features: usize, hidden: usize) -> TractResult<Fixture> {
     })
 }
 
+/// One GRU step, `x [B, F]` and `h [B, H]` to the next `h [B, H]`, its
+/// weights seeded (the same for every fixture built with these sizes):
+/// `z = σ(x Wz + h Uz)`, `r = σ(x Wr + h Ur)`, `n = tanh(x Wn + r ⊙ h Un)`,
+/// `h' = n + z ⊙ (h - n)`.
+fn gru_step(model: &mut TypedModel, x: OutletId, h: OutletId, features: usize, hidden: usize) -> TractResult<OutletId> {
+    use tract_core::ops::einsum::EinSum;
+    use tract_core::ops::math::{sub, tanh};
+    use tract_core::ops::nn::sigmoid;
+    let mut rng = Rng::with_seed(57);
+    let scale = 1.0 / (features.max(hidden) as f32).sqrt();
+    let mut weights = |model: &mut TypedModel, name: &str, rows: usize| -> TractResult<OutletId> {
+        let w: Vec<f32> = (0..rows * hidden).map(|_| uniform(&mut rng) * scale).collect();
+        model.add_const(name, Tensor::from_shape(&[rows, hidden], &w)?)
+    };
+    let mut gate = |model: &mut TypedModel, name: &str| -> TractResult<(OutletId, OutletId)> {
+        let w = weights(model, &format!("{name}.W"), features)?;
+        let u = weights(model, &format!("{name}.U"), hidden)?;
+        let xw = model.wire_node(
+            format!("{name}.xw"),
+            EinSum::new("bf,fh->bh".parse()?, f32::datum_type()),
+            &[x, w],
+        )?[0];
+        let hu = model.wire_node(
+            format!("{name}.hu"),
+            EinSum::new("bk,kh->bh".parse()?, f32::datum_type()),
+            &[h, u],
+        )?[0];
+        Ok((xw, hu))
+    };
+    let (zx, zh) = gate(model, "z")?;
+    let (rx, rh) = gate(model, "r")?;
+    let (nx, nh) = gate(model, "n")?;
+    let z = model.wire_node("z.sum", add(), &[zx, zh])?[0];
+    let z = model.wire_node("z", sigmoid(), &[z])?[0];
+    let r = model.wire_node("r.sum", add(), &[rx, rh])?[0];
+    let r = model.wire_node("r", sigmoid(), &[r])?[0];
+    let rn = model.wire_node("n.reset", mul(), &[r, nh])?[0];
+    let n = model.wire_node("n.sum", add(), &[nx, rn])?[0];
+    let n = model.wire_node("n", tanh(), &[n])?[0];
+    // h' = (1 - z) n + z h = n + z (h - n)
+    let d = model.wire_node("h.minus.n", sub(), &[h, n])?[0];
+    let zd = model.wire_node("z.keep", mul(), &[z, d])?[0];
+    let y = model.wire_node("y", add(), &[n, zd])?[0];
+    Ok(y)
+}
+
+/// A GRU over the stream the way tract streams one: tract's `Scan` on the
+/// time axis of `x [B, S, F]`, its hidden state `[B, 1, H]` seeded with
+/// zeros and carried by the op from pulse to pulse (no explicit state: what
+/// an ONNX GRU without `initial_h` exports), out `y [B, S, H]`, pulsified
+/// by `pulse` frames. The runner lifts the Scan's state into a lane.
+pub fn gru_scan(features: usize, hidden: usize, pulse: usize) -> TractResult<Fixture> {
+    use tract_core::ops::array::MultiBroadcastTo;
+    use tract_core::ops::scan::{InputMapping, OutputMapping, Scan, ScanInfo};
+    let mut b = Builder::new(Layout::Nhwc);
+    let batch = b.batch.clone();
+    // The body shares the outer model's symbols, as tract's ONNX GRU does.
+    let mut body = TypedModel { symbols: b.model.symbols.clone(), ..TypedModel::default() };
+    let x = body.add_source("x", f32::fact(dims!(batch.clone(), 1, features)))?;
+    let h = body.add_source("h", f32::fact(dims!(batch.clone(), 1, hidden)))?;
+    let xt = body.wire_node("x.t", AxisOp::Rm(1), &[x])?[0];
+    let ht = body.wire_node("h.t", AxisOp::Rm(1), &[h])?[0];
+    let next = gru_step(&mut body, xt, ht, features, hidden)?;
+    let next = body.wire_node("h.next", AxisOp::Add(1), &[next])?[0];
+    body.select_output_outlets(&[next, next])?;
+    let stream = b.stream.clone();
+    let x = b.model.add_source("x", f32::fact(dims!(batch.clone(), stream, features)))?;
+    let zeros = b.model.add_const("h0", Tensor::zero::<f32>(&[1, 1, hidden])?)?;
+    let h0 = b.model.wire_node(
+        "h0.batch",
+        MultiBroadcastTo::new(dims!(batch, 1, hidden).into()),
+        &[zeros],
+    )?[0];
+    let time = ScanInfo { axis: 1, chunk: 1 };
+    let scan = Scan::new(
+        body,
+        vec![InputMapping::Scan(time), InputMapping::State],
+        vec![
+            OutputMapping { scan: None, full_dim_hint: None, last_value_slot: None, state: true },
+            OutputMapping { scan: Some((0, time)), full_dim_hint: None, last_value_slot: None, state: false },
+        ],
+        0,
+    )?;
+    let y = b.model.wire_node("gru", scan, &[x, h0])?;
+    b.finish(
+        format!("gru-scan-f{features}-h{hidden}-p{pulse}"),
+        "a GRU as tract streams it: a Scan carrying its hidden state (lifted to a lane)",
+        &y,
+        pulse,
+    )
+}
+
 /// Every fixture the suites check, light sizes first.
 pub fn all() -> TractResult<Vec<Fixture>> {
     Ok(vec![
@@ -643,6 +698,7 @@ pub fn all() -> TractResult<Vec<Fixture>> {
         concat_branches()?,
         shared_gain()?,
         two_in_two_out()?,
+        gru_scan(6, 5, 2)?,
     ])
 }
 

@@ -78,11 +78,11 @@ use crate::admission::Admission;
 use crate::capacity::{Capacity, ShardCapacity};
 use crate::common::Common;
 use crate::config::RunnerConfig;
-use crate::implicit::ImplicitState;
 use crate::engine::Parts;
 use crate::err::{EndReason, NewRunnerError, RunError, SpawnError};
 use crate::handle::{LanedStateHandle, Stream};
 use crate::iface::Interface;
+use crate::implicit::ImplicitState;
 use crate::life::Life;
 use crate::policy::{LearnedTurnTimes, PolicyError, TurnPolicy};
 use crate::protocol::{Grant, Live};
@@ -165,6 +165,7 @@ impl LanedRunner {
         let config = config.resolve()?;
         // The ops' implicit state lifted into explicit pairs first, so that
         // everything after sees one kind of state.
+        let given = inner.clone();
         let lifted = crate::implicit::lift(inner).map_err(|e| NewRunnerError::Model(format!("{e:#}")))?;
         let inner = lifted.runnable;
         let iface = Arc::new(Interface::of(&*inner, &state_spec, &lifted.pairs)?);
@@ -216,6 +217,7 @@ impl LanedRunner {
         }
         let core = Arc::new(Common {
             inner,
+            given,
             iface,
             wire,
             shards,
@@ -708,13 +710,23 @@ impl LanedRunner {
     /// [`StateSpec::Detect`](crate::StateSpec::Detect) found; empty for
     /// none. The caller feeds every other input and gets every other
     /// output, in the model's order.
+    /// The pairs lifted out of the model's ops are not among them
+    /// ([`LanedRunner::implicit_state`] names those).
     pub fn explicit_state(&self) -> Vec<(usize, usize)> {
-        self.core.iface.state.iter().map(|s| (s.input, s.output)).collect()
+        let given = self.core.given.input_count();
+        self.core
+            .iface
+            .state
+            .iter()
+            .filter(|s| s.input < given)
+            .map(|s| (s.input, s.output))
+            .collect()
     }
 
-    /// The model as prepared, serving one stream at a time.
+    /// The model as prepared (as given, before the implicit-state lift),
+    /// serving one stream at a time.
     pub fn inner(&self) -> &Arc<dyn Runnable> {
-        &self.core.inner
+        &self.core.given
     }
 }
 
@@ -724,27 +736,27 @@ impl Runnable for LanedRunner {
     }
 
     fn typed_plan(&self) -> Option<&Arc<TypedSimplePlan>> {
-        self.core.inner.typed_plan()
+        self.core.given.typed_plan()
     }
 
     fn typed_model(&self) -> Option<&Arc<TypedModel>> {
-        self.core.inner.typed_model()
+        self.core.given.typed_model()
     }
 
     fn input_count(&self) -> usize {
-        self.core.inner.input_count()
+        self.core.given.input_count()
     }
 
     fn output_count(&self) -> usize {
-        self.core.inner.output_count()
+        self.core.given.output_count()
     }
 
     fn input_fact(&self, ix: usize) -> TractResult<&TypedFact> {
-        self.core.inner.input_fact(ix)
+        self.core.given.input_fact(ix)
     }
 
     fn output_fact(&self, ix: usize) -> TractResult<&TypedFact> {
-        self.core.inner.output_fact(ix)
+        self.core.given.output_fact(ix)
     }
 }
 

@@ -644,7 +644,10 @@ pub fn gru_scan(features: usize, hidden: usize, pulse: usize) -> TractResult<Fix
     let mut b = Builder::new(Layout::Nhwc);
     let batch = b.batch.clone();
     // The body shares the outer model's symbols, as tract's ONNX GRU does.
-    let mut body = TypedModel { symbols: b.model.symbols.clone(), ..TypedModel::default() };
+    let mut body = TypedModel {
+        symbols: b.model.symbols.clone(),
+        ..TypedModel::default()
+    };
     let x = body.add_source("x", f32::fact(dims!(batch.clone(), 1, features)))?;
     let h = body.add_source("h", f32::fact(dims!(batch.clone(), 1, hidden)))?;
     let xt = body.wire_node("x.t", AxisOp::Rm(1), &[x])?[0];
@@ -653,7 +656,9 @@ pub fn gru_scan(features: usize, hidden: usize, pulse: usize) -> TractResult<Fix
     let next = body.wire_node("h.next", AxisOp::Add(1), &[next])?[0];
     body.select_output_outlets(&[next, next])?;
     let stream = b.stream.clone();
-    let x = b.model.add_source("x", f32::fact(dims!(batch.clone(), stream, features)))?;
+    let x = b
+        .model
+        .add_source("x", f32::fact(dims!(batch.clone(), stream, features)))?;
     let zeros = b.model.add_const("h0", Tensor::zero::<f32>(&[1, 1, hidden])?)?;
     let h0 = b.model.wire_node(
         "h0.batch",
@@ -665,8 +670,18 @@ pub fn gru_scan(features: usize, hidden: usize, pulse: usize) -> TractResult<Fix
         body,
         vec![InputMapping::Scan(time), InputMapping::State],
         vec![
-            OutputMapping { scan: None, full_dim_hint: None, last_value_slot: None, state: true },
-            OutputMapping { scan: Some((0, time)), full_dim_hint: None, last_value_slot: None, state: false },
+            OutputMapping {
+                scan: None,
+                full_dim_hint: None,
+                last_value_slot: None,
+                state: true,
+            },
+            OutputMapping {
+                scan: Some((0, time)),
+                full_dim_hint: None,
+                last_value_slot: None,
+                state: false,
+            },
         ],
         0,
     )?;

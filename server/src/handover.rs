@@ -471,7 +471,7 @@ mod tests {
     /// refused for another version, a position or generation out of range.
     #[test]
     fn a_record_reads_back_and_refuses_other_versions_and_ranges() {
-        let state: StreamState = serde_json::from_str(r#"{"version":2,"model":"m","tensors":[]}"#).unwrap();
+        let state: StreamState = serde_json::from_str(r#"{"version":3,"model":"m","tensors":[]}"#).unwrap();
         let mut framing = serde_json::Map::new();
         framing.insert("speaking".into(), true.into());
         let record = Record::of(7, framing, state, &Writer::after(None));

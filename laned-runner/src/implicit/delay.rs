@@ -51,5 +51,9 @@ pub(super) fn lift(model: &mut TypedModel, node: &TypedNode) -> TractResult<Rewr
     )?[0];
     reroute(model, node.id.into(), out)?;
     let output = add_output(model, next)?;
-    Ok(Rewrite::Lifted(LiftedPair { input: state_input, output, initial: None }))
+    Ok(Rewrite::Lifted(LiftedPair {
+        input: state_input,
+        output,
+        initial: None,
+    }))
 }

@@ -124,11 +124,19 @@ pub(crate) fn state_name(node: &str) -> String {
 /// none (or no typed model to read) is served as it is.
 pub(crate) fn lift(inner: Arc<dyn Runnable>) -> TractResult<Lifted> {
     let Some(model) = inner.typed_model() else {
-        return Ok(Lifted { runnable: inner, pairs: vec![], report: vec![] });
+        return Ok(Lifted {
+            runnable: inner,
+            pairs: vec![],
+            report: vec![],
+        });
     };
     let stateful = stateful_nodes(&inner)?;
     if stateful.is_empty() {
-        return Ok(Lifted { runnable: inner, pairs: vec![], report: vec![] });
+        return Ok(Lifted {
+            runnable: inner,
+            pairs: vec![],
+            report: vec![],
+        });
     }
     let mut model: TypedModel = (**model).clone();
     let mut pairs = vec![];
@@ -146,23 +154,40 @@ pub(crate) fn lift(inner: Arc<dyn Runnable>) -> TractResult<Lifted> {
         }
         let laned = match outcome {
             Rewrite::Lifted(pair) => {
-                let laned = Laned::Lifted { input: pair.input, output: pair.output };
+                let laned = Laned::Lifted {
+                    input: pair.input,
+                    output: pair.output,
+                };
                 pairs.push(pair);
                 laned
             }
             Rewrite::Left(why) => Laned::InPlace { why },
-            Rewrite::NotMine => Laned::InPlace { why: "no lift is known for this op".into() },
+            Rewrite::NotMine => Laned::InPlace {
+                why: "no lift is known for this op".into(),
+            },
         };
-        report.push(ImplicitState { node: node.name.clone(), op, laned });
+        report.push(ImplicitState {
+            node: node.name.clone(),
+            op,
+            laned,
+        });
     }
     if pairs.is_empty() {
-        return Ok(Lifted { runnable: inner, pairs, report });
+        return Ok(Lifted {
+            runnable: inner,
+            pairs,
+            report,
+        });
     }
     // The rewrites leave the replaced nodes in place, unreachable: the plan
     // orders only what the outputs need, and pruning keeps the graph small.
     let model = model.into_compact()?;
     let plan = TypedSimplePlan::new(model)?;
-    Ok(Lifted { runnable: Arc::new(plan), pairs, report })
+    Ok(Lifted {
+        runnable: Arc::new(plan),
+        pairs,
+        report,
+    })
 }
 
 /// The nodes whose op keeps a state from turn to turn, by the plan's own
@@ -183,11 +208,7 @@ fn stateful_nodes(inner: &Arc<dyn Runnable>) -> TractResult<Vec<usize>> {
 
 /// Add a state source of `fact` and make `next` a model output; the pair's
 /// indices.
-pub(crate) fn add_pair(
-    model: &mut TypedModel,
-    node: &str,
-    fact: TypedFact,
-) -> TractResult<(OutletId, usize)> {
+pub(crate) fn add_pair(model: &mut TypedModel, node: &str, fact: TypedFact) -> TractResult<(OutletId, usize)> {
     let source = model.add_source(state_name(node), fact)?;
     let input = model.inputs.len() - 1;
     Ok((source, input))

@@ -41,7 +41,11 @@ pub(super) fn lift(model: &mut TypedModel, node: &TypedNode) -> TractResult<Rewr
     let outs = model.wire_node(format!("{}.laned", node.name), lane_pad, &[input, position])?;
     reroute(model, node.id.into(), outs[0])?;
     let output = add_output(model, outs[1])?;
-    Ok(Rewrite::Lifted(LiftedPair { input: state_input, output, initial: None }))
+    Ok(Rewrite::Lifted(LiftedPair {
+        input: state_input,
+        output,
+        initial: None,
+    }))
 }
 
 /// PulsePad with its per-lane position as an input and an output: inputs

@@ -59,7 +59,11 @@ fn initial_of(model: &TypedModel, wire: OutletId, lane_shape: &[usize]) -> Resul
             break;
         }
         let from = model.outlet_fact(node.inputs[0]).map_err(|e| format!("{e:#}"))?;
-        let uniform = from.konst.as_ref().and_then(|k| k.as_uniform()).or_else(|| from.uniform.as_deref().cloned());
+        let uniform = from
+            .konst
+            .as_ref()
+            .and_then(|k| k.as_uniform())
+            .or_else(|| from.uniform.as_deref().cloned());
         match uniform {
             Some(u) => return u.broadcast_scalar_to_shape(lane_shape).map_err(|e| format!("{e:#}")),
             None => wire = node.inputs[0],
@@ -73,7 +77,10 @@ fn initial_of(model: &TypedModel, wire: OutletId, lane_shape: &[usize]) -> Resul
         if let Some(u) = k.as_uniform() {
             return u.broadcast_scalar_to_shape(lane_shape).map_err(|e| format!("{e:#}"));
         }
-        return Err(format!("its initial state is a constant of shape {:?}, not one stream's", k.shape()));
+        return Err(format!(
+            "its initial state is a constant of shape {:?}, not one stream's",
+            k.shape()
+        ));
     }
     if let Some(u) = &fact.uniform {
         return u.broadcast_scalar_to_shape(lane_shape).map_err(|e| format!("{e:#}"));
@@ -102,10 +109,16 @@ struct ScanParts {
 
 fn lift_scan(model: &mut TypedModel, node: &TypedNode, op: ScanParts) -> TractResult<Rewrite> {
     if op.reset_every_turn {
-        return Ok(Rewrite::Left("it re-seeds every turn already, yet keeps a state".into()));
+        return Ok(Rewrite::Left(
+            "it re-seeds every turn already, yet keeps a state".into(),
+        ));
     }
-    let slots: Vec<usize> = (0..op.input_mapping.len()).filter(|s| op.input_mapping[*s].is_state()).collect();
-    let states: Vec<usize> = (0..op.output_mapping.len()).filter(|o| op.output_mapping[*o].state).collect();
+    let slots: Vec<usize> = (0..op.input_mapping.len())
+        .filter(|s| op.input_mapping[*s].is_state())
+        .collect();
+    let states: Vec<usize> = (0..op.output_mapping.len())
+        .filter(|o| op.output_mapping[*o].state)
+        .collect();
     if slots.len() != 1 || states.len() != 1 {
         return Ok(Rewrite::Left(format!(
             "it carries {} hidden states; the lift takes one",
@@ -136,18 +149,26 @@ fn lift_scan(model: &mut TypedModel, node: &TypedNode, op: ScanParts) -> TractRe
     let mut scan = Scan::new(op.body, op.input_mapping, output_mapping, op.skip)?;
     scan.reset_every_turn = true;
     scan.external_state = true;
-    let wrapped = Reseeded { inner: Box::new(scan.to_codegen_op(!op.optimized)?) };
+    let wrapped = Reseeded {
+        inner: Box::new(scan.to_codegen_op(!op.optimized)?),
+    };
     let outs = model.wire_node(format!("{}.laned", node.name), wrapped, &inputs)?;
     for ix in 0..node.outputs.len() {
         reroute(model, OutletId::new(node.id, ix), outs[ix])?;
     }
     let output = add_output(model, outs[last])?;
-    Ok(Rewrite::Lifted(LiftedPair { input: state_input, output, initial: Some(initial) }))
+    Ok(Rewrite::Lifted(LiftedPair {
+        input: state_input,
+        output,
+        initial: Some(initial),
+    }))
 }
 
 fn lift_gru_seq(model: &mut TypedModel, node: &TypedNode, op: &GruSeq) -> TractResult<Rewrite> {
     if op.reset_every_turn {
-        return Ok(Rewrite::Left("it re-seeds every turn already, yet keeps a state".into()));
+        return Ok(Rewrite::Left(
+            "it re-seeds every turn already, yet keeps a state".into(),
+        ));
     }
     let h0 = node.inputs.len() - 1;
     // Y_h, `[batch, 1, hidden]`: the hidden state's own fact.
@@ -162,13 +183,22 @@ fn lift_gru_seq(model: &mut TypedModel, node: &TypedNode, op: &GruSeq) -> TractR
     let (source, state_input) = add_pair(model, &node.name, fact)?;
     let mut inputs = node.inputs.clone();
     inputs[h0] = source;
-    let wrapped = Reseeded { inner: Box::new(GruSeq { reset_every_turn: true, ..op.clone() }) };
+    let wrapped = Reseeded {
+        inner: Box::new(GruSeq {
+            reset_every_turn: true,
+            ..op.clone()
+        }),
+    };
     let outs = model.wire_node(format!("{}.laned", node.name), wrapped, &inputs)?;
     for ix in 0..node.outputs.len() {
         reroute(model, OutletId::new(node.id, ix), outs[ix])?;
     }
     let output = add_output(model, outs[1])?;
-    Ok(Rewrite::Lifted(LiftedPair { input: state_input, output, initial: Some(initial) }))
+    Ok(Rewrite::Lifted(LiftedPair {
+        input: state_input,
+        output,
+        initial: Some(initial),
+    }))
 }
 
 /// A recurrent op told to re-seed its hidden state every turn: what it
@@ -208,7 +238,10 @@ impl EvalOp for Reseeded {
     }
 
     fn state(&self, ctx: &EvalContext) -> TractResult<Option<Box<dyn OpState>>> {
-        Ok(self.inner.state(ctx)?.map(|inner| Box::new(ReseededState { inner }) as _))
+        Ok(self
+            .inner
+            .state(ctx)?
+            .map(|inner| Box::new(ReseededState { inner }) as _))
     }
 
     fn drop_session(&self, session: SessionId, node_id: usize) {
@@ -232,7 +265,9 @@ struct ReseededState {
 
 impl OpState for ReseededState {
     fn eval(&mut self, ctx: &EvalContext, op: &dyn Op, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        let op = op.downcast_ref::<Reseeded>().context("ReseededState runs a Reseeded op")?;
+        let op = op
+            .downcast_ref::<Reseeded>()
+            .context("ReseededState runs a Reseeded op")?;
         self.inner.eval(ctx, op.inner.as_op(), inputs)
     }
 

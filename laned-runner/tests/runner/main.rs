@@ -9,6 +9,7 @@ mod deploy;
 mod equivalence;
 mod explicit_state;
 mod hostile;
+mod implicit_state;
 mod life;
 mod lifecycle;
 mod metrics_facade;

@@ -1,0 +1,169 @@
+//! Implicit state: the state a pulsified model keeps inside its ops (a
+//! conv's Delay and PulsePad, a GRU's Scan) is lifted into lanes, so every
+//! stream gets its solo run on a plain tract state, and a stream's whole
+//! state travels to another runner; an op whose state cannot travel is
+//! named, and its streams' state is not exported.
+
+use std::sync::Arc;
+
+use laned_runner::{Laned, LanedRunner, LanedStateHandle, Mode, RunnerConfig, StreamState};
+use laned_testkit::fixtures::{self, Fixture};
+use laned_testkit::schedule::{Schedule, StreamPlan};
+use laned_testkit::{verify_runner, Tolerance};
+use tract_core::internal::*;
+
+use crate::common::{bounded, runner, MODES};
+
+/// The models whose state the lift takes whole: a conv stack (PulsePad
+/// and Delay), a GRU as tract streams it (Scan), padding on the stream's
+/// end (PulsePad with the stream's length) and two delayed branches.
+fn lifted() -> Vec<Fixture> {
+    vec![
+        fixtures::small_tdnn(),
+        fixtures::gru_scan(6, 5, 2).unwrap(),
+        fixtures::end_padded().unwrap(),
+        fixtures::concat_branches().unwrap(),
+    ]
+}
+
+/// Sixteen streams on sixteen lanes, staggered, of different lengths,
+/// four of them ending on a partial pulse, later ones reusing lanes.
+fn sixteen() -> Schedule {
+    Schedule {
+        max_lanes: 13,
+        streams: (0..16)
+            .map(|s| StreamPlan {
+                seed: 700 + s,
+                calls: vec![1; 5 + (s as usize % 4)],
+                arrive: (s as usize * 7) % 5,
+                end: (s % 4 == 3).then_some(1),
+            })
+            .collect(),
+        picks: vec![3, 1, 4, 1, 5, 9, 2, 6],
+    }
+}
+
+fn ours(mode: Mode) -> impl Fn(Arc<dyn Runnable>, usize) -> TractResult<Arc<dyn Runnable>> {
+    move |plan, lanes| {
+        let config = RunnerConfig::builder()
+            .shards(1)
+            .max_lanes(lanes - 1)
+            .mode(mode)
+            .build();
+        Ok(Arc::new(LanedRunner::new(plan, config)?) as Arc<dyn Runnable>)
+    }
+}
+
+/// Every stream of each lifted model, seated however the runner finds them,
+/// gets its run alone on a plain (unlifted) tract state, bit for bit.
+#[test]
+fn every_stream_of_a_lifted_model_gets_its_solo_run() {
+    for fixture in lifted() {
+        for mode in MODES {
+            verify_runner(&fixture, &sixteen(), &ours(mode), Tolerance::Exact)
+                .unwrap_or_else(|e| panic!("{} in {mode:?} mode: {e:#}", fixture.name));
+        }
+    }
+}
+
+/// The runner names every op keeping state and says each is lifted.
+#[test]
+fn the_runner_names_the_ops_it_lifted() {
+    let tdnn = runner(&fixtures::small_tdnn(), Mode::Combining, 1, 4);
+    let ops: Vec<&str> = tdnn.implicit_state().iter().map(|s| s.op.as_str()).collect();
+    assert!(ops.contains(&"Delay") && ops.contains(&"PulsePad"), "{ops:?}");
+    assert!(
+        tdnn.implicit_state().iter().all(|s| s.travels()),
+        "{:?}",
+        tdnn.implicit_state()
+    );
+    assert!(tdnn.state_travels());
+    let gru = runner(&fixtures::gru_scan(6, 5, 2).unwrap(), Mode::Combining, 1, 4);
+    let scan: Vec<_> = gru.implicit_state().iter().filter(|s| s.op == "Scan").collect();
+    assert_eq!(scan.len(), 1, "{:?}", gru.implicit_state());
+    assert!(matches!(scan[0].laned, Laned::Lifted { .. }), "{}", scan[0]);
+    assert!(scan[0].to_string().contains("travels"), "{}", scan[0]);
+}
+
+/// An edge pad keeps a frame no lift reads out: laned in place, it still
+/// serves, but its streams' state is not exported (nor imported), naming it.
+#[test]
+fn a_state_that_cannot_travel_is_named_and_not_exported() {
+    let fixture = fixtures::edge_pad().unwrap();
+    let runner = runner(&fixture, Mode::Combining, 1, 4);
+    assert!(!runner.state_travels());
+    let left: Vec<_> = runner.implicit_state().iter().filter(|s| !s.travels()).collect();
+    assert!(!left.is_empty() && left.iter().all(|s| s.op == "PulsePad"), "{left:?}");
+    let mut h = runner.try_spawn().unwrap();
+    h.run(fixture.inputs(1, 1)).unwrap();
+    let e = h.export_state().unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("cannot travel") && text.contains(&left[0].node), "{text}");
+}
+
+/// Pulse `call` of stream `seed` of `fixture`, one row.
+fn pulse(fixture: &Fixture, seed: u64, call: usize) -> TVec<TValue> {
+    fixture.inputs(1, seed * 1000 + call as u64)
+}
+
+fn data(outputs: TVec<TValue>) -> Vec<Tensor> {
+    outputs.into_iter().map(|t| t.into_tensor()).collect()
+}
+
+/// A stream run alone on a plain state of the model as the user gave it.
+fn alone(fixture: &Fixture, seed: u64, calls: usize) -> Vec<Vec<Tensor>> {
+    let mut state = fixture.runnable().unwrap().spawn().unwrap();
+    (0..calls)
+        .map(|c| data(state.run(pulse(fixture, seed, c)).unwrap()))
+        .collect()
+}
+
+/// Each stream of each lifted model moved to a second runner after `at`
+/// pulses (its state exported as JSON, as the hand-over writes it, and
+/// imported into a lane another stream had used) goes on exactly as alone.
+#[test]
+fn a_stream_moved_to_another_runner_resumes_exactly() {
+    for fixture in lifted() {
+        for mode in MODES {
+            let fixture = fixture.clone();
+            bounded("moving streams", move || {
+                let from = runner(&fixture, mode, 1, 4);
+                let to = runner(&fixture, mode, 1, 4);
+                // A lane of `to` used by another stream first.
+                let mut other = to.try_spawn().unwrap();
+                for c in 0..3 {
+                    other.run(pulse(&fixture, 99, c)).unwrap();
+                }
+                drop(other);
+                for (seed, at) in [(1u64, 1usize), (2, 3), (3, 5)] {
+                    let calls = 8;
+                    let want = alone(&fixture, seed, calls);
+                    let mut a = from.try_spawn().unwrap();
+                    let mut got: Vec<Vec<Tensor>> = (0..at)
+                        .map(|c| data(a.run(pulse(&fixture, seed, c)).unwrap()))
+                        .collect();
+                    let json = serde_json::to_string(&a.export_state().unwrap()).unwrap();
+                    drop(a);
+                    let state: StreamState = serde_json::from_str(&json).unwrap();
+                    let mut b: LanedStateHandle = to.try_spawn().unwrap();
+                    b.import_state(&state).unwrap();
+                    got.extend((at..calls).map(|c| data(b.run(pulse(&fixture, seed, c)).unwrap())));
+                    assert_eq!(got, want, "{} in {mode:?} mode, moved after {at}", fixture.name);
+                }
+            });
+        }
+    }
+}
+
+/// Negative control: a stream resumed on a fresh lane without its state
+/// (what a hand-over of only the explicit state did) gets other answers.
+#[test]
+fn a_stream_resumed_without_its_state_differs() {
+    for fixture in lifted() {
+        let to = runner(&fixture, Mode::Combining, 1, 2);
+        let want = alone(&fixture, 5, 6);
+        let mut b = to.try_spawn().unwrap();
+        let got: Vec<Vec<Tensor>> = (3..6).map(|c| data(b.run(pulse(&fixture, 5, c)).unwrap())).collect();
+        assert_ne!(got, want[3..], "{}: the check cannot see a lost state", fixture.name);
+    }
+}

@@ -22,11 +22,9 @@ use crate::life::Life;
 
 /// What every clone of the runner and every handle share.
 pub(crate) struct Common {
-    /// The plan the engines run: the caller's, its ops' implicit state
-    /// lifted into explicit pairs (`implicit`).
-    pub(crate) inner: Arc<dyn Runnable>,
     /// The plan as the caller gave it, what the runner shows as a
-    /// `Runnable` (the lift's state ports are the runner's own).
+    /// `Runnable`; the engines run it with its ops' implicit state lifted
+    /// into explicit pairs (`implicit`), whose ports are the runner's own.
     pub(crate) given: Arc<dyn Runnable>,
     pub(crate) iface: Arc<Interface>,
     /// The model's identity and what a stream's state is checked against

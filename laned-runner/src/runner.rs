@@ -216,7 +216,6 @@ impl LanedRunner {
             return Err(NewRunnerError::Spawn(e));
         }
         let core = Arc::new(Common {
-            inner,
             given,
             iface,
             wire,

@@ -190,19 +190,36 @@ pub(crate) fn lift(inner: Arc<dyn Runnable>) -> TractResult<Lifted> {
     })
 }
 
-/// The nodes whose op keeps a state from turn to turn, by the plan's own
-/// account: a state it built for the node, our lifted ops' wrappers aside.
+/// The nodes whose op keeps a state from turn to turn: tract's ops known
+/// to, recognised by type. Not asked of the ops (building an op's state
+/// may have effects of its own, and the runner's first state is its
+/// engine's, which reports its own failures); an op of another crate
+/// keeping state is laned by tract as before, and not reported.
 fn stateful_nodes(inner: &Arc<dyn Runnable>) -> TractResult<Vec<usize>> {
-    let state = inner.spawn()?;
-    let Some(state) = state.downcast_ref::<TypedSimpleState>() else {
+    use tract_core::ops::gru_seq::GruSeq;
+    use tract_core::ops::scan::{OptScan, Scan};
+    use tract_core::ops::submodel::SubmodelOp;
+    use tract_pulse_opl::ops::{DeconvDelay, Delay, PulseMask, PulsePad, PulsedCumSum, PulsedRange};
+    let Some(model) = inner.typed_model() else {
         return Ok(vec![]);
     };
-    Ok(state
-        .op_states
+    Ok(model
+        .nodes()
         .iter()
-        .enumerate()
-        .filter(|(_, s)| s.as_ref().is_some_and(|s| !recurrent::is_reseeded(&**s)))
-        .map(|(id, _)| id)
+        .filter(|n| {
+            n.op_is::<Delay>()
+                || n.op_is::<PulsePad>()
+                || n.op_is::<OptScan>()
+                || n.op_is::<Scan>()
+                || n.op_is::<GruSeq>()
+                || n.op_is::<PulseMask>()
+                || n.op_is::<DeconvDelay>()
+                || n.op_is::<PulsedCumSum>()
+                || n.op_is::<PulsedRange>()
+                || n.op_is::<SubmodelOp>()
+                || n.op_is::<tract_pulse_opl::concat::PulsedSameAxisConcat>()
+        })
+        .map(|n| n.id)
         .collect())
 }
 

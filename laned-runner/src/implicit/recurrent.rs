@@ -281,8 +281,3 @@ impl OpState for ReseededState {
         Ok(())
     }
 }
-
-/// Whether `state` is one of ours, holding nothing across turns.
-pub(super) fn is_reseeded(state: &dyn OpState) -> bool {
-    state.downcast_ref::<ReseededState>().is_some()
-}

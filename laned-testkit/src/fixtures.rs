@@ -662,7 +662,7 @@ pub fn gru_scan(features: usize, hidden: usize, pulse: usize) -> TractResult<Fix
     let zeros = b.model.add_const("h0", Tensor::zero::<f32>(&[1, 1, hidden])?)?;
     let h0 = b.model.wire_node(
         "h0.batch",
-        MultiBroadcastTo::new(dims!(batch, 1, hidden).into()),
+        MultiBroadcastTo::new(dims!(batch, 1, hidden)),
         &[zeros],
     )?[0];
     let time = ScanInfo { axis: 1, chunk: 1 };

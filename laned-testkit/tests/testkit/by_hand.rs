@@ -14,8 +14,8 @@ fn check_fixture(fixture: &Fixture, schedule: &Schedule) -> Result<(), TestCaseE
 proptest! {
     #![proptest_config(proptest_config(24))]
     #[test]
-    fn prop_every_fixture_by_hand(fixture_ix in 0..fixtures::all().unwrap().len(), schedule in schedule(ScheduleConfig::default())) {
-        let fixture = &fixtures::all().unwrap()[fixture_ix];
+    fn prop_every_fixture_by_hand(fixture_ix in 0..fixtures::by_tract().unwrap().len(), schedule in schedule(ScheduleConfig::default())) {
+        let fixture = &fixtures::by_tract().unwrap()[fixture_ix];
         check_fixture(fixture, &schedule)?;
     }
 }
@@ -57,7 +57,7 @@ fn reuse_schedule() -> Schedule {
 
 #[test]
 fn pinned_lane_reuse_on_every_fixture() {
-    for fixture in fixtures::all().unwrap() {
+    for fixture in fixtures::by_tract().unwrap() {
         check_fixture(&fixture, &reuse_schedule()).unwrap();
     }
 }

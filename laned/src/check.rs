@@ -38,6 +38,32 @@ pub struct Laned {
     pub config: RunnerConfig,
     /// The explicit state the runner keeps: model (input, output) pairs.
     pub state: Vec<(usize, usize)>,
+    /// The state the model keeps inside its ops, op by op, and how the
+    /// runner lanes it.
+    pub implicit: Vec<laned_runner::ImplicitState>,
+}
+
+/// The lines `laned check` prints on a model's implicit state: each op
+/// keeping state across calls, how it is laned, and whether a stream can
+/// be handed over.
+pub fn implicit_facts(implicit: &[laned_runner::ImplicitState]) -> Vec<String> {
+    if implicit.is_empty() {
+        return vec!["implicit state: none (no op keeps state across calls)".into()];
+    }
+    let mut facts: Vec<String> = implicit.iter().map(|s| format!("implicit state: {s}")).collect();
+    let stays = implicit.iter().filter(|s| !s.travels()).count();
+    facts.push(if stays == 0 {
+        format!(
+            "hand-over: every op's state travels ({} lifted to explicit state, exported with a stream)",
+            implicit.len()
+        )
+    } else {
+        format!(
+            "hand-over: not possible ({stays} of {} ops keep state that cannot be read out): on a restart a stream starts again at 0",
+            implicit.len()
+        )
+    });
+    facts
 }
 
 /// What a check found.
@@ -96,6 +122,7 @@ pub fn verdict(loaded: &Loaded, plan: &Arc<dyn Runnable>, facts: &mut Vec<String
         LanedRunner::new(plan.clone(), config.clone()).map(|runner| Laned {
             config,
             state: runner.explicit_state(),
+            implicit: runner.implicit_state().to_vec(),
         })
     };
     if !loaded.pairs.is_empty() {
@@ -186,7 +213,12 @@ pub fn check(args: &Args) -> TractResult<Report> {
     let mut facts = loaded.facts.clone();
     let verdict = judge(&loaded, &plan, &fills, &mut facts);
     let verdict = match verdict {
-        Ok(Laned { mut config, state }) => {
+        Ok(Laned {
+            mut config,
+            state,
+            implicit,
+        }) => {
+            facts.extend(implicit_facts(&implicit));
             // What a row costs by turn width, on the model's own plain state.
             let costs = Feed::of(&loaded, &state, &fills)
                 .and_then(|feed| crate::widths::per_row(&plan, &feed, &crate::widths::widths(64)));

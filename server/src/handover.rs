@@ -406,7 +406,8 @@ impl Store {
 /// recorder `/metrics` renders), each labelled with the served `model`'s
 /// name (`vad` for `vad-server`) and the `outcome`:
 /// `laned_handover_total` (a drained stream's record written, `ok`, or
-/// not, `failed`), `laned_checkpoint_total` (`ok`, `failed`, `dropped`),
+/// not, `failed`; `restarted`: its model's state does not travel, the
+/// stream told to start again at 0), `laned_checkpoint_total` (`ok`, `failed`, `dropped`),
 /// `laned_resume_total` (`resumed`, `fresh`: no record, `refused`: a
 /// record unreadable or of another model, `failed`: the store failed).
 pub(crate) fn count(name: &'static str, model: &str, outcome: &'static str) {

@@ -108,6 +108,20 @@ pub async fn start_models(
             Some(pulse) => pulse,
             None => limits.max_frame_bytes,
         };
+        if limits.store.is_some() && !m.runner.state_travels() {
+            let stays: Vec<String> = m
+                .runner
+                .implicit_state()
+                .iter()
+                .filter(|s| !s.travels())
+                .map(|s| format!("{:?} ({})", s.node, s.op))
+                .collect();
+            eprintln!(
+                "laned serve: model {}: its state does not travel (kept inside {}): on a hand-over its streams restart at chunk 0, said so in the close",
+                m.name,
+                stays.join(", ")
+            );
+        }
         endpoints.push(Endpoint {
             max_frame_bytes,
             key_prefix: handover::key_prefix(&m.name),

@@ -9,7 +9,7 @@
 //! so; [`Reseeded`] wraps the op to say that its lanes hold nothing.
 
 use tract_core::internal::*;
-use tract_core::ops::array::MultiBroadcastTo;
+use tract_core::ops::array::{MultiBroadcastTo, Slice};
 use tract_core::ops::gru_seq::GruSeq;
 use tract_core::ops::scan::{InputMapping, OptScan, OutputMapping, Scan};
 
@@ -54,7 +54,7 @@ fn initial_of(model: &TypedModel, wire: OutletId, lane_shape: &[usize]) -> Resul
     loop {
         let fact = model.outlet_fact(wire).map_err(|e| format!("{e:#}"))?;
         let node = model.node(wire.node);
-        let passes = node.op_is::<MultiBroadcastTo>() || node.op_is::<AxisOp>();
+        let passes = node.op_is::<MultiBroadcastTo>() || node.op_is::<AxisOp>() || node.op_is::<Slice>();
         if fact.konst.is_some() || fact.uniform.is_some() || !passes || node.inputs.len() != 1 {
             break;
         }
@@ -85,7 +85,12 @@ fn initial_of(model: &TypedModel, wire: OutletId, lane_shape: &[usize]) -> Resul
     if let Some(u) = &fact.uniform {
         return u.broadcast_scalar_to_shape(lane_shape).map_err(|e| format!("{e:#}"));
     }
-    Err("its initial state is computed, not a constant".into())
+    let by = model.node(wire.node);
+    Err(format!(
+        "its initial state is computed (by node {:?}, op {}), not a constant",
+        by.name,
+        by.op.name()
+    ))
 }
 
 /// `fact`'s shape with 1 for its one symbolic dim (the batch), if it has

@@ -160,6 +160,11 @@ pub(crate) async fn checkpoint(
     id: &str,
     stream: &Stream,
 ) {
+    // A model whose state stays in its ops has nothing a checkpoint could
+    // resume from (said once, at the start).
+    if !endpoint.runner.state_travels() {
+        return;
+    }
     let key = endpoint.key(id);
     let Ok(written) = stream.written.clone().try_lock_owned() else {
         handover::count("laned_checkpoint_total", &endpoint.name, "dropped");
@@ -189,6 +194,11 @@ pub(crate) async fn checkpoint(
     });
 }
 
+/// The close reason of a stream whose model's state does not travel, on a
+/// drain with a store: it restarts from its first chunk.
+pub(crate) const RESTART_AT_ZERO: &str =
+    "restarting: this model's state does not travel: resume at chunk 0 (the stream starts again)";
+
 /// Hands the stream over and closes it 1012 (`true`: the session ends), or
 /// says why it could not (`false`: it drains as without a store).
 pub(crate) async fn try_hand_over(
@@ -198,6 +208,18 @@ pub(crate) async fn try_hand_over(
     (id, live_id): (&str, &mut Option<LiveId>),
     stream: &Stream,
 ) -> bool {
+    if !endpoint.runner.state_travels() {
+        // Its state cannot be written: the client is never told a position
+        // whose state is lost. It starts again at 0 (here or elsewhere),
+        // said so; any record under its id goes first, so no server
+        // resumes it from one.
+        let _written = stream.written.clone().lock_owned().await;
+        let _ = store.remove_own(&endpoint.key(id), &stream.writer).await;
+        handover::count("laned_handover_total", &endpoint.name, "restarted");
+        drop(live_id.take());
+        close_with(socket, close::RESTART, RESTART_AT_ZERO).await;
+        return true;
+    }
     match hand_over(store, &endpoint.key(id), stream).await {
         Ok((bytes, export, write)) => {
             shared

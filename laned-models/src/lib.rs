@@ -6,6 +6,9 @@
 //! - [`dtln`]: DTLN noise suppression, two explicit-state models chained,
 //!   a stream's frame loop (FFT, overlap-add), and [`dtln::Chain`]: both
 //!   models and the loop as one laned model (one hand-off per chunk).
+//! - [`dfn`]: DeepFilterNet3 noise suppression, three pulsified models
+//!   whose state lives in their ops, and its glue (STFT, features, deep
+//!   filter, overlap-add), joined as one typed model a runner lifts.
 //! - [`oww`]: openWakeWord keyword spotting, three stateless models
 //!   chained, and a stream's feature windows.
 //! - [`sound`]: seeded audio to feed them.
@@ -36,6 +39,7 @@
 
 #![warn(missing_docs)]
 
+pub mod dfn;
 pub mod dtln;
 pub mod fetch;
 pub mod oww;

@@ -69,6 +69,11 @@ pub fn samples(sound: Sound, seed: u64, len: usize) -> Vec<f32> {
 /// espeak-ng writes 16-bit mono WAV at 22 050 Hz; it is brought to 16 kHz
 /// by linear interpolation (speech has little above 8 kHz to alias).
 pub fn speak(text: &str) -> Result<Vec<f32>, String> {
+    speak_at(text, SAMPLE_RATE)
+}
+
+/// [`speak`] at `rate` samples a second (48 kHz for DeepFilterNet3).
+pub fn speak_at(text: &str, rate: u32) -> Result<Vec<f32>, String> {
     let dir = std::env::temp_dir().join(format!("laned-speak-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let wav = dir.join(format!(
@@ -88,8 +93,8 @@ pub fn speak(text: &str) -> Result<Vec<f32>, String> {
         std::fs::read(&wav).map_err(|e| format!("reading {}: {e}", wav.display()))
     });
     let _ = std::fs::remove_dir_all(&dir);
-    let (rate, samples) = parse_wav(&read?)?;
-    Ok(resample(&samples, rate, SAMPLE_RATE))
+    let (from, samples) = parse_wav(&read?)?;
+    Ok(resample(&samples, from, rate))
 }
 
 /// The rate and samples (in [-1, 1]) of a 16-bit mono PCM WAV file.

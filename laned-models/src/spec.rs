@@ -95,6 +95,12 @@ pub enum Builtin {
     /// DTLN's two models and frame loop as one ([`crate::dtln::Chain`]): a
     /// stream feeds 128 samples, gets 128 denoised samples.
     DtlnChain,
+    /// DeepFilterNet3's three models and glue as one typed model
+    /// ([`crate::dfn`]): a stream feeds 480 samples at 48 kHz, gets 480
+    /// denoised samples, 1440 samples late; the models' state is lifted
+    /// by the runner and travels.
+    #[serde(rename = "deepfilternet3")]
+    DeepFilterNet3,
 }
 
 /// What model a spec serves, and how to read it: the `[model]` table.
@@ -434,6 +440,17 @@ impl ModelSpec {
                 }
                 let state = StateSpec::Pairs(vec![StatePair::new("state", 1)]);
                 spec.finish(model, vec![format!("model: silero-vad ({})", path.display())], state)
+            }
+            Builtin::DeepFilterNet3 => {
+                let files = crate::dfn::fetch().map_err(LoadError::of)?;
+                let model = crate::dfn::load(&files)?;
+                let facts = vec![format!(
+                    "model: DeepFilterNet3 ({}, {} and {}, pulsified by one frame, joined with the glue)",
+                    files.enc.display(),
+                    files.erb_dec.display(),
+                    files.df_dec.display()
+                )];
+                self.finish(model, facts, StateSpec::Pairs(crate::dfn::graph::state_pairs()))
             }
             Builtin::DtlnChain => {
                 let files = crate::dtln::fetch().map_err(LoadError::of)?;

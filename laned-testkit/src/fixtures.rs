@@ -660,11 +660,9 @@ pub fn gru_scan(features: usize, hidden: usize, pulse: usize) -> TractResult<Fix
         .model
         .add_source("x", f32::fact(dims!(batch.clone(), stream, features)))?;
     let zeros = b.model.add_const("h0", Tensor::zero::<f32>(&[1, 1, hidden])?)?;
-    let h0 = b.model.wire_node(
-        "h0.batch",
-        MultiBroadcastTo::new(dims!(batch, 1, hidden)),
-        &[zeros],
-    )?[0];
+    let h0 = b
+        .model
+        .wire_node("h0.batch", MultiBroadcastTo::new(dims!(batch, 1, hidden)), &[zeros])?[0];
     let time = ScanInfo { axis: 1, chunk: 1 };
     let scan = Scan::new(
         body,

@@ -3,6 +3,7 @@
 //! and the checked fetch.
 
 mod common;
+mod dfn;
 mod dtln;
 mod fetch;
 mod oww;

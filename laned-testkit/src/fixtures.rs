@@ -435,12 +435,24 @@ pub fn wide_overlap() -> TractResult<Fixture> {
 /// A causal conv padded in edge mode: exercises PulsePad's per-lane memory of
 /// the first frame.
 pub fn edge_pad() -> TractResult<Fixture> {
+    let (b, c2) = edge_pad_builder()?;
+    b.finish("edge-pad".into(), "edge-mode causal padding", &[c2], 4)
+}
+
+/// [`edge_pad`] before pulsification (pulse it by 4): a model whose state
+/// (edge padding's last frame) stays in tract's op and cannot travel.
+pub fn edge_pad_streaming() -> TractResult<TypedModel> {
+    let (b, c2) = edge_pad_builder()?;
+    b.streaming("edge-pad", &[c2])
+}
+
+fn edge_pad_builder() -> TractResult<(Builder, OutletId)> {
     let mut b = Builder::new(Layout::Nchw);
     let x = b.source("features", FEATURES)?;
     let c1 = b.conv("conv1", x, FEATURES, 16, 3, 1, 1, Some(PadMode::Edge))?;
     let r1 = b.relu("relu1", c1)?;
     let c2 = b.conv("conv2", r1, 16, 8, 2, 1, 1, Some(PadMode::Edge))?;
-    b.finish("edge-pad".into(), "edge-mode causal padding", &[c2], 4)
+    Ok((b, c2))
 }
 
 /// A conv whose input is padded after the stream's end (two frames of
@@ -639,6 +651,23 @@ fn gru_step(model: &mut TypedModel, x: OutletId, h: OutletId, features: usize, h
 /// an ONNX GRU without `initial_h` exports), out `y [B, S, H]`, pulsified
 /// by `pulse` frames. The runner lifts the Scan's state into a lane.
 pub fn gru_scan(features: usize, hidden: usize, pulse: usize) -> TractResult<Fixture> {
+    let (b, y) = gru_scan_builder(features, hidden)?;
+    b.finish(
+        format!("gru-scan-f{features}-h{hidden}-p{pulse}"),
+        "a GRU as tract streams it: a Scan carrying its hidden state (lifted to a lane)",
+        &y,
+        pulse,
+    )
+}
+
+/// [`gru_scan`] before pulsification (the streaming symbol `S` free): what
+/// a file saved for `laned check --pulse` holds.
+pub fn gru_scan_streaming(features: usize, hidden: usize) -> TractResult<TypedModel> {
+    let (b, y) = gru_scan_builder(features, hidden)?;
+    b.streaming("gru-scan", &y)
+}
+
+fn gru_scan_builder(features: usize, hidden: usize) -> TractResult<(Builder, TVec<OutletId>)> {
     use tract_core::ops::array::MultiBroadcastTo;
     use tract_core::ops::scan::{InputMapping, OutputMapping, Scan, ScanInfo};
     let mut b = Builder::new(Layout::Nhwc);
@@ -653,8 +682,11 @@ pub fn gru_scan(features: usize, hidden: usize, pulse: usize) -> TractResult<Fix
     let xt = body.wire_node("x.t", AxisOp::Rm(1), &[x])?[0];
     let ht = body.wire_node("h.t", AxisOp::Rm(1), &[h])?[0];
     let next = gru_step(&mut body, xt, ht, features, hidden)?;
-    let next = body.wire_node("h.next", AxisOp::Add(1), &[next])?[0];
-    body.select_output_outlets(&[next, next])?;
+    // Two nodes for the state and the scanned output (one outlet twice
+    // would be one name twice in NNEF).
+    let state = body.wire_node("h.next", AxisOp::Add(1), &[next])?[0];
+    let y = body.wire_node("y.out", AxisOp::Add(1), &[next])?[0];
+    body.select_output_outlets(&[state, y])?;
     let stream = b.stream.clone();
     let x = b
         .model
@@ -684,12 +716,7 @@ pub fn gru_scan(features: usize, hidden: usize, pulse: usize) -> TractResult<Fix
         0,
     )?;
     let y = b.model.wire_node("gru", scan, &[x, h0])?;
-    b.finish(
-        format!("gru-scan-f{features}-h{hidden}-p{pulse}"),
-        "a GRU as tract streams it: a Scan carrying its hidden state (lifted to a lane)",
-        &y,
-        pulse,
-    )
+    Ok((b, y))
 }
 
 /// Every fixture the suites check, light sizes first: [`by_tract`]'s and

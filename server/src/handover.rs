@@ -49,10 +49,11 @@ use serde::{Deserialize, Serialize};
 /// generation and owner; the runner's state format 2).
 pub const RECORD_VERSION: u32 = 2;
 
-/// The largest record read from the store, in bytes: a larger one is
-/// refused by its length, before it is read (a Silero record is a few
-/// KiB).
-pub const MAX_RECORD_BYTES: u64 = 256 * 1024;
+/// The largest record written to or read from the store, in bytes: a
+/// larger one is not written (the hand-over fails, said) and is refused by
+/// its length before it is read (a Silero record is a few KiB, a
+/// DeepFilterNet3 one about 370 KB, its ops' state lifted).
+pub const MAX_RECORD_BYTES: u64 = 1024 * 1024;
 
 /// The longest stream id accepted.
 pub const MAX_ID_BYTES: usize = 128;
@@ -346,6 +347,11 @@ impl Store {
         let (key, named) = (key.to_string(), key.to_string());
         let (bytes, generation, owner, ttl) = (record.to_bytes(), record.generation, record.owner.clone(), self.ttl_s);
         let n = bytes.len();
+        if n as u64 > MAX_RECORD_BYTES {
+            return Err(StoreError(format!(
+                "writing the record: {n} bytes, over the {MAX_RECORD_BYTES}-byte limit (no replica would read it)"
+            )));
+        }
         let written: i64 = self
             .bounded("writing the record", |mut c| async move {
                 self.put

@@ -124,6 +124,7 @@ fn dfn_stream_state_travels_exactly() {
         let mut h = a.try_spawn().unwrap();
         let mut got: Vec<f32> = frames[..at].iter().flat_map(|f| frame_call(&mut h, f)).collect();
         let json = serde_json::to_string(&h.export_state().unwrap()).unwrap();
+        eprintln!("dfn: a stream's state is {} bytes of JSON", json.len());
         drop(h);
         let state: StreamState = serde_json::from_str(&json).unwrap();
         let mut moved = b.try_spawn().unwrap();

@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use futures_util::{SinkExt, StreamExt};
 use laned_models::fetch::or_skip;
 use laned_models::spec::{Interface, Spec};
+use laned_runner::{PortRef, StateSpec};
 use laned_testkit::fixtures::{self, Layout, TdnnConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tract_core::internal::*;
@@ -81,20 +82,38 @@ fn checked_spec(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
     path
 }
 
-/// One stream's answers, the model run alone: a plain tract state, the
-/// explicit state `pairs` (input, output) fed back by hand from zeros.
+/// One stream's answers, the model run alone: a plain tract state (any
+/// state its ops keep left inside them, as tract keeps it), the explicit
+/// state `pairs` (input, output) fed back by hand from zeros, or from the
+/// initial value the model's spec gives.
 pub fn solo(spec: &Path, pairs: &[(usize, usize)], pulses: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let spec = Spec::from_toml_file(spec).unwrap();
     let loaded = spec.model.load().unwrap();
     let interface = Interface::of(&loaded, pairs).unwrap();
     let plan = &loaded.plan;
     let mut state = plan.spawn().unwrap();
+    // A pair's initial value where the model's spec gives one (a
+    // built-in's), else zeros.
+    let initial = |ix: usize| match &loaded.state {
+        StateSpec::Pairs(given) => given
+            .iter()
+            .find(|p| p.input == PortRef::Index(ix))
+            .and_then(|p| p.initial.as_ref()),
+        _ => None,
+    };
     let mut held: Vec<(usize, TValue)> = pairs
         .iter()
         .map(|(i, _)| {
             let fact = plan.input_fact(*i).unwrap();
             let shape: Vec<usize> = fact.shape.dims().iter().map(|d| d.to_usize().unwrap_or(1)).collect();
-            (*i, Tensor::zero_dt(fact.datum_type, &shape).unwrap().into_tvalue())
+            let value = match initial(*i) {
+                Some(init) => {
+                    let values: Vec<f32> = init.values.iter().map(|v| *v as f32).collect();
+                    Tensor::from_shape(&init.shape, &values).unwrap()
+                }
+                None => Tensor::zero_dt(fact.datum_type, &shape).unwrap(),
+            };
+            (*i, value.into_tvalue())
         })
         .collect();
     pulses
@@ -906,4 +925,260 @@ fn laned_client_feeds_a_wav_to_the_dtln_chain_exactly() {
     let out = client(&format!("ws://{}/v1/models/nope/stream", serving.addr), &odd);
     assert_eq!(out.status.code(), Some(5), "{}", text(&out));
     assert!(text(&out).contains("404"), "{}", text(&out));
+}
+
+/// A model both replicas serve: its name, spec and explicit state pairs,
+/// the bytes of a pulse, and whether its whole state travels.
+struct Served {
+    name: &'static str,
+    spec: PathBuf,
+    pairs: Vec<(usize, usize)>,
+    bytes: usize,
+    travels: bool,
+}
+
+impl Served {
+    fn new(name: &'static str, spec: PathBuf, pairs: Vec<(usize, usize)>, travels: bool) -> Served {
+        let loaded = Spec::from_toml_file(&spec).unwrap().model.load().unwrap();
+        let bytes = Interface::of(&loaded, &pairs).unwrap().pulse_bytes();
+        Served {
+            name,
+            spec,
+            pairs,
+            bytes,
+            travels,
+        }
+    }
+}
+
+/// The models whose state lives in tract's pulsified ops, checked where a
+/// test writes them: a conv stack (its Delay buffers), a GRU as tract
+/// streams it (a Scan), and the DeepFilterNet3 built-in (both, and its
+/// glue's explicit state). `None` where DeepFilterNet3 cannot be fetched.
+fn pulsified_models(dir: &Path) -> Option<Vec<Served>> {
+    or_skip("DeepFilterNet3", laned_models::dfn::fetch())?;
+    let config = TdnnConfig {
+        width: 8,
+        pulse: 4,
+        layout: Layout::Nchw,
+    };
+    let tdnn = save(&fixtures::tdnn_streaming(config).unwrap(), dir, "tdnn.nnef.tar");
+    let gru = save(&fixtures::gru_scan_streaming(6, 5).unwrap(), dir, "gru-scan.nnef.tar");
+    let dfn = dir.join("dfn.toml");
+    std::fs::write(&dfn, "[model]\nbuiltin = \"deepfilternet3\"\n").unwrap();
+    Some(vec![
+        Served::new(
+            "tdnn",
+            checked_spec(dir, "tdnn.toml", &[&tdnn, "--pulse", "4"]),
+            vec![],
+            true,
+        ),
+        Served::new(
+            "gru",
+            checked_spec(dir, "gru.toml", &[&gru, "--pulse", "2"]),
+            vec![],
+            true,
+        ),
+        Served::new("dfn", dfn, (1..=5).map(|i| (i, i)).collect(), true),
+    ])
+}
+
+/// `models` on two replicas sharing a Redis, two streams each; the first
+/// replica is stopped mid-stream (SIGTERM, or SIGKILL with checkpoints
+/// every 4 pulses). Every stream resumes on the second where it is told:
+/// where its state travels, at the position handed over (SIGTERM: named
+/// in the 1012) or its last checkpoint (SIGKILL); where it does not, at 0,
+/// the 1012 saying so. Its answers, both replicas' together, are the
+/// model's alone.
+fn restart_resumes_exactly(models: &[Served], kill: bool) {
+    let Some(redis) = Redis::start() else { return };
+    let mut args: Vec<String> = models
+        .iter()
+        .map(|m| format!("{}={}", m.name, m.spec.display()))
+        .collect();
+    args.extend([
+        "--store".into(),
+        redis.url(),
+        "--drain-deadline-ms".into(),
+        "5000".into(),
+    ]);
+    if kill {
+        args.extend(["--checkpoint-every".into(), "4".into()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut first = serve(&args).unwrap();
+    let second = serve(&args).unwrap();
+    let streams: Vec<(usize, usize, Vec<Vec<u8>>)> = (0..models.len() * 2)
+        .map(|s| {
+            (
+                s % models.len(),
+                s,
+                noise_pulses(700 + s as u64, 80, models[s % models.len()].bytes),
+            )
+        })
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let going = Going::default();
+    let results = runtime.block_on(async {
+        let tasks: Vec<_> = streams
+            .iter()
+            .map(|(m, s, pulses)| {
+                let (a, b, going) = (first.addr.clone(), second.addr.clone(), going.clone());
+                let (name, travels) = (models[*m].name, models[*m].travels);
+                let (id, pulses) = (format!("{}-{s}-{kill}", name), pulses.clone());
+                tokio::spawn(async move {
+                    let url = |addr: &str| format!("ws://{addr}/v1/models/{name}/stream");
+                    let (hello, mut answers, ended) = client_with_id(&url(&a), &id, &pulses, &going).await;
+                    assert_eq!(hello["resume"], 0, "{hello}");
+                    let (code, why) = ended.expect("the stream was not stopped");
+                    if kill {
+                        assert_eq!(code, 1006, "{name}: {why}");
+                    } else {
+                        assert_eq!(code, 1012, "{name}: {why}");
+                        let told = if travels { answers.len() } else { 0 };
+                        assert!(why.contains(&format!("resume at chunk {told}")), "{name}: {why}");
+                        assert_eq!(why.contains("does not travel"), !travels, "{name}: {why}");
+                    }
+                    let (hello, more, ended) = client_with_id(&url(&b), &id, &pulses, &going).await;
+                    assert!(ended.is_none(), "{name}: {ended:?}");
+                    let from = hello["resume"].as_u64().unwrap() as usize;
+                    match (travels, kill) {
+                        (false, _) => assert_eq!(from, 0, "{name}: {hello}"),
+                        (true, false) => assert_eq!(from, answers.len(), "{name}: {hello}"),
+                        (true, true) => assert!(
+                            from.is_multiple_of(4) && from <= answers.len() && answers.len() - from <= 4,
+                            "{name}: resumed at {from} after {} answers",
+                            answers.len()
+                        ),
+                    }
+                    answers.truncate(from);
+                    answers.extend(more);
+                    answers
+                })
+            })
+            .collect();
+        all_going(&going, streams.len()).await;
+        if kill {
+            let _ = first.child.kill();
+        } else {
+            first.terminate();
+        }
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.unwrap());
+        }
+        results
+    });
+    for ((m, s, pulses), answers) in streams.iter().zip(results) {
+        let model = &models[*m];
+        assert!(
+            answers == solo(&model.spec, &model.pairs, pulses),
+            "{} stream {s}: answers across the {} differ from the model alone",
+            model.name,
+            if kill { "kill" } else { "restart" }
+        );
+    }
+}
+
+/// A rolling restart (SIGTERM) of a conv stack, a GRU as tract streams it
+/// and DeepFilterNet3: their ops' state travels with each stream, which
+/// resumes exactly where it is told.
+#[test]
+fn a_restart_hands_pulsified_models_over_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(models) = pulsified_models(dir.path()) else {
+        return;
+    };
+    restart_resumes_exactly(&models, false);
+}
+
+/// A replica of the same three killed outright, checkpoints every 4
+/// pulses: each stream resumes from its last checkpoint, exactly.
+#[test]
+fn a_kill_resumes_pulsified_models_from_their_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(models) = pulsified_models(dir.path()) else {
+        return;
+    };
+    restart_resumes_exactly(&models, true);
+}
+
+/// A conv with edge padding keeps its last frame inside tract's op, which
+/// cannot be read out: `laned check` says it cannot hand over, and on a
+/// restart its streams are told to start again at 0 (never a position
+/// whose state is lost), on a kill they start at 0; beside it, a model that
+/// travels resumes where it was.
+#[test]
+fn a_model_whose_state_stays_restarts_at_zero_said_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = save(&fixtures::edge_pad_streaming().unwrap(), dir.path(), "edge.nnef.tar");
+    let out = laned(&["check", &edge, "--pulse", "4"]);
+    assert!(text(&out).contains("hand-over: not possible"), "{}", text(&out));
+    assert!(text(&out).contains("does not travel"), "{}", text(&out));
+    let edge_spec = checked_spec(dir.path(), "edge.toml", &[&edge, "--pulse", "4"]);
+    let gru = save(
+        &fixtures::gru_scan_streaming(6, 5).unwrap(),
+        dir.path(),
+        "gru-scan.nnef.tar",
+    );
+    let gru_spec = checked_spec(dir.path(), "gru.toml", &[&gru, "--pulse", "2"]);
+    let models = [
+        Served::new("edge", edge_spec, vec![], false),
+        Served::new("gru", gru_spec, vec![], true),
+    ];
+    restart_resumes_exactly(&models, false);
+    restart_resumes_exactly(&models, true);
+}
+
+/// DeepFilterNet3 served as a built-in: `laned client` on a 48 kHz WAV of
+/// noisy speech (espeak-ng, seeded noise) writes the denoised audio, every
+/// pulse the model's alone (its ops' state inside tract's state, its
+/// glue's fed back by hand from its initial values).
+#[test]
+fn laned_client_denoises_a_wav_through_deepfilternet3_exactly() {
+    if or_skip("DeepFilterNet3", laned_models::dfn::fetch()).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("dfn.toml");
+    std::fs::write(&spec, "[model]\nbuiltin = \"deepfilternet3\"\n").unwrap();
+    let serving = serve(&[&format!("dfn={}", spec.display())]).unwrap();
+    let speech = laned_models::sound::speak_at("a denoised hello", 48_000).expect("espeak-ng speaks");
+    let noise = laned_models::sound::samples(laned_models::sound::Sound::Noise, 9, speech.len());
+    let samples: Vec<i16> = speech
+        .iter()
+        .zip(&noise)
+        .map(|(s, n)| ((s + 0.05 * n).clamp(-1.0, 1.0) * 32767.0) as i16)
+        .collect();
+    let wav = dir.path().join("noisy.wav");
+    let wav_spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 48_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut writer = hound::WavWriter::create(&wav, wav_spec).unwrap();
+    samples.iter().for_each(|s| writer.write_sample(*s).unwrap());
+    writer.finalize().unwrap();
+    let mut bytes: Vec<u8> = samples
+        .iter()
+        .flat_map(|s| (*s as f32 / 32768.0).to_le_bytes())
+        .collect();
+    bytes.resize(bytes.len().div_ceil(1920) * 1920, 0);
+    let pulses: Vec<Vec<u8>> = bytes.chunks(1920).map(<[u8]>::to_vec).collect();
+    let out_path = dir.path().join("denoised.raw");
+    let url = format!("ws://{}/v1/models/dfn/stream", serving.addr);
+    let out = Command::new(env!("CARGO_BIN_EXE_laned"))
+        .args(["client", &url])
+        .args([&wav, &out_path])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let pairs: Vec<(usize, usize)> = (1..=5).map(|i| (i, i)).collect();
+    let got = std::fs::read(&out_path).unwrap();
+    assert_eq!(got.len(), bytes.len(), "one denoised pulse a pulse");
+    assert!(
+        got == solo(&spec, &pairs, &pulses).concat(),
+        "the denoised audio differs from DeepFilterNet3 alone"
+    );
 }

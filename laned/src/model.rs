@@ -7,16 +7,17 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use laned_models::spec::{symbol_on_axis_0, InputFact, ModelSpec};
-use laned_runner::{PortRef, StatePair};
+use laned_models::spec::{symbol_on_axis_0, InputFact, ModelSpec, Spec};
+use laned_runner::{PortRef, StatePair, StateSpec};
 use tract_core::internal::*;
 
 /// Which model, and how to read it.
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)]
 pub struct Source {
-    /// The model: an `.onnx` file, or tract's NNEF (`.nnef.tgz`,
-    /// `.nnef.tar`, or a directory).
+    /// The model: an `.onnx` file, tract's NNEF (`.nnef.tgz`, `.nnef.tar`,
+    /// or a directory), or a spec (`.toml`, as `laned serve` reads one: a
+    /// built-in's `[model] builtin = "deepfilternet3"`).
     pub model: PathBuf,
     /// Pulsify the model by this many frames first (a streaming model on
     /// --symbol); without it, the model is taken as it is.
@@ -131,9 +132,24 @@ pub fn load(source: &Source) -> TractResult<Loaded> {
     if let Some(pulse) = source.pulse {
         ensure!(pulse > 0, "--pulse: got 0, wanted a positive number of frames");
     }
-    let pairs = source.states.iter().map(|s| pair(s)).collect::<TractResult<Vec<_>>>()?;
-    let spec = spec(source)?;
+    let mut pairs = source.states.iter().map(|s| pair(s)).collect::<TractResult<Vec<_>>>()?;
+    // A spec file (`laned check`'s output, or a built-in's) is read as
+    // `laned serve` reads it: its `[model]` table says everything.
+    let is_spec = source.model.extension().is_some_and(|e| e.eq_ignore_ascii_case("toml"));
+    let spec = if is_spec {
+        ensure!(
+            source.pulse.is_none() && source.inputs.is_empty(),
+            "{}: a spec file says its pulse and facts itself: give no --pulse or --input",
+            source.model.display()
+        );
+        Spec::from_toml_file(&source.model).map_err(|e| format_err!("{e}"))?.model
+    } else {
+        spec(source)?
+    };
     let loaded = spec.load().map_err(|e| format_err!("{e}"))?;
+    if let (true, StateSpec::Pairs(given)) = (pairs.is_empty(), &loaded.state) {
+        pairs = given.clone();
+    }
     Ok(Loaded {
         model: loaded.model.context("the loader gave no typed model")?,
         batch: loaded.batch,

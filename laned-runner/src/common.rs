@@ -26,6 +26,8 @@ pub(crate) struct Common {
     /// `Runnable`; the engines run it with its ops' implicit state lifted
     /// into explicit pairs (`implicit`), whose ports are the runner's own.
     pub(crate) given: Arc<dyn Runnable>,
+    /// The plan the engines run: `given` with its ops' state lifted.
+    pub(crate) served: Arc<dyn Runnable>,
     pub(crate) iface: Arc<Interface>,
     /// The model's identity and what a stream's state is checked against
     /// on the wire, fixed at construction.

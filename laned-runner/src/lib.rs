@@ -82,7 +82,7 @@ pub use handle::{LanedStateHandle, Settled};
 pub use implicit::{ImplicitState, Laned};
 pub use laned_metrics::Snapshot;
 pub use policy::{ParsePolicyError, PolicyError, TurnPolicy};
-pub use runner::{Drained, LanedRunner};
+pub use runner::{Drained, KeptState, LanedRunner};
 pub use width::cheapest_width;
 pub use wire::{StateTensor, StreamState, STREAM_STATE_VERSION};
 

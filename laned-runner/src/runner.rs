@@ -237,6 +237,7 @@ impl LanedRunner {
         }
         let core = Arc::new(Common {
             given,
+            served: inner.clone(),
             iface,
             wire,
             shards,
@@ -574,6 +575,40 @@ impl LanedRunner {
         self.core.wire.import(state).map(|_| ())
     }
 
+    /// What a turn runs: the plan as given with its ops' implicit state
+    /// lifted into explicit pairs, and every state the runner keeps per
+    /// lane (the caller's pairs and the lifted ones), in input order. For
+    /// a loop that batches the same model by hand (a bench's ideal loop):
+    /// it feeds each kept state, a row per lane from its initial value,
+    /// and feeds each next value back.
+    pub fn served(&self) -> (Arc<dyn Runnable>, Vec<KeptState>) {
+        let kept = self
+            .core
+            .iface
+            .state
+            .iter()
+            .map(|s| {
+                let initial = s.initial.clone().unwrap_or_else(|| {
+                    let shape: Vec<usize> = s
+                        .fact
+                        .shape
+                        .iter()
+                        .enumerate()
+                        .map(|(ax, d)| if ax == s.axis { 1 } else { d.to_usize().unwrap_or(1) })
+                        .collect();
+                    Tensor::zero_dt(s.fact.datum_type, &shape).expect("a state's shape")
+                });
+                KeptState {
+                    input: s.input,
+                    output: s.output,
+                    axis: s.axis,
+                    initial,
+                }
+            })
+            .collect();
+        (self.core.served.clone(), kept)
+    }
+
     /// Every op of the model keeping state from one turn to the next
     /// (tract-pulse's Delay and PulsePad, a Scan's or GruSeq's hidden
     /// state...) and how it is laned: lifted into explicit state, which
@@ -788,4 +823,21 @@ pub struct Drained {
     pub stragglers: usize,
     /// The runner's final metrics.
     pub metrics: Snapshot,
+}
+
+/// A state a runner keeps per lane, as [`LanedRunner::served`] gives it:
+/// the served plan's input `input` is fed it, output `output` returns its
+/// next value, its batch on `axis`; `initial` is one stream's first value
+/// (1 on `axis`).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct KeptState {
+    /// The served plan's input fed the state.
+    pub input: usize,
+    /// The served plan's output returning its next value.
+    pub output: usize,
+    /// The state's batch axis.
+    pub axis: usize,
+    /// One stream's initial value.
+    pub initial: Tensor,
 }

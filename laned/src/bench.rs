@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use laned_load::tasks::{self, TaskSystem};
 use laned_load::{median, threads, FeedBack, Throughput};
-use laned_runner::{LanedRunner, Mode, RunnerConfig};
+use laned_runner::{KeptState, LanedRunner, Mode, RunnerConfig};
 use tract_core::internal::*;
 use tract_core::plan::{LaneId, Seating};
 
@@ -251,11 +251,18 @@ fn solo(solo: &Arc<dyn Runnable>, feed: &Arc<Feed>, n: usize, d: Duration) -> Tr
 }
 
 /// The ideal loop: a thread per core, each one batched state of its share
-/// of `n` lanes, all seated every turn, inputs pre-stacked, explicit state
-/// fed back by hand.
-fn ideal(plan: &Arc<dyn Runnable>, feed: &Arc<Feed>, n: usize, cores: usize, d: Duration) -> TractResult<Throughput> {
+/// of `n` lanes, all seated every turn, inputs pre-stacked, every state the
+/// runner would keep (explicit, and the ops' state it lifts) fed back by
+/// hand: the plan a runner's turns run (`served`), without the runner.
+fn ideal(
+    served: &(Arc<dyn Runnable>, Vec<KeptState>),
+    feed: &Arc<Feed>,
+    n: usize,
+    cores: usize,
+    d: Duration,
+) -> TractResult<Throughput> {
     let threads = cores.clamp(1, n.max(1));
-    let (plan, feed) = (plan.clone(), feed.clone());
+    let (plan, kept_states, feed) = (served.0.clone(), served.1.clone(), feed.clone());
     threads::closed_loop(
         threads,
         d,
@@ -267,11 +274,16 @@ fn ideal(plan: &Arc<dyn Runnable>, feed: &Arc<Feed>, n: usize, cores: usize, d: 
                 state.reset_lanes(&ids)?;
             }
             let streams: Vec<u64> = (0..lanes as u64).collect();
-            let kept: Vec<(usize, usize, TValue)> = feed
-                .state(lanes)?
-                .into_iter()
-                .map(|(i, o, z)| (i, o, z.into_tvalue()))
-                .collect();
+            let kept: Vec<(usize, usize, TValue)> = kept_states
+                .iter()
+                .map(|k| {
+                    Ok((
+                        k.input,
+                        k.output,
+                        crate::feed::rows_of(&k.initial, k.axis, lanes)?.into_tvalue(),
+                    ))
+                })
+                .collect::<TractResult<_>>()?;
             Ok((state, ids, feed.inputs(&streams)?, kept))
         },
         |(state, ids, inputs, kept)| {
@@ -408,11 +420,12 @@ pub fn bench(args: &Args) -> TractResult<ExitCode> {
             .iter()
             .map(|w| runner_for(&plan, &config, n, args.cores, w.mode))
             .collect::<TractResult<_>>()?;
+        let served = runners[0].served();
         let (mut s, mut i) = (vec![], vec![]);
         let mut o: Vec<Vec<f64>> = vec![vec![]; WAYS.len()];
         for _ in 0..args.repeats {
             s.push(solo(&alone, &feed, n, d)?.per_sec);
-            i.push(ideal(&plan, &feed, n, args.cores, d)?.per_sec);
+            i.push(ideal(&served, &feed, n, args.cores, d)?.per_sec);
             for (k, (way, runner)) in WAYS.iter().zip(&runners).enumerate() {
                 let got = if way.tasks {
                     ours_tasks(&rt, runner, &feed, n, d)?

@@ -7,6 +7,7 @@
 //! values); other types zeros, or what `--fill IX=VALUE` says.
 
 use laned_models::spec::one_stream_shape;
+use laned_runner::PortRef;
 use tract_core::internal::*;
 
 use crate::model::Loaded;
@@ -29,6 +30,9 @@ struct Port {
     shape: TVec<usize>,
     kind: Kind,
     fill: Option<f64>,
+    /// One stream's initial value of an explicit state, where its pair
+    /// gives one (zeros otherwise).
+    initial: Option<Tensor>,
 }
 
 /// Every model input's feeding.
@@ -103,33 +107,63 @@ impl Feed {
                         )
                     })?
                     .into();
+                let initial = match kind {
+                    Kind::State { .. } => loaded
+                        .pairs
+                        .iter()
+                        .find(|p| match &p.input {
+                            PortRef::Index(i) => *i == ix,
+                            PortRef::Name(n) => n == name,
+                        })
+                        .and_then(|p| p.initial.as_ref())
+                        .map(|init| -> TractResult<Tensor> {
+                            let values: Vec<f64> = init.values.clone();
+                            Ok(Tensor::from_shape(&init.shape, &values)?
+                                .cast_to_dt(fact.datum_type)?
+                                .into_owned())
+                        })
+                        .transpose()?,
+                    _ => None,
+                };
                 Ok(Port {
                     datum_type: fact.datum_type,
                     shape,
                     kind,
                     fill: fills.iter().find(|(i, _)| *i == ix).map(|(_, v)| *v),
+                    initial,
                 })
             })
             .collect::<TractResult<Vec<_>>>()?;
         Ok(Feed { ports })
     }
 
-    /// The explicit state as `(input, output, zeros for rows streams)`.
+    /// The explicit state as `(input, output, rows streams' initial
+    /// values)`: each pair's initial value, else zeros.
     pub fn state(&self, rows: usize) -> TractResult<Vec<(usize, usize, Tensor)>> {
         self.ports
             .iter()
             .enumerate()
             .filter_map(|(ix, port)| match port.kind {
-                Kind::State { axis, output } => {
-                    let mut shape = port.shape.clone();
-                    shape[axis] = rows;
-                    Some(Tensor::zero_dt(port.datum_type, &shape).map(|t| (ix, output, t)))
-                }
+                Kind::State { axis, output } => Some(match &port.initial {
+                    Some(one) => rows_of(one, axis, rows).map(|t| (ix, output, t)),
+                    None => {
+                        let mut shape = port.shape.clone();
+                        shape[axis] = rows;
+                        Tensor::zero_dt(port.datum_type, &shape).map(|t| (ix, output, t))
+                    }
+                }),
                 _ => None,
             })
             .collect()
     }
+}
 
+/// `rows` copies of one stream's state `one`, side by side on `axis`.
+pub fn rows_of(one: &Tensor, axis: usize, rows: usize) -> TractResult<Tensor> {
+    Tensor::stack_tensors(axis, &vec![one.clone(); rows])
+}
+
+impl Feed {
     /// The caller's inputs (every input but the state) for `streams`, a
     /// row each in that order on the batched ones.
     pub fn inputs(&self, streams: &[u64]) -> TractResult<TVec<TValue>> {

@@ -142,7 +142,9 @@ pub fn load(source: &Source) -> TractResult<Loaded> {
             "{}: a spec file says its pulse and facts itself: give no --pulse or --input",
             source.model.display()
         );
-        Spec::from_toml_file(&source.model).map_err(|e| format_err!("{e}"))?.model
+        Spec::from_toml_file(&source.model)
+            .map_err(|e| format_err!("{e}"))?
+            .model
     } else {
         spec(source)?
     };

@@ -399,8 +399,8 @@ async fn donor_record(addr: SocketAddr, redis: &Redis) -> serde_json::Value {
 /// giant shapes, f64 or string tensors), starts its stream fresh at chunk
 /// 0, as the upgrade says, with a log line, and the stream is answered
 /// exactly (on main: told to resume at chunk 8, then closed 1011; a
-/// position of u64::MAX wrapped the answers; a 500 KiB record was read
-/// whole).
+/// position of u64::MAX wrapped the answers; a record past the limit
+/// was read whole).
 #[test]
 fn silero_a_record_refused_for_any_reason_starts_fresh() {
     let Some(plan) = plan() else { return };
@@ -448,7 +448,7 @@ fn silero_a_record_refused_for_any_reason_starts_fresh() {
                     r["silence_from"] = 1_000_000_000_000_000_000u64.into();
                 }),
             ),
-            ("huge", change(&|r| r["owner"] = "x".repeat(500 << 10).into())),
+            ("huge", change(&|r| r["owner"] = "x".repeat(1536 << 10).into())),
         ];
         for (id, bytes) in &cases {
             put_record(&redis, id, bytes);

@@ -78,6 +78,14 @@ pub const SAMPLE_RATE: usize = 48_000;
 pub const FFT: usize = 960;
 /// Samples a frame moves on by, in and out (10 ms): one pulse.
 pub const HOP: usize = 480;
+
+/// How a stream's audio is cut into pulses: a hop of 480 samples at
+/// 48 kHz, no context (`[model.audio]` of the built-in).
+pub const AUDIO: crate::spec::AudioFraming = crate::spec::AudioFraming {
+    sample_rate: SAMPLE_RATE as u32,
+    hop: HOP,
+    context: 0,
+};
 /// Bins of a window's real FFT.
 pub const BINS: usize = FFT / 2 + 1;
 /// ERB bands of `feat_erb` and of the gains.

@@ -61,6 +61,14 @@ pub const PINS: [Pin; 2] = [
 pub const BLOCK: usize = 512;
 /// Samples a block moves on by, in and out (8 ms).
 pub const SHIFT: usize = 128;
+
+/// How a stream's audio is cut into pulses: a shift of 128 samples at
+/// 16 kHz, no context (`[model.audio]` of the built-in).
+pub const AUDIO: crate::spec::AudioFraming = crate::spec::AudioFraming {
+    sample_rate: 16_000,
+    hop: SHIFT,
+    context: 0,
+};
 /// Bins of a block's real FFT.
 pub const BINS: usize = BLOCK / 2 + 1;
 /// One stream's state of either model: `[1, 2, 128, 2]`, batch on axis 0.

@@ -31,6 +31,14 @@ pub const CONTEXT: usize = 64;
 /// The sample rate fed as `sr`.
 pub const SAMPLE_RATE: i64 = 16_000;
 
+/// How a stream's audio is cut into pulses: 64 samples of context, then a
+/// 512-sample chunk, at 16 kHz (`[model.audio]` of the built-in).
+pub const AUDIO: crate::spec::AudioFraming = crate::spec::AudioFraming {
+    sample_rate: SAMPLE_RATE as u32,
+    hop: CHUNK,
+    context: CONTEXT,
+};
+
 /// The model file: `LANED_SILERO_ONNX` if set (the caller's file, read as
 /// it is), else the checked copy in the cache ([`crate::fetch`]), fetched
 /// there with `pip download` if missing. [`FetchError::is_unavailable`]

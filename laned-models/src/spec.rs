@@ -103,6 +103,42 @@ pub enum Builtin {
     DeepFilterNet3,
 }
 
+impl Builtin {
+    /// Every built-in model.
+    pub const ALL: [Builtin; 3] = [Builtin::Silero, Builtin::DtlnChain, Builtin::DeepFilterNet3];
+
+    /// Its name in a spec (`builtin = "silero"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Builtin::Silero => "silero",
+            Builtin::DtlnChain => "dtln-chain",
+            Builtin::DeepFilterNet3 => "deepfilternet3",
+        }
+    }
+
+    /// The built-in named `name`, as a spec names it.
+    pub fn named(name: &str) -> Option<Builtin> {
+        Builtin::ALL.into_iter().find(|b| b.name() == name)
+    }
+
+    /// Its files fetched into the cache and checked against their pins
+    /// (nothing fetched where the cache holds them already): a serving
+    /// host or an image fetched so needs no registry client at start.
+    pub fn fetch(self) -> Result<Vec<PathBuf>, crate::fetch::FetchError> {
+        Ok(match self {
+            Builtin::Silero => vec![crate::silero::fetch()?],
+            Builtin::DtlnChain => {
+                let files = crate::dtln::fetch()?;
+                vec![files.model_1, files.model_2]
+            }
+            Builtin::DeepFilterNet3 => {
+                let files = crate::dfn::fetch()?;
+                vec![files.enc, files.erb_dec, files.df_dec]
+            }
+        })
+    }
+}
+
 /// What model a spec serves, and how to read it: the `[model]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -136,6 +172,55 @@ pub struct ModelSpec {
     /// Values for inputs shared by a turn's streams (Silero's sample rate).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fills: Vec<Fill>,
+    /// How audio is cut into this model's pulses (`[model.audio]`), where
+    /// its one fed input is samples: a WAV sent by `laned client` is cut so
+    /// and its sample rate checked. A built-in says its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio: Option<AudioFraming>,
+}
+
+/// How a model's pulses are cut from audio (`[model.audio]`): pulse `k` is
+/// the `context` samples before sample `k * hop` (zeros before the first
+/// sample), then the `hop` samples from it; the last pulse is padded with
+/// zeros. The model's one fed input is `f32` of `context + hop` elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AudioFraming {
+    /// Samples a second the model was made for; a WAV at another rate is
+    /// refused.
+    pub sample_rate: u32,
+    /// New samples a pulse.
+    pub hop: usize,
+    /// Samples of the pulse before it repeated at each pulse's start.
+    #[serde(default)]
+    pub context: usize,
+}
+
+impl AudioFraming {
+    /// Samples a pulse holds: context, then the hop's new ones.
+    pub fn pulse_len(&self) -> usize {
+        self.context + self.hop
+    }
+
+    /// `samples` cut into pulses, each [`AudioFraming::pulse_len`] long.
+    pub fn pulses(&self, samples: &[f32]) -> Vec<Vec<f32>> {
+        let hop = self.hop.max(1);
+        (0..samples.len().div_ceil(hop))
+            .map(|k| {
+                let start = (k * hop) as isize - self.context as isize;
+                (0..self.pulse_len())
+                    .map(|i| {
+                        let at = start + i as isize;
+                        if at < 0 {
+                            0.0
+                        } else {
+                            samples.get(at as usize).copied().unwrap_or(0.0)
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
 }
 
 fn default_symbol() -> String {
@@ -153,6 +238,7 @@ impl Default for ModelSpec {
             symbol: default_symbol(),
             inputs: Vec::new(),
             fills: Vec::new(),
+            audio: None,
         }
     }
 }
@@ -256,6 +342,9 @@ pub struct Loaded {
     pub state: StateSpec,
     /// Shared inputs' values: (input index, value).
     pub fills: Vec<(usize, f64)>,
+    /// How audio is cut into its pulses, where the spec or the built-in
+    /// says.
+    pub audio: Option<AudioFraming>,
 }
 
 impl fmt::Debug for Loaded {
@@ -432,6 +521,7 @@ impl ModelSpec {
                 .map_err(LoadError::of)?;
                 let model = crate::silero::load(&path)?;
                 let mut spec = self.clone();
+                spec.audio = spec.audio.or(Some(crate::silero::AUDIO));
                 if spec.fills.is_empty() {
                     spec.fills = vec![Fill {
                         index: 1,
@@ -444,13 +534,15 @@ impl ModelSpec {
             Builtin::DeepFilterNet3 => {
                 let files = crate::dfn::fetch().map_err(LoadError::of)?;
                 let model = crate::dfn::load(&files)?;
+                let mut spec = self.clone();
+                spec.audio = spec.audio.or(Some(crate::dfn::AUDIO));
                 let facts = vec![format!(
                     "model: DeepFilterNet3 ({}, {} and {}, pulsified by one frame, joined with the glue)",
                     files.enc.display(),
                     files.erb_dec.display(),
                     files.df_dec.display()
                 )];
-                self.finish(model, facts, StateSpec::Pairs(crate::dfn::graph::state_pairs()))
+                spec.finish(model, facts, StateSpec::Pairs(crate::dfn::graph::state_pairs()))
             }
             Builtin::DtlnChain => {
                 let files = crate::dtln::fetch().map_err(LoadError::of)?;
@@ -477,6 +569,7 @@ impl ModelSpec {
                     )],
                     state: StateSpec::Pairs(pairs),
                     fills: self.fills.iter().map(|f| (f.index, f.value)).collect(),
+                    audio: self.audio.or(Some(crate::dtln::AUDIO)),
                 })
             }
         }
@@ -533,6 +626,7 @@ impl ModelSpec {
             facts,
             state,
             fills: self.fills.iter().map(|f| (f.index, f.value)).collect(),
+            audio: self.audio,
         })
     }
 }
@@ -621,6 +715,9 @@ pub struct Interface {
     pub inputs: Vec<Port>,
     /// The outputs a stream gets, in order.
     pub outputs: Vec<Port>,
+    /// How audio is cut into its pulses, where the model says (checked
+    /// against its one fed input).
+    pub audio: Option<AudioFraming>,
     dtypes_in: Vec<DatumType>,
     dtypes_out: Vec<DatumType>,
     call: Vec<Source>,
@@ -743,9 +840,27 @@ impl Interface {
                 "the model leaves a stream nothing to feed: every input is state or filled".into(),
             ));
         }
+        if let Some(audio) = &loaded.audio {
+            let fits = matches!(&inputs[..], [one] if one.dtype == "f32" && one.len() == audio.pulse_len());
+            if !fits || audio.hop == 0 || audio.sample_rate == 0 {
+                let fed: Vec<String> = inputs
+                    .iter()
+                    .map(|p| format!("{} {} {:?}", p.name, p.dtype, p.shape))
+                    .collect();
+                return Err(LoadError(format!(
+                    "[model.audio] cuts pulses of {} f32 samples ({} of context, a hop of {}, at {} Hz): the model feeds {}",
+                    audio.pulse_len(),
+                    audio.context,
+                    audio.hop,
+                    audio.sample_rate,
+                    fed.join(", ")
+                )));
+            }
+        }
         Ok(Interface {
             inputs,
             outputs,
+            audio: loaded.audio,
             dtypes_in,
             dtypes_out,
             call,
@@ -900,6 +1015,11 @@ mod tests {
                     index: 1,
                     value: 16000.0,
                 }],
+                audio: Some(AudioFraming {
+                    sample_rate: 16_000,
+                    hop: 4,
+                    context: 2,
+                }),
                 ..ModelSpec::file("gru.onnx")
             },
             runner: RunnerConfig::builder()
@@ -911,6 +1031,47 @@ mod tests {
         assert_eq!(back, spec, "{text}");
         let err = toml::from_str::<Spec>("[model]\nfile = \"m.onnx\"\npulze = 3\n").unwrap_err();
         assert!(err.to_string().contains("pulze"), "{err}");
+    }
+
+    /// Audio is cut as Silero's reference cuts it: each pulse starts with
+    /// the previous pulse's last `context` samples (zeros before the
+    /// first), then `hop` new ones; the last is padded.
+    #[test]
+    fn audio_is_cut_with_its_context() {
+        let framing = AudioFraming {
+            sample_rate: 16_000,
+            hop: 3,
+            context: 2,
+        };
+        let samples: Vec<f32> = (1..=7).map(|x| x as f32).collect();
+        let pulses = framing.pulses(&samples);
+        assert_eq!(
+            pulses,
+            vec![
+                vec![0.0, 0.0, 1.0, 2.0, 3.0],
+                vec![2.0, 3.0, 4.0, 5.0, 6.0],
+                vec![5.0, 6.0, 7.0, 0.0, 0.0],
+            ]
+        );
+        let plain = AudioFraming { context: 0, ..framing };
+        assert_eq!(plain.pulses(&samples).concat()[..7], samples[..]);
+        let toml = "[model]\nbuiltin = \"silero\"\n[model.audio]\nsample_rate = 8000\nhop = 256\n";
+        let spec: Spec = toml::from_str(toml).unwrap();
+        assert_eq!(
+            spec.model.audio.map(|a| (a.sample_rate, a.hop, a.context)),
+            Some((8000, 256, 0))
+        );
+    }
+
+    /// Every built-in's name reads back as the spec's TOML names it.
+    #[test]
+    fn builtins_are_named_as_specs_name_them() {
+        for b in Builtin::ALL {
+            assert_eq!(Builtin::named(b.name()), Some(b));
+            let spec: Spec = toml::from_str(&format!("[model]\nbuiltin = {:?}\n", b.name())).unwrap();
+            assert_eq!(spec.model.builtin, Some(b));
+        }
+        assert_eq!(Builtin::named("silero-vad"), None);
     }
 
     /// A spec naming neither a file nor a builtin, or both, is refused

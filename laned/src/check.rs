@@ -229,6 +229,15 @@ pub fn check(args: &Args) -> TractResult<Report> {
             config.max_lanes = 64;
             config.shards = None;
             let mut model = loaded.spec.clone();
+            // The path as typed is relative to where `laned check` ran; a
+            // spec's relative path is read against the spec's own folder
+            // (`laned check models/gru.onnx > models/gru.toml` would name
+            // `models/models/gru.onnx`): the spec names the file absolute.
+            if let Some(file) = &model.file {
+                let absolute = std::fs::canonicalize(file)
+                    .with_context(|| format!("{}: making the spec's path absolute", file.display()))?;
+                model.file = Some(absolute);
+            }
             model.fills = fills
                 .iter()
                 .map(|(index, value)| Fill {

@@ -1,15 +1,18 @@
 //! `laned client`: one stream of a model served by `laned serve`, from a
 //! file. The input is a raw file of whole pulses (every fed input in order,
 //! little-endian, as the hello describes them) or a WAV file (16-bit PCM or
-//! 32-bit float, mono) for a model fed one `f32` input, cut into pulses of
-//! that input's size (the last one padded with zeros). Every answer's bytes
-//! go to the output file, in order.
+//! 32-bit float, mono) for a model fed one `f32` input: cut as the hello's
+//! `audio` says (its sample rate checked, each pulse its context then its
+//! hop), else into pulses of that input's size back to back (the last one
+//! padded with zeros). Every answer's bytes go to the output file, in
+//! order.
 //!
-//! The stream has an id (`--stream`, else one made up): a close 1012 or a
-//! dropped connection is not the end while `--resume-for-ms` allows (the
-//! window starts over at each interruption): the client reconnects with the
-//! id and resends from the pulse the new hello names. The exit status says
-//! how the run ended, in `vad-client`'s classes ([`Exit`]).
+//! The stream has an id (`--stream`, else 128 random bits in hex): a close
+//! 1012 or a dropped connection is not the end while `--resume-for-ms`
+//! allows (the window starts over at each interruption): the client
+//! reconnects with the id and resends from the pulse the new hello names.
+//! A URL that never answered is not retried (exit 1 at once). The exit
+//! status says how the run ended, in `vad-client`'s classes ([`Exit`]).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -28,7 +31,8 @@ pub struct Args {
     pub input: PathBuf,
     /// Where every answer's bytes go.
     pub output: PathBuf,
-    /// The stream's id (sent as `x-stream-id`) [default: made up].
+    /// The stream's id (sent as `x-stream-id`) [default: 128 random bits,
+    /// in hex: a record is anyone's who knows its id].
     #[arg(long)]
     pub stream: Option<String>,
     /// How long, from each interruption (1012, a dropped connection), the
@@ -119,9 +123,41 @@ fn pulses(input: &Path, hello: &serde_json::Value) -> Result<Vec<Vec<u8>>, Strin
             }
         }
         .map_err(|e| format!("{}: {e}", input.display()))?;
-        let mut bytes: Vec<u8> = samples.iter().flat_map(|s| s.to_le_bytes()).collect();
-        bytes.resize(bytes.len().div_ceil(pulse_bytes) * pulse_bytes, 0);
-        bytes
+        match hello.get("audio").filter(|a| !a.is_null()) {
+            // The model says how its audio is cut: at its rate, with its
+            // context.
+            Some(audio) => {
+                let framing: laned_models::spec::AudioFraming =
+                    serde_json::from_value(audio.clone()).map_err(|e| format!("the hello's audio {audio}: {e}"))?;
+                if spec.sample_rate != framing.sample_rate {
+                    return Err(format!(
+                        "{}: {} Hz, the model takes {} Hz (resample it first, e.g. `sox IN.wav -r {} OUT.wav`)",
+                        input.display(),
+                        spec.sample_rate,
+                        framing.sample_rate,
+                        framing.sample_rate
+                    ));
+                }
+                if framing.pulse_len() * 4 != pulse_bytes {
+                    return Err(format!(
+                        "the hello's audio cuts pulses of {} samples; its input takes {pulse_bytes} bytes",
+                        framing.pulse_len()
+                    ));
+                }
+                framing
+                    .pulses(&samples)
+                    .concat()
+                    .iter()
+                    .flat_map(|s| s.to_le_bytes())
+                    .collect()
+            }
+            // Else back to back, the input's size each.
+            None => {
+                let mut bytes: Vec<u8> = samples.iter().flat_map(|s| s.to_le_bytes()).collect();
+                bytes.resize(bytes.len().div_ceil(pulse_bytes) * pulse_bytes, 0);
+                bytes
+            }
+        }
     } else {
         let bytes = std::fs::read(input).map_err(|e| format!("{}: {e}", input.display()))?;
         if pulse_bytes == 0 || !bytes.len().is_multiple_of(pulse_bytes) {
@@ -172,6 +208,12 @@ async fn once(
             let code = r.status().as_u16();
             eprintln!("laned client: {}: HTTP {code}: {body}", args.url);
             return Err(if code == 503 { Exit::Busy } else { Exit::Refused });
+        }
+        // A URL that never answered is no stream to resume: said once, at
+        // once (a wrong host or port is not retried for the whole window).
+        Err(e) if pulses.is_none() => {
+            eprintln!("laned client: {}: cannot connect: {e}", args.url);
+            return Err(Exit::Transport);
         }
         Err(e) => return Ok(Ending::Dropped(e.to_string())),
     };
@@ -227,13 +269,16 @@ fn pulses_of(input: &Path, hello: &serde_json::Value) -> Result<Vec<Vec<u8>>, Ex
 
 /// The run: connections until the stream is done or cannot go on.
 async fn stream(args: &Args) -> Exit {
-    let id = args.stream.clone().unwrap_or_else(|| {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        format!("laned-client-{:x}-{now:x}", std::process::id())
-    });
+    let id = match &args.stream {
+        Some(id) => id.clone(),
+        None => match unguessable_id() {
+            Ok(id) => id,
+            Err(e) => {
+                eprintln!("laned client: making a stream id: {e}");
+                return Exit::Input;
+            }
+        },
+    };
     let (mut pulses, mut answers) = (None, Vec::new());
     let mut interrupted: Option<tokio::time::Instant> = None;
     let window = Duration::from_millis(args.resume_for_ms);
@@ -270,6 +315,14 @@ async fn stream(args: &Args) -> Exit {
         exit as i32
     );
     exit
+}
+
+/// A stream id nobody else can guess (whoever knows a stream's id can take
+/// its record over): 128 bits from the system's random source, in hex.
+fn unguessable_id() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 pub fn run(args: &Args) -> ExitCode {

@@ -15,12 +15,15 @@
 //!   arguments or config are wrong.
 //! - `laned client URL IN OUT` sends one stream's pulses (a raw file or a
 //!   WAV) and writes every answer; exit status as `vad-client`'s.
+//! - `laned fetch NAME...` puts built-in models in the cache ahead of time,
+//!   checked: 0 fetched, 1 not, 2 no such built-in.
 
 mod bench;
 mod check;
 mod client;
 mod compare;
 mod feed;
+mod fetch;
 mod model;
 mod probe;
 mod serve;
@@ -55,6 +58,10 @@ enum Command {
     /// One stream of a model `laned serve` serves: a raw file of pulses
     /// or a WAV in, every answer's bytes out, resumed across restarts.
     Client(client::Args),
+    /// Put built-in models in the cache ahead of time (for an image, or a
+    /// host without python3 and pip): `silero`, `dtln-chain`,
+    /// `deepfilternet3`, `all`.
+    Fetch(fetch::Args),
 }
 
 fn main() -> ExitCode {
@@ -63,5 +70,6 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Client(args) => client::run(&args),
+        Command::Fetch(args) => fetch::run(&args),
     }
 }

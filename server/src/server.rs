@@ -218,13 +218,18 @@ async fn listen(
         .route("/ready", get(ready))
         .route("/live", get(|| async { "live\n" }))
         .route("/metrics", get(metrics));
+    // Each model's readiness is a probe too (a balancer checks a model's
+    // backend by it), on the probe address as on the main one.
+    let probes = match paths {
+        Paths::Vad => probes,
+        Paths::Models => probes.route("/v1/models/{name}/ready", get(model_ready)),
+    };
     let app = match paths {
         Paths::Vad => probes.clone().route("/v1/vad", get(vad)),
         Paths::Models => probes
             .clone()
             .route("/v1/models", get(models))
-            .route("/v1/models/{name}/stream", get(stream))
-            .route("/v1/models/{name}/ready", get(model_ready)),
+            .route("/v1/models/{name}/stream", get(stream)),
     }
     .with_state(state.clone());
     // Past the cap: the probes, and 503 for anything else.
@@ -405,20 +410,21 @@ fn readiness(runner: &LanedRunner) -> (bool, String) {
     (capacity.is_ready(), line)
 }
 
-/// Ready when every model is: a line per model (the model's name first
-/// where there are several).
+/// Ready when any model is (one model full must not pull the replica out
+/// for the others: a balancer checks each model by its own route); a line
+/// per model (the model's name first where there are several).
 async fn ready(State(routes): State<Routes>) -> Response {
-    let mut all = true;
+    let mut any = false;
     let mut body = String::new();
     for e in &routes.endpoints {
         let (ok, line) = readiness(&e.runner);
-        all &= ok;
+        any |= ok;
         if routes.endpoints.len() > 1 {
             body.push_str(&format!("model {} ", e.name));
         }
         body.push_str(&line);
     }
-    let code = if all {
+    let code = if any {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

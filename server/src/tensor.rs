@@ -6,15 +6,23 @@
 //!    "format": "binary" | "json", "inputs": [PORT...], "outputs":
 //!    [PORT...]}`, each port `{"index", "name", "dtype", "shape"}` (one
 //!    stream's shape, 1 on the batch axis). A client resends from pulse
-//!    `resume` (0 for a fresh stream).
+//!    `resume` (0 for a fresh stream). A model fed audio (its spec's
+//!    `[model.audio]`, or a built-in's) adds `"audio": {"sample_rate",
+//!    "hop", "context"}`: pulse `k` is the `context` samples before sample
+//!    `k * hop` (zeros before the first), then `hop` new samples.
 //! 2. The client sends one binary frame a pulse: every input of `inputs`
 //!    in order, each its `shape`'s elements in row-major order,
-//!    little-endian, of its `dtype` (booleans one byte). A frame of any
-//!    other length is refused (1003), naming both lengths.
+//!    little-endian, of its `dtype` (booleans one byte). A frame longer
+//!    than one pulse is refused 1009 (too big); a shorter non-empty one
+//!    1003, naming both lengths; an empty frame is no pulse: it is
+//!    skipped and spent from the control-frame budget, as a ping is.
 //! 3. The server answers each pulse, in order, with one binary frame:
 //!    every output of `outputs` likewise. With `?format=json`, a text
-//!    message `{"pulse": n, "outputs": [[...], ...]}` instead (each output
-//!    flattened, as numbers).
+//!    message `{"pulse": n, "outputs": [[...], ...]}` instead, each output
+//!    flattened, each element a JSON number where it is finite and else
+//!    one of the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (JSON has
+//!    no number for them; these are the names JavaScript's `Number()` and
+//!    Python's `float()` read back). Integers and booleans are numbers.
 //!
 //! Close codes, limits and the hand-over are the session's, the same as
 //! `vad-server`'s ([`crate::close`]).
@@ -88,18 +96,19 @@ struct TensorStream {
 impl Conversation for TensorStream {
     fn hello(&self, id: Option<&str>, resume: u64, _handing: bool) -> Option<String> {
         let i = &self.protocol.interface;
-        Some(
-            json!({
-                "protocol": PROTOCOL_VERSION,
-                "model": self.protocol.name,
-                "stream": id,
-                "resume": resume,
-                "format": if self.json { "json" } else { "binary" },
-                "inputs": i.inputs,
-                "outputs": i.outputs,
-            })
-            .to_string(),
-        )
+        let mut hello = json!({
+            "protocol": PROTOCOL_VERSION,
+            "model": self.protocol.name,
+            "stream": id,
+            "resume": resume,
+            "format": if self.json { "json" } else { "binary" },
+            "inputs": i.inputs,
+            "outputs": i.outputs,
+        });
+        if let Some(audio) = &i.audio {
+            hello["audio"] = json!(audio);
+        }
+        Some(hello.to_string())
     }
 
     fn take(&mut self, frame: &[u8]) -> Result<(), String> {
@@ -116,7 +125,11 @@ impl Conversation for TensorStream {
     fn answer(&mut self, n: u64, outputs: TVec<TValue>) -> Result<Vec<Message>, String> {
         let i = &self.protocol.interface;
         Ok(vec![if self.json {
-            let outputs = i.answer_json(&outputs)?;
+            let outputs: Vec<Vec<Value>> = i
+                .answer_json(&outputs)?
+                .into_iter()
+                .map(|o| o.into_iter().map(json_number).collect())
+                .collect();
             Message::Text(json!({ "pulse": n, "outputs": outputs }).to_string().into())
         } else {
             Message::Binary(i.answer_bytes(&outputs)?.into())
@@ -136,5 +149,35 @@ impl Conversation for TensorStream {
             Some(other) => Err(format!("an unknown field {other:?}")),
             None => Ok(()),
         }
+    }
+}
+
+/// One answer element in JSON: a number where it is finite, else the name
+/// `float()` and `Number()` read back (serde_json would write `null` for
+/// all three, and they would be one).
+fn json_number(x: f64) -> Value {
+    if x.is_finite() {
+        json!(x)
+    } else if x.is_nan() {
+        Value::from("NaN")
+    } else if x > 0.0 {
+        Value::from("Infinity")
+    } else {
+        Value::from("-Infinity")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_number;
+
+    /// NaN and both infinities stay three values, and finite ones numbers.
+    #[test]
+    fn non_finite_answers_keep_their_names() {
+        assert_eq!(json_number(f64::NAN), "NaN");
+        assert_eq!(json_number(f64::INFINITY), "Infinity");
+        assert_eq!(json_number(f64::NEG_INFINITY), "-Infinity");
+        assert_eq!(json_number(-0.5), serde_json::json!(-0.5));
+        assert!(json_number(3.0).is_number());
     }
 }

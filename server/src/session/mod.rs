@@ -10,17 +10,22 @@
 //!    upgrade's `x-resume-chunk` names is where the stream resumes.
 //! 2. Admission ([`Session::admit`]): a refused query closes 1003, a bad
 //!    id 1008; during a drain a stream with an id is sent elsewhere
-//!    (1012); a second live session of an id is refused (1008); a lane is
-//!    waited for up to `admission_wait_ms` (1013 past it); a record found
-//!    is imported; the protocol's hello goes out.
-//! 3. Serving ([`Session::run`]): frames are read, control frames spent
+//!    (1012); a second live session of an id is refused (1008); the
+//!    protocol's hello goes out (the position a record found resumes at).
+//! 3. The lane ([`Session::take_lane`]), at the stream's first non-empty
+//!    binary frame, not before: a connection that never sends holds a
+//!    connection place (the cap's), never a lane, so idle connections
+//!    lock no stream out of the model. A lane is waited for up to
+//!    `admission_wait_ms` (1013 past it); a record found is imported.
+//! 4. Serving ([`Session::run`]): frames are read, control frames spent
 //!    from a budget, binary frames given to the conversation, and every
 //!    call it holds run, the socket read ahead (up to
 //!    [`crate::READ_AHEAD_BYTES`]) while a call is in flight. Between
-//!    calls: a drain hands the stream over (1012), the idle and
+//!    calls: a drain hands the stream over (1012; one with no lane yet is
+//!    told its position, its record left as found), the idle and
 //!    untaken-reply clocks close it (1008, its lane freed first), every
 //!    `checkpoint_every` calls a checkpoint is taken.
-//! 4. The end: the client's close removes its own record; every other end
+//! 5. The end: the client's close removes its own record; every other end
 //!    sends its close frame from one place ([`close::close_with`]) and
 //!    lingers for the reply; dropping the stream frees the lane.
 //!
@@ -231,7 +236,10 @@ async fn closed(mut rx: watch::Receiver<bool>) {
 
 /// A stream being served: its lane and what it keeps beside it.
 pub(crate) struct Stream {
-    handle: LanedStateHandle,
+    /// Its lane, from its first pulse on ([`Session::take_lane`]).
+    handle: Option<LanedStateHandle>,
+    /// The record it resumes from, imported when the lane is taken.
+    resume_from: Option<Box<handover::Record>>,
     conversation: Box<dyn Conversation>,
     /// Calls answered: the next call's number.
     chunk: u64,
@@ -320,50 +328,61 @@ impl Session {
             }
             None => None,
         };
-        let wait = Duration::from_millis(shared.limits.admission_wait_ms);
+        // The position a record found resumes at: it was checked before
+        // the upgrade (the runner's checks and the protocol's, the
+        // conversation restored by the latter); its state goes in with the
+        // lane.
+        let found = opening.resume.found_generation();
+        let (chunk, resume_from) = match (opening.resume, &handing) {
+            (Resume::From(record), Some(_)) => (record.chunk, Some(record)),
+            _ => (0, None),
+        };
+        let admitted = (conversation, chunk, resume_from);
+        Session::serving(socket, shared, endpoint, admitted, found, handing, live_id).await
+    }
+
+    /// Step 3: the stream's lane, taken at its first pulse (waited for up
+    /// to `admission_wait_ms`), its record imported; `Err` with the
+    /// session closed.
+    async fn take_lane(&mut self) -> Result<(), Ended> {
+        let wait = Duration::from_millis(self.shared.limits.admission_wait_ms);
         let spawned = tokio::select! {
-            r = tokio::time::timeout(wait, endpoint.runner.spawn_async()) => r,
-            _ = closed(shared.closing.clone()) => {
-                close_with(&mut socket, crate::close::GOING_AWAY, "the server is shutting down").await;
-                return None;
+            r = tokio::time::timeout(wait, self.endpoint.runner.spawn_async()) => r,
+            _ = closed(self.shared.closing.clone()) => {
+                return self.refuse(crate::close::GOING_AWAY, "the server is shutting down").await;
             }
         };
         let mut handle = match spawned {
             Ok(Ok(h)) => h,
             Ok(Err(e)) => {
                 let code = match e {
-                    SpawnError::Draining | SpawnError::Closed if handing.is_some() => crate::close::RESTART,
+                    SpawnError::Draining | SpawnError::Closed if self.handing.is_some() => crate::close::RESTART,
                     SpawnError::Draining | SpawnError::Closed => crate::close::GOING_AWAY,
                     _ => crate::close::TRY_AGAIN_LATER,
                 };
-                close_with(&mut socket, code, &format!("no lane: {e}")).await;
-                return None;
+                return self.refuse(code, &format!("no lane: {e}")).await;
             }
             Err(_) => {
                 let why = format!("no lane freed up within {wait:?}: try again later");
-                close_with(&mut socket, crate::close::TRY_AGAIN_LATER, &why).await;
-                return None;
+                return self.refuse(crate::close::TRY_AGAIN_LATER, &why).await;
             }
         };
-        let mut chunk = 0;
-        if let (Resume::From(record), Some(id)) = (&opening.resume, &handing) {
-            // The record was checked before the upgrade (the runner's and
-            // the protocol's checks, the conversation restored by the
-            // latter); an import can only fail now for the runner's end.
+        let stream = self.stream.as_mut().expect("serving");
+        if let Some(record) = stream.resume_from.take() {
+            // An import can only fail now for the runner's end.
             if let Err(e) = handle.import_state_async(&record.state).await {
                 let code = if e.end_reason().is_some() {
                     crate::close::GOING_AWAY
                 } else {
                     crate::close::INTERNAL
                 };
-                close_with(&mut socket, code, &format!("stream {id}: resuming: {e}")).await;
-                return None;
+                let id = self.handing.clone().unwrap_or_default();
+                return self.end(code, &format!("stream {id}: resuming: {e}")).await;
             }
-            chunk = record.chunk;
-            handover::count("laned_resume_total", &endpoint.name, "resumed");
+            handover::count("laned_resume_total", &self.endpoint.name, "resumed");
         }
-        let admitted = (handle, conversation, chunk);
-        Session::serving(socket, shared, endpoint, admitted, opening.resume, handing, live_id).await
+        stream.handle = Some(handle);
+        Ok(())
     }
 
     /// Admitted: the hello sent, the session ready to serve.
@@ -371,8 +390,8 @@ impl Session {
         mut socket: WebSocket,
         shared: Arc<Shared>,
         endpoint: Arc<Endpoint>,
-        (handle, conversation, chunk): (LanedStateHandle, Box<dyn Conversation>, u64),
-        resume: Resume,
+        (conversation, chunk, resume_from): (Box<dyn Conversation>, u64, Option<Box<handover::Record>>),
+        found: Option<u64>,
         handing: Option<String>,
         live_id: Option<LiveId>,
     ) -> Option<Session> {
@@ -385,10 +404,11 @@ impl Session {
         Some(Session {
             socket,
             stream: Some(Stream {
-                handle,
+                handle: None,
+                resume_from,
                 conversation,
                 chunk,
-                writer: handover::Writer::after(resume.found_generation()),
+                writer: handover::Writer::after(found),
                 written: Arc::new(tokio::sync::Mutex::new(None)),
             }),
             handing,
@@ -545,6 +565,9 @@ impl Session {
             }
             return Ok(());
         }
+        if self.stream().handle.is_none() {
+            self.take_lane().await?;
+        }
         self.idle_until = tokio::time::Instant::now() + self.idle();
         let taken = self.stream.as_mut().expect("serving").conversation.take(&bytes);
         if let Err(why) = taken {
@@ -622,7 +645,8 @@ impl Session {
             Closing,
         }
         let out = {
-            let call = stream.handle.call_async(inputs);
+            let handle = stream.handle.as_mut().expect("a call is made with the lane taken");
+            let call = handle.call_async(inputs);
             tokio::pin!(call);
             loop {
                 tokio::select! {

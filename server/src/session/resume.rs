@@ -114,6 +114,8 @@ async fn record_of(stream: &Stream) -> Result<(Record, Duration), String> {
     let started = Instant::now();
     let state = stream
         .handle
+        .as_ref()
+        .ok_or("the stream has sent no pulse: it holds no lane")?
         .export_state_async()
         .await
         .map_err(|e| format!("exporting the state: {e}"))?;
@@ -218,6 +220,15 @@ pub(crate) async fn try_hand_over(
         handover::count("laned_handover_total", &endpoint.name, "restarted");
         drop(live_id.take());
         close_with(socket, close::RESTART, RESTART_AT_ZERO).await;
+        return true;
+    }
+    if stream.handle.is_none() {
+        // No pulse yet, so no lane: nothing moved since the record it
+        // resumes from (if any), which stays as found; it resumes there.
+        handover::count("laned_handover_total", &endpoint.name, "ok");
+        drop(live_id.take());
+        let why = format!("restarting: resume at chunk {}", stream.chunk);
+        close_with(socket, close::RESTART, &why).await;
         return true;
     }
     match hand_over(store, &endpoint.key(id), stream).await {

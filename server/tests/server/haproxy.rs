@@ -87,11 +87,13 @@ async fn connect_as(proxy: SocketAddr, id: &str) -> Ws {
     tokio_tungstenite::connect_async(request).await.unwrap().0
 }
 
-/// Connects `id` and says which replica took the stream (the one whose
+/// Connects `id`, sends its first chunk (a lane is taken at a stream's
+/// first chunk) and says which replica took the stream (the one whose
 /// lanes taken went up), `0` or `1`.
-async fn connect_and_locate(proxy: SocketAddr, replicas: [SocketAddr; 2], id: &str) -> (Ws, usize) {
+async fn connect_and_locate(proxy: SocketAddr, replicas: [SocketAddr; 2], id: &str, first: &[f32]) -> (Ws, usize) {
     let before = [lanes_taken(replicas[0]).await, lanes_taken(replicas[1]).await];
-    let ws = connect_as(proxy, id).await;
+    let mut ws = connect_as(proxy, id).await;
+    ws.send(Message::Binary(encode(first, false).into())).await.unwrap();
     let until = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
         for (ix, addr) in replicas.iter().enumerate() {
@@ -104,10 +106,11 @@ async fn connect_and_locate(proxy: SocketAddr, replicas: [SocketAddr; 2], id: &s
     }
 }
 
-/// Sends `samples` at `pace` a chunk and reads their probabilities; returns
-/// them with how the stream ended (`None` if it is still open).
-async fn talk(ws: Ws, samples: Vec<f32>, pace: Duration) -> (Vec<f32>, Option<u16>) {
-    let want = samples.len() / CHUNK;
+/// Sends `samples` at `pace` a chunk and reads their probabilities, after
+/// the `sent` answers due for chunks sent before; returns them with how
+/// the stream ended (`None` if it is still open).
+async fn talk(ws: Ws, samples: Vec<f32>, pace: Duration, sent: usize) -> (Vec<f32>, Option<u16>) {
+    let want = samples.len() / CHUNK + sent;
     let (mut tx, mut rx) = ws.split();
     let sender = tokio::spawn(async move {
         for chunk in samples.chunks(CHUNK) {
@@ -188,7 +191,7 @@ fn silero_replicas_behind_haproxy_stay_sticky_and_drain_without_losing_a_call() 
         let mut located = vec![];
         for s in 0..32 {
             let id = format!("call-{s}");
-            let (ws, at) = connect_and_locate(front, replicas, &id).await;
+            let (ws, at) = connect_and_locate(front, replicas, &id, &audio(s, 1)[..CHUNK]).await;
             located.push((id, ws, at));
         }
         let on = |r: usize| located.iter().filter(|(_, _, at)| *at == r).count();
@@ -207,8 +210,10 @@ fn silero_replicas_behind_haproxy_stay_sticky_and_drain_without_losing_a_call() 
             .map(|(s, (id, ws, at))| {
                 let plan = plan.clone();
                 tokio::spawn(async move {
+                    // Its first chunk went with the locating; the rest
+                    // now (the first answer is read first).
                     let samples = audio(s, 6);
-                    let (got, closed) = talk(ws, samples.clone(), Duration::ZERO).await;
+                    let (got, closed) = talk(ws, samples[CHUNK..].to_vec(), Duration::ZERO, 1).await;
                     assert_eq!(closed, None, "{id}");
                     assert_eq!(got, solo(&plan, &samples)[..got.len()], "{id} on replica {at}");
                     assert_eq!(got.len(), 6, "{id}");
@@ -223,7 +228,7 @@ fn silero_replicas_behind_haproxy_stay_sticky_and_drain_without_losing_a_call() 
         for s in [0, 5, 17] {
             let id = format!("call-{s}");
             wait_until_lanes(replicas, 0.0).await;
-            let (ws, at) = connect_and_locate(front, replicas, &id).await;
+            let (ws, at) = connect_and_locate(front, replicas, &id, &audio(s, 1)[..CHUNK]).await;
             assert_eq!(at, home[&id], "{id} came back elsewhere");
             drop(ws);
         }
@@ -239,9 +244,15 @@ fn silero_replicas_behind_haproxy_stay_sticky_and_drain_without_losing_a_call() 
             .collect();
         let mut live = vec![];
         for id in ids_on_a.iter().take(4) {
-            let (ws, at) = connect_and_locate(front, replicas, id).await;
+            let samples = audio(3, 30);
+            let (ws, at) = connect_and_locate(front, replicas, id, &samples[..CHUNK]).await;
             assert_eq!(at, 0);
-            live.push(tokio::spawn(talk(ws, audio(3, 30), Duration::from_millis(20))));
+            live.push(tokio::spawn(talk(
+                ws,
+                samples[CHUNK..].to_vec(),
+                Duration::from_millis(20),
+                1,
+            )));
         }
         let pid = a.child.id().unwrap();
         assert!(std::process::Command::new("kill")
@@ -286,7 +297,7 @@ fn silero_replicas_behind_haproxy_stay_sticky_and_drain_without_losing_a_call() 
         }
         // From then on, every new stream of A's ids lands on B.
         for id in ids_on_a.iter().skip(4).take(4) {
-            let (ws, at) = connect_and_locate(front, replicas, id).await;
+            let (ws, at) = connect_and_locate(front, replicas, id, &audio(3, 1)[..CHUNK]).await;
             assert_eq!(at, 1, "{id}: routed to the draining replica");
             drop(ws);
             // Its lane back before the next look, or the next stream's

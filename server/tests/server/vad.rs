@@ -58,6 +58,40 @@ fn silero_concurrent_clients_get_their_solo_probabilities() {
     assert_ne!(want[0], want[1]);
 }
 
+/// Connections that upgrade and never send hold no lane: with two lanes
+/// and ten such connections open, two streams are served at once, each
+/// exactly (a lane is taken at a stream's first chunk).
+#[test]
+fn silero_connections_that_never_send_hold_no_lane() {
+    let Some(plan) = plan() else { return };
+    bounded(60, async {
+        let server = server(&plan, 2, 1, 300).await;
+        let addr = server.addr;
+        let mut silent = Vec::new();
+        for _ in 0..10 {
+            silent.push(connect(addr, "").await);
+        }
+        assert_eq!(
+            server.runner().capacity().lanes_free,
+            2,
+            "a silent connection took a lane"
+        );
+        let streams: Vec<_> = (0..2)
+            .map(|s| {
+                let samples = audio(20 + s, 6);
+                let want = solo(&plan, &samples);
+                tokio::spawn(async move { (stream(addr, &samples, false, s as u64).await, want) })
+            })
+            .collect();
+        for s in streams {
+            let (got, want) = s.await.unwrap();
+            assert_eq!(got, want);
+        }
+        drop(silent);
+        server.shutdown().await;
+    });
+}
+
 /// Two lanes, two clients holding them: a third waits (/ready 503 while it
 /// does), then is closed with 1013 past the admission wait; /ready is 200
 /// again after, and a lane freed by a leaving client serves a new one.
@@ -77,6 +111,12 @@ fn silero_clients_past_the_lanes_are_refused_with_1013() {
         // Free lanes 0, nobody waiting: still ready.
         assert_eq!(http_status(addr, "/ready").await, 200);
         let mut third = connect(addr, "").await;
+        // Its first chunk asks for a lane (a connection that never sends
+        // holds none).
+        third
+            .send(Message::Binary(encode(&a[..CHUNK], false).into()))
+            .await
+            .unwrap();
         // While it waits (for up to the 1.5 s admission wait), unready.
         let until = tokio::time::Instant::now() + Duration::from_secs(5);
         while server.runner().capacity().spawners_waiting == 0 {
@@ -270,16 +310,10 @@ fn silero_a_client_gone_mid_call_frees_its_lane_at_once() {
         };
         let server = server_with(&plan, settings).await;
         let addr = server.addr;
-        let mut idle = connect(addr, "").await;
+        // A lane is taken at a stream's first chunk: the idle stream's is
+        // answered while it is alone, then it sends nothing more.
+        let mut idle = connect_holding(addr, &a[..CHUNK]).await;
         let mut leaving = connect(addr, "").await;
-        let until = tokio::time::Instant::now() + Duration::from_secs(5);
-        while server.runner().capacity().lanes_free > 0 {
-            assert!(
-                tokio::time::Instant::now() < until,
-                "the two clients never got their lanes"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
         leaving
             .send(Message::Binary(encode(&a[..CHUNK], false).into()))
             .await
@@ -301,11 +335,11 @@ fn silero_a_client_gone_mid_call_frees_its_lane_at_once() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         // Alone now, the idle stream is served at once (every held lane queued).
-        idle.send(Message::Binary(encode(&a[..CHUNK], false).into()))
+        idle.send(Message::Binary(encode(&a[CHUNK..2 * CHUNK], false).into()))
             .await
             .unwrap();
         match next_reply(&mut idle).await {
-            Reply::Probability(0, p) => assert_eq!(p, solo(&plan, &a[..CHUNK])[0]),
+            Reply::Probability(1, p) => assert_eq!(p, solo(&plan, &a[..2 * CHUNK])[1]),
             other => panic!("{other:?}"),
         }
         idle.close(None).await.unwrap();

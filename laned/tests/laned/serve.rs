@@ -378,32 +378,64 @@ fn bad_input_is_refused_by_name_and_touches_no_other_stream() {
     );
 }
 
-/// A Python with `websockets` and `numpy`: a venv made (once) under the
-/// target's scratch folder; `None` after saying `SKIPPED` where Python or
-/// the registry is not to be had here (CI fails on that word).
+/// A venv with this checkout's Python client installed (`pip install
+/// clients/python`: the package `laned_client`, its command
+/// `laned-client-py`, `websockets>=14` and `numpy`), made once per process
+/// under the target's scratch folder. The registry is asked once, while
+/// the venv lacks the dependencies; after that the package alone is
+/// reinstalled from this checkout, offline. Its python, or `None` after
+/// saying `SKIPPED` where Python or the registry is not to be had here (CI
+/// fails on that word).
 fn python() -> Option<PathBuf> {
+    static PYTHON: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(python_venv).clone()
+}
+
+/// This checkout's Python client, `clients/python`.
+fn python_client_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python")
+}
+
+fn python_venv() -> Option<PathBuf> {
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-client-venv");
     let bin = venv.join("bin/python");
-    let ready = |bin: &Path| {
-        Command::new(bin)
-            .args(["-c", "import websockets, numpy"])
+    let package = python_client_dir();
+    let runs = |code: &str| {
+        Command::new(&bin)
+            .args(["-c", code])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
     };
-    if ready(&bin) {
-        return Some(bin);
+    // What building and running the package takes, websockets new enough
+    // for `additional_headers`.
+    let ready =
+        runs("import setuptools, wheel, numpy, websockets; assert int(websockets.__version__.split('.')[0]) >= 14");
+    if !ready && !bin.exists() {
+        let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("SKIPPED: no python3 with venv here to make {}", venv.display());
+            return None;
+        }
     }
-    let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).status();
-    if !made.is_ok_and(|s| s.success()) {
-        eprintln!("SKIPPED: no python3 with venv here to make {}", venv.display());
-        return None;
-    }
-    let pip = Command::new(venv.join("bin/pip"))
-        .args(["install", "--quiet", "websockets>=13", "numpy"])
-        .status();
-    if !pip.is_ok_and(|s| s.success()) || !ready(&bin) {
+    let pip = |args: &[&str]| {
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .args(args)
+            .arg(&package)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let installed = if ready {
+        pip(&["--no-index", "--no-deps", "--no-build-isolation", "--force-reinstall"])
+    } else {
+        pip(&["setuptools>=70.1", "wheel"])
+    };
+    if !installed || !runs("import laned_client") {
         eprintln!(
-            "SKIPPED: pip could not install websockets and numpy into {}",
+            "SKIPPED: pip could not install {} (websockets, numpy) into {}",
+            package.display(),
             venv.display()
         );
         return None;
@@ -411,8 +443,11 @@ fn python() -> Option<PathBuf> {
     Some(bin)
 }
 
-/// The Python client (clients/python) against a real `laned serve`: a raw
-/// file of pulses in, every answer out equal to the model run alone.
+/// The Python client's command (`laned-client-py`, installed by pip)
+/// against a real `laned serve`: a raw file of pulses in, every answer out
+/// equal to the model run alone, with binary answers and with JSON ones
+/// (`python -m laned_client --format json`: the same bytes written); a
+/// file that is not whole pulses exits 2, naming its length.
 #[test]
 fn the_python_client_gets_the_answers_of_the_model_alone() {
     let Some(python) = python() else { return };
@@ -423,29 +458,144 @@ fn the_python_client_gets_the_answers_of_the_model_alone() {
     let pulses = noise_pulses(11, 25, 32);
     let (src, dst) = (dir.path().join("in.raw"), dir.path().join("out.raw"));
     std::fs::write(&src, pulses.concat()).unwrap();
-    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python/laned_client.py");
+    let command = python.with_file_name("laned-client-py");
     let url = format!("ws://{}/v1/models/gru/stream", serving.addr);
-    let run = || {
-        Command::new(&python)
-            .arg(&client)
-            .arg(&url)
-            .args([&src, &dst])
-            .output()
-            .unwrap()
-    };
+    let want = solo(&spec, &[(1, 1)], &pulses).concat();
+    let run = || Command::new(&command).arg(&url).args([&src, &dst]).output().unwrap();
     let out = run();
-    assert!(out.status.success(), "{}", text(&out));
-    let got = std::fs::read(&dst).unwrap();
-    assert_eq!(
-        got,
-        solo(&spec, &[(1, 1)], &pulses).concat(),
-        "the Python client's answers"
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(std::fs::read(&dst).unwrap() == want, "the Python client's answers");
+    std::fs::remove_file(&dst).unwrap();
+    let out = Command::new(&python)
+        .args(["-m", "laned_client"])
+        .arg(&url)
+        .args([&src, &dst])
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        std::fs::read(&dst).unwrap() == want,
+        "the Python client's answers, JSON on the wire"
     );
     // A file that is not whole pulses is refused, exit 2, naming its length.
     std::fs::write(&src, vec![0u8; 33]).unwrap();
     let out = run();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("33 bytes"), "{}", text(&out));
+}
+
+/// The Python package's own checks (clients/python/tests/check_client.py)
+/// against a real `laned serve`: both APIs (asyncio and blocking, a call
+/// at a time and every pulse at once) answer as the model alone, byte for
+/// byte; an unknown model raises `UnknownModel`; JSON answers equal binary
+/// ones (a NaN pulse's too); a wrong shape is a `ValueError` naming the
+/// input and both shapes.
+#[test]
+fn the_python_package_passes_its_checks_against_laned_serve() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gru = save(&fixtures::gru_cell(8, 16).unwrap().model, dir.path(), "gru.nnef.tar");
+    let spec = checked_spec(dir.path(), "gru.toml", &[&gru, "--state", "1=1"]);
+    let serving = serve(&[&format!("gru={}", spec.display())]).unwrap();
+    let pulses = noise_pulses(13, 12, 32);
+    let (src, want) = (dir.path().join("in.raw"), dir.path().join("want.raw"));
+    std::fs::write(&src, pulses.concat()).unwrap();
+    std::fs::write(&want, solo(&spec, &[(1, 1)], &pulses).concat()).unwrap();
+    let out = Command::new(&python)
+        .arg(python_client_dir().join("tests/check_client.py"))
+        .arg(format!("ws://{}", serving.addr))
+        .arg("gru")
+        .args([&src, &want])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains(" passed, 0 failed"), "{}", text(&out));
+}
+
+/// The Python client's command where the server will not serve it: a close
+/// before the hello (1013: the one lane held, none freed up within the
+/// admission wait) exits 3, busy, as the 503 of a full connection cap does;
+/// an unknown model (404) exits 5; an address where nothing listens exits 1
+/// at once (a URL that never connected is not retried). Each is said in
+/// one line on stderr, no traceback.
+#[test]
+fn the_python_client_says_busy_refused_and_unreachable_in_one_line() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gru = save(&fixtures::gru_cell(8, 16).unwrap().model, dir.path(), "gru.nnef.tar");
+    let spec = checked_spec(dir.path(), "gru.toml", &[&gru, "--state", "1=1"]);
+    // One lane: a stream holding it leaves none for the next.
+    let mut one_lane = Spec::from_toml_file(&spec).unwrap();
+    one_lane.runner.max_lanes = 1;
+    std::fs::write(&spec, one_lane.to_toml().unwrap()).unwrap();
+    let model = format!("gru={}", spec.display());
+    let src = dir.path().join("in.raw");
+    std::fs::write(&src, noise_pulses(17, 3, 32).concat()).unwrap();
+    let command = python.with_file_name("laned-client-py");
+    // The command on `url`: its exit status (`code`) and its one stderr line.
+    let client = |url: &str, code: i32| -> String {
+        let out = Command::new(&command)
+            .arg(url)
+            .arg(&src)
+            .arg(dir.path().join("out.raw"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(code), "{url}: {}", text(&out));
+        assert_eq!(stderr.lines().count(), 1, "{url}: one line wanted:\n{stderr}");
+        assert!(!stderr.contains("Traceback"), "{url}: {stderr}");
+        stderr
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    // A stream admitted, its hello read and a pulse answered (a lane is
+    // taken at the first call), left open: it holds a lane and a place.
+    let hold = |url: &str| {
+        runtime.block_on(async {
+            let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+            let hello = ws.next().await;
+            assert!(
+                matches!(hello, Some(Ok(Message::Text(_)))),
+                "{url}: {hello:?} where the hello was due"
+            );
+            ws.send(Message::Binary(vec![0u8; 32].into())).await.unwrap();
+            let answer = ws.next().await;
+            assert!(
+                matches!(answer, Some(Ok(Message::Binary(_)))),
+                "{url}: {answer:?} where the answer was due"
+            );
+            ws
+        })
+    };
+    let waiting = serve(&[model.as_str(), "--admission-wait-ms", "200"]).unwrap();
+    let url = format!("ws://{}/v1/models/gru/stream", waiting.addr);
+    let holder = hold(&url);
+    let said = client(&url, 3);
+    assert!(said.contains("1013"), "{said}");
+    let said = client(&format!("ws://{}/v1/models/nope/stream", waiting.addr), 5);
+    assert!(said.contains("404") && said.contains("nope"), "{said}");
+    drop(holder);
+    let capped = serve(&[model.as_str(), "--max-connections", "1"]).unwrap();
+    let url = format!("ws://{}/v1/models/gru/stream", capped.addr);
+    let holder = hold(&url);
+    let said = client(&url, 3);
+    assert!(said.contains("503"), "{said}");
+    drop(holder);
+    // A port nobody listens on: refused at once, and not retried for the
+    // 30 s resume window.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = std::time::Instant::now();
+    let said = client(&format!("ws://127.0.0.1:{port}/v1/models/gru/stream"), 1);
+    assert!(said.contains("no connection"), "{said}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "an address that never answered was retried: {:?}",
+        started.elapsed()
+    );
 }
 
 /// `redis-server` on a free port (no persistence), killed when dropped;

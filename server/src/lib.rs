@@ -16,13 +16,15 @@
 //!
 //! Files by job: [`settings`] (what a server is told), [`protocol`] (what
 //! frames mean, per model: [`audio`], [`tensor`]), `session` (one
-//! connection's life, the same for every model), [`handover`] (the
+//! connection's life, the same for every model, and the multiplexed
+//! front's, whose bytes are [`mux`]'s), [`handover`] (the
 //! store), `accept` (the accept loop, the cap, the probes), `server` (the
 //! routes, the listeners, the drain).
 
 mod accept;
 pub mod audio;
 pub mod handover;
+pub mod mux;
 pub mod protocol;
 mod server;
 mod session;

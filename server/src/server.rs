@@ -229,7 +229,8 @@ async fn listen(
         Paths::Models => probes
             .clone()
             .route("/v1/models", get(models))
-            .route("/v1/models/{name}/stream", get(stream)),
+            .route("/v1/models/{name}/stream", get(stream))
+            .route("/v1/models/{name}/mux", get(mux_stream)),
     }
     .with_state(state.clone());
     // Past the cap: the probes, and 503 for anything else.
@@ -524,6 +525,21 @@ async fn stream(
     };
     match ws {
         Ok(ws) => session::upgrade(ws, query, headers, routes.shared, endpoint).await,
+        Err(rejection) => rejection.into_response(),
+    }
+}
+
+/// Many streams of a model on one connection ([`crate::mux`]).
+async fn mux_stream(
+    ws: Result<axum::extract::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+    Path(name): Path<String>,
+    State(routes): State<Routes>,
+) -> Response {
+    let Some(endpoint) = routes.endpoint(&name) else {
+        return unknown_model(&routes, &name);
+    };
+    match ws {
+        Ok(ws) => session::mux::upgrade(ws, routes.shared, endpoint).await,
         Err(rejection) => rejection.into_response(),
     }
 }

@@ -283,3 +283,47 @@ fn laned_fetch_names_what_it_fetched_and_refuses_unknown_names() {
     let file = said.trim().strip_prefix("silero: ").unwrap_or_else(|| panic!("{said}"));
     assert!(Path::new(file).is_file(), "{said}");
 }
+
+/// The README's serve walk-through is `docs/serve-walkthrough.sh`'s
+/// commands word for word, and the script runs: from a fresh folder, the
+/// built-in fetched, served, a pulse file made and sent, answers on disk.
+#[test]
+fn the_readme_serve_walkthrough_runs_as_written() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let script_path = root.join("docs/serve-walkthrough.sh");
+    let script = std::fs::read_to_string(&script_path).unwrap();
+    let ours = script
+        .split("# ---- README.md's commands, word for word, from here ----\n")
+        .nth(1)
+        .and_then(|rest| rest.split("# ---- to here ----").next())
+        .expect("the script marks the README's commands");
+    let section = readme
+        .split("### Serve it: `laned serve`")
+        .nth(1)
+        .expect("the README has its serve section");
+    let blocks: Vec<&str> = section
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .collect();
+    assert!(
+        blocks.iter().any(|b| *b == ours),
+        "no block of the README's serve section is the script's commands:\n{ours}"
+    );
+    if or_skip("silero-vad", laned_models::silero::fetch()).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("bash")
+        .arg(&script_path)
+        .arg(free_port().to_string())
+        .arg(dir.path())
+        .env("LANED", env!("CARGO_BIN_EXE_laned"))
+        .output()
+        .unwrap();
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("20 answers"), "{said}");
+    assert_eq!(std::fs::read(dir.path().join("answers.raw")).unwrap().len(), 20 * 4);
+}

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 mod first_hour;
+mod mux;
 mod serve;
 
 use laned_models::fetch::or_skip;

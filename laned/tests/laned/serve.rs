@@ -72,7 +72,7 @@ pub fn serve(args: &[&str]) -> Result<Serving, String> {
 }
 
 /// The spec `laned check ARGS` prints, written to `dir/name`.
-fn checked_spec(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
+pub fn checked_spec(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
     let out = laned(&[&["check"], args].concat());
     let said = text(&out);
     assert_eq!(out.status.code(), Some(0), "{said}");
@@ -600,14 +600,14 @@ fn the_python_client_says_busy_refused_and_unreachable_in_one_line() {
 
 /// `redis-server` on a free port (no persistence), killed when dropped;
 /// `None` after `SKIPPED` where it is not installed.
-struct Redis {
+pub struct Redis {
     child: Child,
     port: u16,
     _dir: tempfile::TempDir,
 }
 
 impl Redis {
-    fn start() -> Option<Redis> {
+    pub fn start() -> Option<Redis> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -650,7 +650,7 @@ impl Redis {
         }
     }
 
-    fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 }

@@ -39,6 +39,7 @@
 
 mod close;
 mod cost;
+pub(crate) mod mux;
 mod resume;
 
 use std::collections::{HashSet, VecDeque};

@@ -127,7 +127,11 @@ async fn record_of(stream: &Stream) -> Result<(Record, Duration), String> {
 /// later position is never overwritten by an earlier one): `Ok` with its
 /// bytes and the times the export (from the runner) and the write (to the
 /// store) took.
-async fn hand_over(store: &Store, key: &str, stream: &Stream) -> Result<(usize, Duration, Duration), String> {
+pub(crate) async fn hand_over(
+    store: &Store,
+    key: &str,
+    stream: &Stream,
+) -> Result<(usize, Duration, Duration), String> {
     let (record, export) = record_of(stream).await?;
     let written = stream.written.clone().lock_owned().await;
     let started = Instant::now();

@@ -1,0 +1,184 @@
+//! The multiplexed front's wire format: many streams of one model on one
+//! WebSocket (`GET /v1/models/NAME/mux`), for a gateway carrying many
+//! calls (a telephony media server, an agent worker) that should not pay
+//! a socket and a frame per pulse per call. Mux version [`MUX_VERSION`]:
+//!
+//! 1. After the upgrade the server sends one text message, the hello:
+//!    `{"protocol": 1, "mux": 1, "model": NAME, "inputs": [PORT...],
+//!    "outputs": [PORT...], "pulse_bytes": P, "answer_bytes": A,
+//!    "max_streams": S, "max_queued": Q}` (ports as the single-stream
+//!    hello's, and its `"audio"` where the model has one).
+//! 2. Every binary message, either way, is a sequence of records, one
+//!    after another, each:
+//!
+//!    | bytes | field |
+//!    |---|---|
+//!    | 1 | `kind` |
+//!    | 4 | `tag`, u32 little-endian: the client's number for the stream on this connection |
+//!    | 4 | `len`, u32 little-endian: the payload's length |
+//!    | `len` | the payload |
+//!
+//! 3. The client's records:
+//!    - [`OPEN`] (1): open stream `tag`; the payload is its id (UTF-8, as
+//!      `x-stream-id`; empty: none, so no hand-over). Answered
+//!      [`OPENED`].
+//!    - [`PULSE`] (2): one or more pulses of stream `tag`, `P` bytes each
+//!      (every fed input in order, little-endian, as on the single-stream
+//!      front), served in order. A stream takes its lane at its first
+//!      pulse.
+//!    - [`END`] (3): the client ends stream `tag` (its record removed, as
+//!      a clean close does); answered [`CLOSED`] 1000. Empty payload.
+//! 4. The server's records:
+//!    - [`OPENED`] (0x81): payload a u64 little-endian, the pulse the
+//!      stream resumes from (0 for a fresh one): resend from there.
+//!    - [`ANSWER`] (0x82): payload a u64 little-endian, the pulse's number
+//!      on the stream, then `A` bytes, every output in order. Every answer
+//!      ready at once (a turn's, for this connection) goes in one message.
+//!    - [`CLOSED`] (0x83): payload a u16 little-endian close code, then the
+//!      reason in UTF-8: stream `tag` is over (its tag may be opened
+//!      again). The codes are the single-stream front's close codes, per
+//!      stream: 1000 ended by the client; 1003 a pulse record not whole
+//!      pulses (both lengths named); 1008 a tag not open, opened twice, an
+//!      id live elsewhere or not an id, more than `Q` pulses queued, or no
+//!      pulse for the idle time; 1011 the model failed; 1012 the server is
+//!      restarting (the reason says the chunk to resume from: reopen the id
+//!      on any replica); 1013 more than `S` streams on the connection, or
+//!      no lane freed up within the admission wait.
+//! 5. Whole-connection closes: a message that is not whole records, an
+//!    unknown kind or a text message (1003), a message over the size the
+//!    hello implies (1009), the server shutting down (1001), and, during a
+//!    drain, once every stream is handed over or gone (1012).
+//!
+//! The session's own life (when lanes are taken, the clocks, the drain) is
+//! in the session's mux module; this one is the bytes, shared by the
+//! server, the tests and the bench.
+
+/// The version the hello's `"mux"` announces.
+pub const MUX_VERSION: u32 = 1;
+
+/// Open stream `tag` (payload: its id, or empty).
+pub const OPEN: u8 = 1;
+/// Pulses of stream `tag` (payload: whole pulses).
+pub const PULSE: u8 = 2;
+/// The client ends stream `tag` (empty payload).
+pub const END: u8 = 3;
+/// Stream `tag` is open (payload: the u64 pulse it resumes from).
+pub const OPENED: u8 = 0x81;
+/// An answer (payload: the u64 pulse number, then the answer's bytes).
+pub const ANSWER: u8 = 0x82;
+/// Stream `tag` is over (payload: the u16 close code, then the reason).
+pub const CLOSED: u8 = 0x83;
+
+/// A record's header: kind, tag, length.
+pub const HEADER_BYTES: usize = 9;
+
+/// Streams one connection may hold open at once.
+pub const MAX_STREAMS: usize = 256;
+
+/// Pulses a stream may have queued (received, not yet answered).
+pub const MAX_QUEUED: usize = 64;
+
+/// One record, as read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record<'a> {
+    /// Its kind ([`OPEN`], [`PULSE`], ...).
+    pub kind: u8,
+    /// The stream's tag on its connection.
+    pub tag: u32,
+    /// Its payload.
+    pub payload: &'a [u8],
+}
+
+/// Appends one record to `out`.
+pub fn put(out: &mut Vec<u8>, kind: u8, tag: u32, payload: &[&[u8]]) {
+    let len: usize = payload.iter().map(|p| p.len()).sum();
+    out.push(kind);
+    out.extend_from_slice(&tag.to_le_bytes());
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    for p in payload {
+        out.extend_from_slice(p);
+    }
+}
+
+/// Every record of `message`, in order; `Err` naming where it stops being
+/// whole records (the message is then refused whole: its framing is lost).
+pub fn records(message: &[u8]) -> Result<Vec<Record<'_>>, String> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < message.len() {
+        let rest = &message[at..];
+        if rest.len() < HEADER_BYTES {
+            return Err(format!(
+                "a record cut short at byte {at}: {} bytes, a header is {HEADER_BYTES}",
+                rest.len()
+            ));
+        }
+        let kind = rest[0];
+        let tag = u32::from_le_bytes(rest[1..5].try_into().expect("four bytes"));
+        let len = u32::from_le_bytes(rest[5..9].try_into().expect("four bytes")) as usize;
+        if rest.len() - HEADER_BYTES < len {
+            return Err(format!(
+                "record {} (tag {tag}) says {len} bytes of payload, {} follow",
+                out.len(),
+                rest.len() - HEADER_BYTES
+            ));
+        }
+        out.push(Record {
+            kind,
+            tag,
+            payload: &rest[HEADER_BYTES..HEADER_BYTES + len],
+        });
+        at += HEADER_BYTES + len;
+    }
+    Ok(out)
+}
+
+/// The largest message a client of a model with `pulse_bytes`-byte pulses
+/// may send: every stream's queue full, or 1 MiB, whichever is less, and
+/// at least one full queue.
+pub fn max_message_bytes(pulse_bytes: usize) -> usize {
+    let one_queue = HEADER_BYTES + MAX_QUEUED * pulse_bytes;
+    (MAX_STREAMS * (HEADER_BYTES + pulse_bytes)).min(1 << 20).max(one_queue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records read back as written, several to a message; a message cut
+    /// anywhere inside a record is refused, naming where.
+    #[test]
+    fn records_read_back_and_a_cut_one_is_refused() {
+        let mut m = Vec::new();
+        put(&mut m, OPEN, 7, &[b"call-7"]);
+        put(&mut m, PULSE, 7, &[&[1, 2], &[3, 4]]);
+        put(&mut m, END, u32::MAX, &[]);
+        let got = records(&m).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Record {
+                    kind: OPEN,
+                    tag: 7,
+                    payload: b"call-7"
+                },
+                Record {
+                    kind: PULSE,
+                    tag: 7,
+                    payload: &[1, 2, 3, 4]
+                },
+                Record {
+                    kind: END,
+                    tag: u32::MAX,
+                    payload: &[]
+                },
+            ]
+        );
+        for cut in 1..m.len() {
+            let whole = [HEADER_BYTES + 6, 2 * HEADER_BYTES + 10, m.len()];
+            if !whole.contains(&cut) {
+                assert!(records(&m[..cut]).is_err(), "cut at {cut} read as whole");
+            }
+        }
+    }
+}

@@ -5,7 +5,7 @@
 //! `audio` says (its sample rate checked, each pulse its context then its
 //! hop), else into pulses of that input's size back to back (the last one
 //! padded with zeros). Every answer's bytes go to the output file, in
-//! order.
+//! order (with `?format=json` in the URL, each answer's JSON as a line).
 //!
 //! The stream has an id (`--stream`, else 128 random bits in hex): a close
 //! 1012 or a dropped connection is not the end while `--resume-for-ms`
@@ -226,6 +226,7 @@ async fn once(
         *pulses = Some(pulses_of(&args.input, &hello)?);
     }
     let pulses = pulses.as_ref().expect("read above");
+    let json = hello["format"] == "json";
     let from = hello["resume"].as_u64().unwrap_or(0) as usize;
     if from > answers.len() {
         eprintln!(
@@ -247,6 +248,11 @@ async fn once(
             match ws.next().await {
                 Some(Ok(Message::Binary(b))) => {
                     answers.push(b.to_vec());
+                    break;
+                }
+                // `?format=json`: each answer a line of JSON.
+                Some(Ok(Message::Text(t))) if json => {
+                    answers.push(format!("{}\n", t.as_str()).into_bytes());
                     break;
                 }
                 Some(Ok(Message::Close(Some(f)))) => return Ok(Ending::Closed(f.code.into(), f.reason.to_string())),

@@ -107,7 +107,7 @@ fn json_answers_keep_nan_and_the_infinities_apart() {
     let answer = tokio::runtime::Runtime::new().unwrap().block_on(async {
         let (mut ws, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
         let _hello = ws.next().await.unwrap().unwrap();
-        ws.send(Message::Binary(pulse.into())).await.unwrap();
+        ws.send(Message::Binary(pulse.clone().into())).await.unwrap();
         loop {
             match ws.next().await.unwrap().unwrap() {
                 Message::Text(t) => break serde_json::from_str::<serde_json::Value>(&t).unwrap(),
@@ -120,6 +120,21 @@ fn json_answers_keep_nan_and_the_infinities_apart() {
         answer,
         serde_json::json!({"pulse": 0, "outputs": [["NaN", "Infinity", "-Infinity", 2.5]]})
     );
+    // `laned client` on the JSON URL writes each answer's line (it skipped
+    // text frames and waited for the idle close).
+    let input = dir.path().join("in.raw");
+    let output = dir.path().join("out.jsonl");
+    std::fs::write(&input, [pulse.clone(), pulse].concat()).unwrap();
+    let out = laned(&["client", &url, input.to_str().unwrap(), output.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&output)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[1]["pulse"], 1);
+    assert_eq!(lines[1]["outputs"], answer["outputs"]);
 }
 
 /// A 16-bit mono WAV of `samples` at `rate`.

@@ -19,17 +19,21 @@
 //! connection's life, the same for every model, and the multiplexed
 //! front's, whose bytes are [`mux`]'s), [`handover`] (the
 //! store), `accept` (the accept loop, the cap, the probes), `server` (the
-//! routes, the listeners, the drain).
+//! routes, the listeners, the drain), [`kserve`] and `v2` (the KServe v2
+//! REST front's messages and routes, Triton's sequences a laned stream
+//! each).
 
 mod accept;
 pub mod audio;
 pub mod handover;
+pub mod kserve;
 pub mod mux;
 pub mod protocol;
 mod server;
 mod session;
 pub mod settings;
 pub mod tensor;
+mod v2;
 
 pub use accept::{open_files_limit, PROBE_RESERVE};
 pub use audio::{Event, Format, Hysteresis, END_THRESHOLD, MIN_SILENCE_MS, START_THRESHOLD};

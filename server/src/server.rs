@@ -210,9 +210,14 @@ async fn listen(
         live_ids: Mutex::new(std::collections::HashSet::new()),
     });
     let endpoints: Vec<Arc<Endpoint>> = endpoints.into_iter().map(Arc::new).collect();
+    let sequences = Arc::new(session::sequence::Sequences::default());
+    if matches!(paths, Paths::Models) {
+        crate::v2::tend(shared.clone(), endpoints.clone(), sequences.clone());
+    }
     let state = Routes {
         shared: shared.clone(),
         endpoints: endpoints.clone(),
+        sequences,
     };
     let probes = Router::new()
         .route("/ready", get(ready))
@@ -226,8 +231,7 @@ async fn listen(
     };
     let app = match paths {
         Paths::Vad => probes.clone().route("/v1/vad", get(vad)),
-        Paths::Models => probes
-            .clone()
+        Paths::Models => crate::v2::routes(probes.clone(), &endpoints)
             .route("/v1/models", get(models))
             .route("/v1/models/{name}/stream", get(stream))
             .route("/v1/models/{name}/mux", get(mux_stream)),
@@ -390,19 +394,21 @@ impl Server {
 
 /// What every route sees.
 #[derive(Clone)]
-struct Routes {
-    shared: Arc<Shared>,
-    endpoints: Vec<Arc<Endpoint>>,
+pub(crate) struct Routes {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) endpoints: Vec<Arc<Endpoint>>,
+    /// The KServe v2 front's live sequences ([`crate::v2`]).
+    pub(crate) sequences: Arc<session::sequence::Sequences>,
 }
 
 impl Routes {
-    fn endpoint(&self, name: &str) -> Option<Arc<Endpoint>> {
+    pub(crate) fn endpoint(&self, name: &str) -> Option<Arc<Endpoint>> {
         self.endpoints.iter().find(|e| e.name == name).cloned()
     }
 }
 
 /// One runner's readiness line.
-fn readiness(runner: &LanedRunner) -> (bool, String) {
+pub(crate) fn readiness(runner: &LanedRunner) -> (bool, String) {
     let capacity = runner.capacity();
     let line = format!(
         "accepting {} lanes_free {} spawners_waiting {}\n",

@@ -32,8 +32,15 @@
 //! A session is one task and its async fns are not cancel-safe (a call
 //! dropped mid-way is cancelled, a close dropped mid-way is not sent):
 //! nothing races them but the socket's reads (`recv`, cancel-safe), the
-//! closing and drain flags (`watch`, cancel-safe) and the call itself,
-//! whose drop cancels it and frees nothing early (the runner settles it).
+//! closing and drain flags (each one wait for the session's life,
+//! [`Flag`]) and the call itself, whose drop cancels it and frees nothing
+//! early (the runner settles it).
+//!
+//! What a message costs is kept to the socket's: no timer armed, no
+//! receiver cloned, no waiter registered per message (the read's clock is
+//! one timer for the session's life, moved; the flags are waited on by one
+//! future each), a call's replies fed and flushed once, the send's clock
+//! armed only when the write must wait.
 //! Nothing here blocks the executor: calls are `call_async`, the store's
 //! operations async and bounded, the drain on a blocking thread.
 
@@ -41,14 +48,19 @@ mod close;
 mod cost;
 pub(crate) mod mux;
 mod resume;
+pub(crate) mod sequence;
 
 use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
+use futures_util::{SinkExt, StreamExt};
 use laned_runner::{LanedRunner, LanedStateHandle, SpawnError};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
@@ -64,6 +76,15 @@ use crate::handover::{self, Store};
 use crate::protocol::{Conversation, Protocol};
 use crate::settings::Limits;
 use crate::{accept, READ_AHEAD_BYTES};
+
+/// Bytes one read of a connection's socket takes at most. tungstenite
+/// zeroes its read buffer's free space before every read
+/// (`FrameCodec::read_in`), and a message takes two reads (its frame,
+/// then the one that finds nothing more): at its default of 128 KiB that
+/// zeroing was a quarter of the server's CPU (BENCHMARKS, 2026-12-06). A
+/// pulse of every built-in model fits one read; a larger frame takes
+/// several.
+pub(crate) const READ_BUFFER: usize = 4 * 1024;
 
 /// Bytes a connection's writes gather before they go out.
 const WRITE_BUFFER: usize = 64 * 1024;
@@ -178,6 +199,7 @@ pub(crate) async fn upgrade(
     let mut response = ws
         .max_message_size(cap)
         .max_frame_size(cap)
+        .read_buffer_size(READ_BUFFER)
         .write_buffer_size(WRITE_BUFFER)
         .max_write_buffer_size(MAX_WRITE_BUFFER)
         .on_upgrade(move |socket| async move {
@@ -230,9 +252,37 @@ fn message_bytes(m: &Message) -> usize {
     payload + std::mem::size_of::<Message>()
 }
 
-/// Until the flag is set (or its sender is gone).
-async fn closed(mut rx: watch::Receiver<bool>) {
-    let _ = rx.wait_for(|c| *c).await;
+/// A drain flag as a session waits on it: one wait for the session's
+/// life, its receiver cloned once, polled by every read and call (not a
+/// receiver cloned and a waiter registered and dropped per message).
+/// Ready until the session ends once the flag is set or its sender gone.
+pub(crate) struct Flag {
+    wait: Pin<Box<dyn Future<Output = ()> + Send + Sync>>,
+    done: bool,
+}
+
+impl Flag {
+    pub(crate) fn new(mut rx: watch::Receiver<bool>) -> Flag {
+        Flag {
+            wait: Box::pin(async move {
+                let _ = rx.wait_for(|c| *c).await;
+            }),
+            done: false,
+        }
+    }
+}
+
+impl Future for Flag {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // The wait is polled to its end once only: ready for good after.
+        if !self.done {
+            std::task::ready!(self.wait.as_mut().poll(cx));
+            self.done = true;
+        }
+        Poll::Ready(())
+    }
 }
 
 /// A stream being served: its lane and what it keeps beside it.
@@ -274,6 +324,16 @@ struct Session {
     backlog_bytes: usize,
     /// Only audio moves this on: pings, pongs and empty frames keep no lane.
     idle_until: tokio::time::Instant,
+    /// The read's clock, set to each read's deadline (the idle and
+    /// untaken-reply clocks, the earlier) by [`Session::next_message`]: one
+    /// timer for the session's life, moved later at no cost (a fresh
+    /// timeout per read was registered and removed each time).
+    read_clock: Pin<Box<tokio::time::Sleep>>,
+    /// The drain's two flags ([`Shared::closing`], waited on by every read
+    /// and call; [`Shared::handing_over`], by the reads of a stream that
+    /// hands over).
+    closing: Flag,
+    handing_over: Flag,
     budget: ControlBudget,
     taken: Taken,
 }
@@ -349,7 +409,7 @@ impl Session {
         let wait = Duration::from_millis(self.shared.limits.admission_wait_ms);
         let spawned = tokio::select! {
             r = tokio::time::timeout(wait, self.endpoint.runner.spawn_async()) => r,
-            _ = closed(self.shared.closing.clone()) => {
+            _ = &mut self.closing => {
                 return self.refuse(crate::close::GOING_AWAY, "the server is shutting down").await;
             }
         };
@@ -402,6 +462,7 @@ impl Session {
             }
         }
         let idle = Duration::from_millis(shared.limits.idle_ms);
+        let idle_until = tokio::time::Instant::now() + idle;
         Some(Session {
             socket,
             stream: Some(Stream {
@@ -417,7 +478,10 @@ impl Session {
             hand_over_failed: false,
             backlog: VecDeque::new(),
             backlog_bytes: 0,
-            idle_until: tokio::time::Instant::now() + idle,
+            idle_until,
+            read_clock: Box::pin(tokio::time::sleep_until(idle_until)),
+            closing: Flag::new(shared.closing.clone()),
+            handing_over: Flag::new(shared.handing_over.clone()),
             budget: ControlBudget::new(),
             taken: Taken::new(idle),
             shared,
@@ -455,12 +519,13 @@ impl Session {
 
     /// A hand-over, if the drain has started and none failed yet.
     async fn hand_over_if_draining(&mut self) -> Result<(), Ended> {
+        // Looked at before anything is cloned: this runs twice a message.
+        if self.hand_over_failed || self.handing.is_none() || !*self.shared.handing_over.borrow() {
+            return Ok(());
+        }
         let (Some(store), Some(id)) = (self.shared.store.clone(), self.handing.clone()) else {
             return Ok(());
         };
-        if self.hand_over_failed || !*self.shared.handing_over.borrow() {
-            return Ok(());
-        }
         let shared = self.shared.clone();
         let endpoint = self.endpoint.clone();
         let stream = self.stream.as_ref().expect("serving");
@@ -480,8 +545,8 @@ impl Session {
     }
 
     /// The idle and untaken-reply clocks: checked here too, not only by the
-    /// read's timeout (a timeout looks at its clock only when the read is
-    /// pending, and a flood of pings keeps the read ready).
+    /// read's clock (looked at only when the read is pending, and a flood
+    /// of pings keeps the read ready).
     async fn clocks(&mut self) -> Result<(), Ended> {
         if tokio::time::Instant::now() >= self.idle_until {
             let why = format!("no audio for {:?}: the lane goes to others", self.idle());
@@ -508,15 +573,36 @@ impl Session {
             .taken
             .deadline()
             .map_or(self.idle_until, |d| d.min(self.idle_until));
+        // Moved only when the deadline moves (audio moves it later: no
+        // re-registration; a pong taken moves it earlier, which re-registers).
+        if self.read_clock.deadline() != read_until {
+            self.read_clock.as_mut().reset(read_until);
+        }
         let watching = self.handing.is_some() && !self.hand_over_failed;
+        let Session {
+            socket,
+            read_clock,
+            closing,
+            handing_over,
+            ..
+        } = self;
+        // The read before its clock, as a timeout polls them: a message
+        // that has come is taken whatever the clock says. `None`: the
+        // clock ran out.
+        let read = std::future::poll_fn(|cx| {
+            if let Poll::Ready(m) = socket.poll_next_unpin(cx) {
+                return Poll::Ready(Some(m));
+            }
+            read_clock.as_mut().poll(cx).map(|()| None)
+        });
         tokio::select! {
-            m = tokio::time::timeout_at(read_until, self.socket.recv()) => Ok(m.ok()),
-            _ = closed(self.shared.closing.clone()) => {
+            m = read => Ok(m),
+            _ = closing => {
                 self.refuse(crate::close::GOING_AWAY, "the server is shutting down").await
             }
             // Handed over at the loop's top (a flag dropped unset, the
             // server gone, is not waited on again).
-            _ = closed(self.shared.handing_over.clone()), if watching => {
+            _ = handing_over, if watching => {
                 self.hand_over_failed |= !*self.shared.handing_over.borrow();
                 Ok(None)
             }
@@ -606,16 +692,7 @@ impl Session {
                 Err(why) => return self.end(crate::close::INTERNAL, &format!("answering: {why}")).await,
             };
             replies.extend(self.taken.ping(n));
-            let idle = self.idle();
-            for r in replies {
-                // A client not taking its replies stalls the send once the
-                // buffers fill: past `idle`, it is dropped (no close frame
-                // could reach it either).
-                match tokio::time::timeout(idle, self.socket.send(r)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) | Err(_) => return Err(Ended),
-                }
-            }
+            self.send(replies).await?;
             let every = self.shared.limits.checkpoint_every;
             if let (Some(store), Some(id)) = (&self.shared.store, &self.handing) {
                 let stream = self.stream();
@@ -626,16 +703,41 @@ impl Session {
         }
     }
 
+    /// A call's replies, in order: each fed, then one flush (a write for
+    /// all). A client not taking its replies stalls the writes once the
+    /// buffers fill: past `idle`, it is dropped (no close frame could reach
+    /// it either). The clock is armed only when the writes must wait.
+    async fn send(&mut self, replies: Vec<Message>) -> Result<(), Ended> {
+        let idle = self.idle();
+        let socket = &mut self.socket;
+        let send = async move {
+            for r in replies {
+                socket.feed(r).await?;
+            }
+            socket.flush().await
+        };
+        let mut send = std::pin::pin!(send);
+        let sent = match std::future::poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx))).await {
+            Poll::Ready(r) => r.is_ok(),
+            Poll::Pending => matches!(tokio::time::timeout(idle, send).await, Ok(Ok(()))),
+        };
+        if sent {
+            Ok(())
+        } else {
+            Err(Ended)
+        }
+    }
+
     /// One call, the socket read meanwhile: a client gone drops the call
     /// (cancelled) and frees its lane at once.
     async fn call(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, Ended> {
         let max = self.endpoint.max_frame_bytes;
-        let closing = self.shared.closing.clone();
         let Session {
             socket,
             stream,
             backlog,
             backlog_bytes,
+            closing,
             ..
         } = self;
         let stream = stream.as_mut().expect("serving");
@@ -661,7 +763,7 @@ impl Session {
                             backlog.push_back(m);
                         }
                     },
-                    _ = closed(closing.clone()) => break Err(Read::Closing),
+                    _ = &mut *closing => break Err(Read::Closing),
                 }
             }
         };

@@ -1,0 +1,334 @@
+//! The KServe v2 (Open Inference Protocol) REST messages, as Triton's
+//! clients (`tritonclient.http`) send and read them, with Triton's
+//! sequence parameters and its binary tensor extension: what an infer
+//! request asks ([`Request::parse`]) and its answer's bytes
+//! ([`answer`]). The routes and the sequences' life are the server's and
+//! the session's; this is the format.
+//!
+//! An infer request (`POST /v2/models/NAME/infer`) is JSON: `{"id"?,
+//! "parameters"?: {"sequence_id": int or string, "sequence_start": bool,
+//! "sequence_end": bool, "binary_data_output": bool}, "inputs": [{"name",
+//! "shape", "datatype", "data"? , "parameters"?: {"binary_data_size":
+//! N}}], "outputs"?: [{"name", "parameters"?: {"binary_data": bool}}]}`.
+//! With the binary extension, the header `Inference-Header-Content-Length:
+//! J` says the JSON is the body's first `J` bytes, and each input with a
+//! `binary_data_size` takes that many bytes from what follows, in order
+//! (little-endian, row-major). Each fed input of the model is given once,
+//! by its name, its datatype as v2 names it (`FP32`, `INT64`, ...), its
+//! shape one stream's (1 on the batch axis).
+//!
+//! The answer: `{"model_name", "model_version": "1", "id"?, "parameters"?,
+//! "outputs": [{"name", "datatype", "shape", "data"}]}`, an output's data
+//! as JSON numbers, or binary (its `parameters.binary_data_size`, the
+//! bytes after the JSON, the header saying the JSON's length) where the
+//! request asked so for it or for all. An error is `{"error": "..."}`.
+
+use laned_models::spec::{Interface, Port};
+use serde_json::{json, Map, Value};
+
+/// The header giving the JSON part's length in a binary request or answer.
+pub const HEADER_LENGTH: &str = "inference-header-content-length";
+
+/// A port's datatype as v2 names it, from the tensor protocol's name.
+pub fn datatype(dtype: &str) -> &'static str {
+    match dtype {
+        "bool" => "BOOL",
+        "u8" => "UINT8",
+        "u16" => "UINT16",
+        "u32" => "UINT32",
+        "u64" => "UINT64",
+        "i8" => "INT8",
+        "i16" => "INT16",
+        "i32" => "INT32",
+        "i64" => "INT64",
+        "f16" => "FP16",
+        "f32" => "FP32",
+        "f64" => "FP64",
+        _ => "BYTES",
+    }
+}
+
+/// The bytes of one element of a port's dtype.
+fn width(dtype: &str) -> usize {
+    match dtype {
+        "bool" | "u8" | "i8" => 1,
+        "u16" | "i16" | "f16" => 2,
+        "u32" | "i32" | "f32" => 4,
+        _ => 8,
+    }
+}
+
+/// A port as model metadata lists it: the batch axis `-1`.
+pub fn metadata(port: &Port) -> Value {
+    let mut shape: Vec<i64> = port.shape.iter().map(|d| *d as i64).collect();
+    if let Some(first) = shape.first_mut() {
+        *first = -1;
+    }
+    json!({ "name": port.name, "datatype": datatype(&port.dtype), "shape": shape })
+}
+
+/// A sequence's id: an integer or a string (`0` or absent: none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceId(pub String);
+
+/// What an infer request asks.
+#[derive(Debug)]
+pub struct Request {
+    /// Its `id`, echoed.
+    pub id: Option<Value>,
+    /// Its sequence, where it names one.
+    pub sequence: Option<SequenceId>,
+    /// `sequence_start`.
+    pub start: bool,
+    /// `sequence_end`.
+    pub end: bool,
+    /// One pulse's bytes: every fed input, in the model's order.
+    pub pulse: Vec<u8>,
+    /// The outputs answered in binary (by index in the interface's outputs).
+    pub binary: Vec<bool>,
+    /// The outputs asked for (all where the request names none).
+    pub wanted: Vec<bool>,
+}
+
+/// A refused request: why (the answer's `error`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused(pub String);
+
+impl Request {
+    /// The request in `body` (its JSON the first `json_len` bytes where the
+    /// binary extension's header says so) for a model fed `interface`.
+    pub fn parse(body: &[u8], json_len: Option<usize>, interface: &Interface) -> Result<Request, Refused> {
+        let refuse = |why: String| Refused(why);
+        let json_len = json_len.unwrap_or(body.len());
+        if json_len > body.len() {
+            return Err(refuse(format!(
+                "{HEADER_LENGTH} is {json_len}, the body {} bytes",
+                body.len()
+            )));
+        }
+        let (head, mut binary) = body.split_at(json_len);
+        let head: Value = serde_json::from_slice(head).map_err(|e| refuse(format!("the request's JSON: {e}")))?;
+        let params = head
+            .get("parameters")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let flag = |m: &Map<String, Value>, name: &str| m.get(name).and_then(Value::as_bool).unwrap_or(false);
+        let sequence = match params.get("sequence_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(0) => None,
+                Some(n) => Some(SequenceId(n.to_string())),
+                None => {
+                    return Err(refuse(format!(
+                        "sequence_id {n}: wanted a positive integer or a string"
+                    )))
+                }
+            },
+            Some(Value::String(s)) if s.is_empty() => None,
+            Some(Value::String(s)) => Some(SequenceId(s.clone())),
+            Some(other) => return Err(refuse(format!("sequence_id {other}: wanted an integer or a string"))),
+        };
+        let inputs = head
+            .get("inputs")
+            .and_then(Value::as_array)
+            .ok_or_else(|| refuse("the request has no \"inputs\" array".into()))?;
+        let mut given: Vec<Option<Vec<u8>>> = vec![None; interface.inputs.len()];
+        for input in inputs {
+            let name = input.get("name").and_then(Value::as_str).unwrap_or("");
+            let Some(k) = interface.inputs.iter().position(|p| p.name == name) else {
+                let names: Vec<&str> = interface.inputs.iter().map(|p| p.name.as_str()).collect();
+                return Err(refuse(format!(
+                    "unknown input {name:?}: the model's inputs are {}",
+                    names.join(", ")
+                )));
+            };
+            let port = &interface.inputs[k];
+            if given[k].is_some() {
+                return Err(refuse(format!("input {name:?} given twice")));
+            }
+            let wanted_type = datatype(&port.dtype);
+            let got_type = input.get("datatype").and_then(Value::as_str).unwrap_or("");
+            if got_type != wanted_type {
+                return Err(refuse(format!(
+                    "input {name:?}: datatype {got_type:?}, wanted {wanted_type:?}"
+                )));
+            }
+            let shape: Vec<u64> = input
+                .get("shape")
+                .and_then(Value::as_array)
+                .map(|s| s.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default();
+            let want_shape: Vec<u64> = port.shape.iter().map(|d| *d as u64).collect();
+            if shape != want_shape {
+                return Err(refuse(format!(
+                    "input {name:?}: shape {shape:?}, wanted {want_shape:?} (one sequence's pulse, 1 on the batch axis)"
+                )));
+            }
+            let bytes_wanted = port.len() * width(&port.dtype);
+            let in_params = input.get("parameters").and_then(Value::as_object);
+            let bytes = match in_params
+                .and_then(|p| p.get("binary_data_size"))
+                .and_then(Value::as_u64)
+            {
+                Some(n) => {
+                    let n = n as usize;
+                    if n > binary.len() {
+                        return Err(refuse(format!(
+                            "input {name:?}: binary_data_size {n}, {} bytes left in the body",
+                            binary.len()
+                        )));
+                    }
+                    let (mine, rest) = binary.split_at(n);
+                    binary = rest;
+                    mine.to_vec()
+                }
+                None => {
+                    let data = input
+                        .get("data")
+                        .ok_or_else(|| refuse(format!("input {name:?}: no data and no binary_data_size")))?;
+                    json_data(data, &port.dtype).map_err(|why| refuse(format!("input {name:?}: {why}")))?
+                }
+            };
+            if bytes.len() != bytes_wanted {
+                return Err(refuse(format!(
+                    "input {name:?}: {} bytes of {wanted_type}, wanted {bytes_wanted} ({:?})",
+                    bytes.len(),
+                    port.shape
+                )));
+            }
+            given[k] = Some(bytes);
+        }
+        if let Some(k) = given.iter().position(Option::is_none) {
+            return Err(refuse(format!("input {:?} is missing", interface.inputs[k].name)));
+        }
+        let all_binary = flag(&params, "binary_data_output");
+        let mut binary = vec![all_binary; interface.outputs.len()];
+        let mut wanted = vec![true; interface.outputs.len()];
+        if let Some(outputs) = head.get("outputs").and_then(Value::as_array) {
+            wanted = vec![false; interface.outputs.len()];
+            for o in outputs {
+                let name = o.get("name").and_then(Value::as_str).unwrap_or("");
+                let Some(k) = interface.outputs.iter().position(|p| p.name == name) else {
+                    return Err(refuse(format!("unknown output {name:?}")));
+                };
+                wanted[k] = true;
+                if let Some(b) = o
+                    .get("parameters")
+                    .and_then(|p| p.get("binary_data"))
+                    .and_then(Value::as_bool)
+                {
+                    binary[k] = b;
+                }
+            }
+        }
+        Ok(Request {
+            id: head.get("id").cloned(),
+            sequence,
+            start: flag(&params, "sequence_start"),
+            end: flag(&params, "sequence_end"),
+            pulse: given.into_iter().flatten().flatten().collect(),
+            binary,
+            wanted,
+        })
+    }
+}
+
+/// Flattened JSON numbers (or booleans) as little-endian bytes of `dtype`.
+fn json_data(data: &Value, dtype: &str) -> Result<Vec<u8>, String> {
+    let mut flat = Vec::new();
+    fn walk<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
+        match v {
+            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            other => out.push(other),
+        }
+    }
+    walk(data, &mut flat);
+    let mut bytes = Vec::with_capacity(flat.len() * width(dtype));
+    for v in flat {
+        let x = match v {
+            Value::Bool(b) => f64::from(u8::from(*b)),
+            Value::Number(n) => n.as_f64().unwrap_or(0.0),
+            other => return Err(format!("a {other} in data: wanted numbers")),
+        };
+        match dtype {
+            "bool" => bytes.push(u8::from(x != 0.0)),
+            "u8" => bytes.push(x as u8),
+            "i8" => bytes.push(x as i8 as u8),
+            "u16" => bytes.extend((x as u16).to_le_bytes()),
+            "i16" => bytes.extend((x as i16).to_le_bytes()),
+            "u32" => bytes.extend((x as u32).to_le_bytes()),
+            "i32" => bytes.extend((x as i32).to_le_bytes()),
+            "u64" => bytes.extend((x as u64).to_le_bytes()),
+            "i64" => bytes.extend(match v.as_i64() {
+                Some(i) => i.to_le_bytes(),
+                None => (x as i64).to_le_bytes(),
+            }),
+            "f32" => bytes.extend((x as f32).to_le_bytes()),
+            "f64" => bytes.extend(x.to_le_bytes()),
+            other => return Err(format!("{other} cannot be given as JSON data: send it binary")),
+        }
+    }
+    Ok(bytes)
+}
+
+/// One element of `dtype` from its little-endian bytes, as JSON.
+fn element(bytes: &[u8], dtype: &str) -> Value {
+    let b = |n: usize| -> [u8; 8] {
+        let mut a = [0u8; 8];
+        a[..n].copy_from_slice(&bytes[..n]);
+        a
+    };
+    match dtype {
+        "bool" => json!(bytes[0] != 0),
+        "u8" => json!(bytes[0]),
+        "i8" => json!(bytes[0] as i8),
+        "u16" => json!(u16::from_le_bytes([bytes[0], bytes[1]])),
+        "i16" => json!(i16::from_le_bytes([bytes[0], bytes[1]])),
+        "u32" => json!(u32::from_le_bytes(b(4)[..4].try_into().expect("4"))),
+        "i32" => json!(i32::from_le_bytes(b(4)[..4].try_into().expect("4"))),
+        "u64" => json!(u64::from_le_bytes(b(8))),
+        "i64" => json!(i64::from_le_bytes(b(8))),
+        "f32" => json!(f32::from_le_bytes(b(4)[..4].try_into().expect("4"))),
+        "f64" => json!(f64::from_le_bytes(b(8))),
+        _ => Value::Null,
+    }
+}
+
+/// The answer to `request` of model `model`: its JSON, and the binary part
+/// (empty where every output is JSON).
+pub fn answer(model: &str, request: &Request, interface: &Interface, answer_bytes: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let mut outputs = Vec::new();
+    let mut binary = Vec::new();
+    let mut at = 0;
+    for (k, port) in interface.outputs.iter().enumerate() {
+        let n = port.len() * width(&port.dtype);
+        let bytes = &answer_bytes[at..at + n];
+        at += n;
+        if !request.wanted[k] {
+            continue;
+        }
+        let mut o = json!({ "name": port.name, "datatype": datatype(&port.dtype), "shape": port.shape });
+        if request.binary[k] {
+            o["parameters"] = json!({ "binary_data_size": n });
+            binary.extend_from_slice(bytes);
+        } else {
+            let w = width(&port.dtype);
+            o["data"] = Value::Array(bytes.chunks(w).map(|e| element(e, &port.dtype)).collect());
+        }
+        outputs.push(o);
+    }
+    let mut head = json!({ "model_name": model, "model_version": "1", "outputs": outputs });
+    if let Some(id) = &request.id {
+        head["id"] = id.clone();
+    }
+    if let Some(s) = &request.sequence {
+        head["parameters"] = json!({ "sequence_id": s.0 });
+    }
+    (head.to_string().into_bytes(), binary)
+}
+
+/// An error's body.
+pub fn error(why: &str) -> String {
+    json!({ "error": why }).to_string()
+}

@@ -1,0 +1,239 @@
+//! The KServe v2 REST front on the main listener, for Triton's clients
+//! (`tritonclient.http`): health, server and model metadata, a model's
+//! config as Triton's clients read it, and infer requests, each one pulse
+//! of a sequence (Triton's sequence parameters; the messages:
+//! [`crate::kserve`]; the sequences' life: the session's `sequence`
+//! module). Every error is `{"error": "..."}` with the status the server's
+//! README maps.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::json;
+
+use crate::kserve::{self, Request};
+use crate::server::{readiness, Routes};
+use crate::session::sequence::Sequences;
+use crate::session::{Endpoint, Shared};
+
+/// The largest infer request body for a model of `pulse_bytes`-byte
+/// pulses: its pulse as JSON numbers (up to about 24 characters an
+/// element) and the JSON around it.
+fn max_body(pulse_bytes: usize) -> usize {
+    pulse_bytes.saturating_mul(8).saturating_add(64 << 10)
+}
+
+/// The v2 routes added to `router`.
+pub(crate) fn routes(router: Router<Routes>, endpoints: &[Arc<Endpoint>]) -> Router<Routes> {
+    let limit = endpoints
+        .iter()
+        .filter_map(|e| e.protocol.interface())
+        .map(|i| max_body(i.pulse_bytes()))
+        .max()
+        .unwrap_or(64 << 10);
+    router
+        .route("/v2", get(server_metadata))
+        .route("/v2/health/live", get(|| async { StatusCode::OK }))
+        .route("/v2/health/ready", get(server_ready))
+        .route("/v2/models/{name}", get(model_metadata))
+        .route("/v2/models/{name}/ready", get(model_ready))
+        .route("/v2/models/{name}/config", get(model_config))
+        .route(
+            "/v2/models/{name}/infer",
+            post(infer).layer(DefaultBodyLimit::max(limit)),
+        )
+}
+
+/// The sequences' upkeep: idle ones reaped each second; on the drain,
+/// every one handed over.
+pub(crate) fn tend(shared: Arc<Shared>, endpoints: Vec<Arc<Endpoint>>, sequences: Arc<Sequences>) {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        let mut handing = shared.handing_over.clone();
+        let idle = Duration::from_millis(shared.limits.idle_ms);
+        loop {
+            tokio::select! {
+                _ = every.tick() => sequences.reap(idle),
+                // (The flag's guard is dropped inside: it is not Send.)
+                changed = async { handing.wait_for(|h| *h).await.is_ok() } => {
+                    if changed {
+                        sequences.hand_over_all(&shared, &endpoints).await;
+                    }
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// An error answer.
+fn error(status: StatusCode, why: &str) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], kserve::error(why)).into_response()
+}
+
+fn no_model(routes: &Routes, name: &str) -> Response {
+    let names: Vec<&str> = routes.endpoints.iter().map(|e| e.name.as_str()).collect();
+    error(
+        StatusCode::NOT_FOUND,
+        &format!("no model {name:?} here: the models are {}", names.join(", ")),
+    )
+}
+
+fn json_answer(value: serde_json::Value) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], value.to_string()).into_response()
+}
+
+async fn server_metadata() -> Response {
+    json_answer(json!({
+        "name": "laned",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": ["binary_tensor_data", "sequence"],
+    }))
+}
+
+async fn server_ready(State(routes): State<Routes>) -> StatusCode {
+    if routes.endpoints.iter().any(|e| readiness(&e.runner).0) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+async fn model_ready(State(routes): State<Routes>, Path(name): Path<String>) -> Response {
+    match routes.endpoint(&name) {
+        Some(e) if readiness(&e.runner).0 => StatusCode::OK.into_response(),
+        Some(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+        None => no_model(&routes, &name),
+    }
+}
+
+async fn model_metadata(State(routes): State<Routes>, Path(name): Path<String>) -> Response {
+    let Some(e) = routes.endpoint(&name) else {
+        return no_model(&routes, &name);
+    };
+    let Some(i) = e.protocol.interface() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("model {name:?} is not served as tensors"),
+        );
+    };
+    json_answer(json!({
+        "name": name,
+        "versions": ["1"],
+        "platform": "laned",
+        "inputs": i.inputs.iter().map(kserve::metadata).collect::<Vec<_>>(),
+        "outputs": i.outputs.iter().map(kserve::metadata).collect::<Vec<_>>(),
+    }))
+}
+
+/// Triton's model config, as far as its clients read it: the inputs and
+/// outputs without the batch axis, the lanes as `max_batch_size`, the
+/// sequence batcher's idle time.
+async fn model_config(State(routes): State<Routes>, Path(name): Path<String>) -> Response {
+    let Some(e) = routes.endpoint(&name) else {
+        return no_model(&routes, &name);
+    };
+    let Some(i) = e.protocol.interface() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("model {name:?} is not served as tensors"),
+        );
+    };
+    let port = |p: &laned_models::spec::Port| {
+        json!({
+            "name": p.name,
+            "data_type": format!("TYPE_{}", kserve::datatype(&p.dtype)),
+            "dims": p.shape.iter().skip(1).collect::<Vec<_>>(),
+        })
+    };
+    json_answer(json!({
+        "name": name,
+        "platform": "laned",
+        "max_batch_size": e.runner.total_lanes(),
+        "input": i.inputs.iter().map(port).collect::<Vec<_>>(),
+        "output": i.outputs.iter().map(port).collect::<Vec<_>>(),
+        "sequence_batching": {
+            "max_sequence_idle_microseconds": routes.shared.limits.idle_ms.saturating_mul(1000),
+        },
+    }))
+}
+
+/// One infer request: one pulse of its sequence (or of a stream of its
+/// own where it names none).
+async fn infer(State(routes): State<Routes>, Path(name): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    let Some(endpoint) = routes.endpoint(&name) else {
+        return no_model(&routes, &name);
+    };
+    let Some(interface) = endpoint.protocol.interface() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("model {name:?} is not served as tensors"),
+        );
+    };
+    let limit = max_body(interface.pulse_bytes());
+    if body.len() > limit {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!(
+                "a request of {} bytes, over this model's {limit}-byte limit",
+                body.len()
+            ),
+        );
+    }
+    let json_len = match headers
+        .get(kserve::HEADER_LENGTH)
+        .map(|v| v.to_str().map(str::parse::<usize>))
+    {
+        None => None,
+        Some(Ok(Ok(n))) => Some(n),
+        Some(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("{} is not a number", kserve::HEADER_LENGTH),
+            )
+        }
+    };
+    let request = match Request::parse(&body, json_len, interface) {
+        Ok(r) => r,
+        Err(refused) => return error(StatusCode::BAD_REQUEST, &refused.0),
+    };
+    let inputs = match interface.call_inputs(&request.pulse) {
+        Ok(i) => i,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+    };
+    let id = request.sequence.as_ref().map(|s| s.0.as_str());
+    let outputs = match routes
+        .sequences
+        .call((&routes.shared, &endpoint), id, (request.start, request.end), inputs)
+        .await
+    {
+        Ok(out) => out,
+        Err((status, why)) => return error(status, &why),
+    };
+    let bytes = match interface.answer_bytes(&outputs) {
+        Ok(b) => b,
+        Err(why) => return error(StatusCode::INTERNAL_SERVER_ERROR, &format!("answering: {why}")),
+    };
+    let (head, binary) = kserve::answer(&name, &request, interface, &bytes);
+    if binary.is_empty() {
+        return ([(header::CONTENT_TYPE, "application/json")], head).into_response();
+    }
+    let json_len = head.len();
+    (
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (
+                header::HeaderName::from_static(kserve::HEADER_LENGTH),
+                json_len.to_string(),
+            ),
+        ],
+        [head, binary].concat(),
+    )
+        .into_response()
+}

@@ -42,6 +42,9 @@ pub struct Args {
     /// A second address answering only the probes.
     #[arg(long)]
     pub probe_listen: Option<SocketAddr>,
+    /// Serve the KServe v2 gRPC protocol (Triton's clients) here too.
+    #[arg(long)]
+    pub grpc_listen: Option<SocketAddr>,
     /// The hand-over store, a Redis URL [default: none].
     #[arg(long)]
     pub store: Option<String>,
@@ -65,6 +68,12 @@ pub struct Args {
     /// streams may send one pulse a frame, no more) [default: 1048576].
     #[arg(long)]
     pub max_frame_bytes: Option<usize>,
+    /// Serve a page at `/` that streams the browser's microphone to a
+    /// model chosen from `/v1/models` (its outputs as numbers, a one-value
+    /// output such as Silero's speech probability plotted live) [default:
+    /// off].
+    #[arg(long)]
+    pub web: bool,
 }
 
 /// `laned serve`'s config file.
@@ -107,6 +116,9 @@ fn config(args: &Args) -> Result<(Limits, Vec<(String, PathBuf)>), String> {
     };
     if let Some(v) = args.listen {
         l.listen = v;
+    }
+    if let Some(v) = args.grpc_listen {
+        l.grpc_listen = Some(v);
     }
     if let Some(v) = args.probe_listen {
         l.probe_listen = Some(v);
@@ -220,7 +232,8 @@ pub fn run(args: &Args) -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        let server = match laned_server::start_models(served, limits, prometheus).await {
+        let extras = laned_server::Extras { web: args.web };
+        let server = match laned_server::start_models_with(served, limits, prometheus, extras).await {
             Ok(s) => s,
             Err(why) => {
                 eprintln!("laned serve: {why}");
@@ -228,8 +241,14 @@ pub fn run(args: &Args) -> ExitCode {
             }
         };
         println!("laned serve listening on {}", server.addr);
+        if args.web {
+            println!("laned serve: the microphone page at http://{}/", server.addr);
+        }
         if let Some(probes) = server.probe_addr {
             println!("laned serve answering probes on {probes}");
+        }
+        if let Some(grpc) = server.grpc_addr {
+            println!("laned serve answering gRPC on {grpc}");
         }
         server.run_until_signal(term).await;
         ExitCode::SUCCESS

@@ -49,7 +49,7 @@ pub fn datatype(dtype: &str) -> &'static str {
 }
 
 /// The bytes of one element of a port's dtype.
-fn width(dtype: &str) -> usize {
+pub fn width(dtype: &str) -> usize {
     match dtype {
         "bool" | "u8" | "i8" => 1,
         "u16" | "i16" | "f16" => 2,
@@ -133,39 +133,16 @@ impl Request {
             .get("inputs")
             .and_then(Value::as_array)
             .ok_or_else(|| refuse("the request has no \"inputs\" array".into()))?;
-        let mut given: Vec<Option<Vec<u8>>> = vec![None; interface.inputs.len()];
+        let mut pulse = Pulse::new(interface);
         for input in inputs {
             let name = input.get("name").and_then(Value::as_str).unwrap_or("");
-            let Some(k) = interface.inputs.iter().position(|p| p.name == name) else {
-                let names: Vec<&str> = interface.inputs.iter().map(|p| p.name.as_str()).collect();
-                return Err(refuse(format!(
-                    "unknown input {name:?}: the model's inputs are {}",
-                    names.join(", ")
-                )));
-            };
-            let port = &interface.inputs[k];
-            if given[k].is_some() {
-                return Err(refuse(format!("input {name:?} given twice")));
-            }
-            let wanted_type = datatype(&port.dtype);
             let got_type = input.get("datatype").and_then(Value::as_str).unwrap_or("");
-            if got_type != wanted_type {
-                return Err(refuse(format!(
-                    "input {name:?}: datatype {got_type:?}, wanted {wanted_type:?}"
-                )));
-            }
-            let shape: Vec<u64> = input
+            let shape: Vec<i64> = input
                 .get("shape")
                 .and_then(Value::as_array)
-                .map(|s| s.iter().filter_map(Value::as_u64).collect())
+                .map(|s| s.iter().filter_map(Value::as_i64).collect())
                 .unwrap_or_default();
-            let want_shape: Vec<u64> = port.shape.iter().map(|d| *d as u64).collect();
-            if shape != want_shape {
-                return Err(refuse(format!(
-                    "input {name:?}: shape {shape:?}, wanted {want_shape:?} (one sequence's pulse, 1 on the batch axis)"
-                )));
-            }
-            let bytes_wanted = port.len() * width(&port.dtype);
+            let k = pulse.port(name, got_type, &shape)?;
             let in_params = input.get("parameters").and_then(Value::as_object);
             let bytes = match in_params
                 .and_then(|p| p.get("binary_data_size"))
@@ -187,21 +164,13 @@ impl Request {
                     let data = input
                         .get("data")
                         .ok_or_else(|| refuse(format!("input {name:?}: no data and no binary_data_size")))?;
-                    json_data(data, &port.dtype).map_err(|why| refuse(format!("input {name:?}: {why}")))?
+                    let dtype = &interface.inputs[k].dtype;
+                    json_data(data, dtype).map_err(|why| refuse(format!("input {name:?}: {why}")))?
                 }
             };
-            if bytes.len() != bytes_wanted {
-                return Err(refuse(format!(
-                    "input {name:?}: {} bytes of {wanted_type}, wanted {bytes_wanted} ({:?})",
-                    bytes.len(),
-                    port.shape
-                )));
-            }
-            given[k] = Some(bytes);
+            pulse.give(k, bytes)?;
         }
-        if let Some(k) = given.iter().position(Option::is_none) {
-            return Err(refuse(format!("input {:?} is missing", interface.inputs[k].name)));
-        }
+        let pulse = pulse.finish()?;
         let all_binary = flag(&params, "binary_data_output");
         let mut binary = vec![all_binary; interface.outputs.len()];
         let mut wanted = vec![true; interface.outputs.len()];
@@ -227,10 +196,85 @@ impl Request {
             sequence,
             start: flag(&params, "sequence_start"),
             end: flag(&params, "sequence_end"),
-            pulse: given.into_iter().flatten().flatten().collect(),
+            pulse,
             binary,
             wanted,
         })
+    }
+}
+
+/// One pulse's inputs as a request gives them, each checked against the
+/// model's fed inputs: its name, datatype and shape, then its bytes'
+/// length; every input once. Shared by the REST and gRPC fronts.
+#[derive(Debug)]
+pub struct Pulse<'a> {
+    interface: &'a Interface,
+    given: Vec<Option<Vec<u8>>>,
+}
+
+impl<'a> Pulse<'a> {
+    /// No input given yet.
+    pub fn new(interface: &'a Interface) -> Pulse<'a> {
+        Pulse {
+            interface,
+            given: vec![None; interface.inputs.len()],
+        }
+    }
+
+    /// The fed input `name` is (by its index), once its datatype and shape
+    /// are the model's.
+    pub fn port(&self, name: &str, got_type: &str, shape: &[i64]) -> Result<usize, Refused> {
+        let inputs = &self.interface.inputs;
+        let Some(k) = inputs.iter().position(|p| p.name == name) else {
+            let names: Vec<&str> = inputs.iter().map(|p| p.name.as_str()).collect();
+            return Err(Refused(format!(
+                "unknown input {name:?}: the model's inputs are {}",
+                names.join(", ")
+            )));
+        };
+        let port = &inputs[k];
+        if self.given[k].is_some() {
+            return Err(Refused(format!("input {name:?} given twice")));
+        }
+        let wanted_type = datatype(&port.dtype);
+        if got_type != wanted_type {
+            return Err(Refused(format!(
+                "input {name:?}: datatype {got_type:?}, wanted {wanted_type:?}"
+            )));
+        }
+        let want_shape: Vec<i64> = port.shape.iter().map(|d| *d as i64).collect();
+        if shape != want_shape {
+            return Err(Refused(format!(
+                "input {name:?}: shape {shape:?}, wanted {want_shape:?} (one sequence's pulse, 1 on the batch axis)"
+            )));
+        }
+        Ok(k)
+    }
+
+    /// Input `k`'s bytes (little-endian, row-major), checked by length.
+    pub fn give(&mut self, k: usize, bytes: Vec<u8>) -> Result<(), Refused> {
+        let port = &self.interface.inputs[k];
+        let wanted = port.len() * width(&port.dtype);
+        if bytes.len() != wanted {
+            return Err(Refused(format!(
+                "input {:?}: {} bytes of {}, wanted {wanted} ({:?})",
+                port.name,
+                bytes.len(),
+                datatype(&port.dtype),
+                port.shape
+            )));
+        }
+        self.given[k] = Some(bytes);
+        Ok(())
+    }
+
+    /// The pulse's bytes, every fed input in order; `Err` naming one not
+    /// given.
+    pub fn finish(self) -> Result<Vec<u8>, Refused> {
+        if let Some(k) = self.given.iter().position(Option::is_none) {
+            return Err(Refused(format!("input {:?} is missing", self.interface.inputs[k].name)));
+        }
+        Ok(self.given.into_iter().flatten().flatten().collect())
     }
 }
 

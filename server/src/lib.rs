@@ -21,10 +21,11 @@
 //! store), `accept` (the accept loop, the cap, the probes), `server` (the
 //! routes, the listeners, the drain), [`kserve`] and `v2` (the KServe v2
 //! REST front's messages and routes, Triton's sequences a laned stream
-//! each).
+//! each), `grpc` (the same over gRPC, with Triton's streams).
 
 mod accept;
 pub mod audio;
+mod grpc;
 pub mod handover;
 pub mod kserve;
 pub mod mux;
@@ -34,10 +35,11 @@ mod session;
 pub mod settings;
 pub mod tensor;
 mod v2;
+pub mod web;
 
 pub use accept::{open_files_limit, PROBE_RESERVE};
 pub use audio::{Event, Format, Hysteresis, END_THRESHOLD, MIN_SILENCE_MS, START_THRESHOLD};
-pub use server::{check_name, install_prometheus, start, start_models, Served, Server};
+pub use server::{check_name, install_prometheus, start, start_models, start_models_with, Extras, Served, Server};
 pub use session::{CONTROL_BURST, CONTROL_PER_SEC};
 pub use settings::{load_plan, model_file, parse_policy, Limits, Settings};
 

@@ -6,8 +6,11 @@
 //! 1. After the upgrade the server sends one text message, the hello:
 //!    `{"protocol": 1, "mux": 1, "model": NAME, "inputs": [PORT...],
 //!    "outputs": [PORT...], "pulse_bytes": P, "answer_bytes": A,
-//!    "max_streams": S, "max_queued": Q}` (ports as the single-stream
-//!    hello's, and its `"audio"` where the model has one).
+//!    "max_streams": S, "max_queued": Q, "max_message_bytes": M}` (ports
+//!    as the single-stream hello's, and its `"audio"` where the model has
+//!    one). `M` bounds each message the client sends; the server's
+//!    messages are at most [`MAX_OUT_MESSAGE`] bytes, or one record where
+//!    a record is longer.
 //! 2. Every binary message, either way, is a sequence of records, one
 //!    after another, each:
 //!
@@ -30,7 +33,9 @@
 //!      a clean close does); answered [`CLOSED`] 1000. Empty payload.
 //! 4. The server's records:
 //!    - [`OPENED`] (0x81): payload a u64 little-endian, the pulse the
-//!      stream resumes from (0 for a fresh one): resend from there.
+//!      stream resumes from (0 for a fresh one): resend from there. Pulses
+//!      sent before it are counted from that position: a client resuming
+//!      waits for it.
 //!    - [`ANSWER`] (0x82): payload a u64 little-endian, the pulse's number
 //!      on the stream, then `A` bytes, every output in order. Every answer
 //!      ready at once (a turn's, for this connection) goes in one message.
@@ -38,16 +43,21 @@
 //!      reason in UTF-8: stream `tag` is over (its tag may be opened
 //!      again). The codes are the single-stream front's close codes, per
 //!      stream: 1000 ended by the client; 1003 a pulse record not whole
-//!      pulses (both lengths named); 1008 a tag not open, opened twice, an
-//!      id live elsewhere or not an id, more than `Q` pulses queued, or no
-//!      pulse for the idle time; 1011 the model failed; 1012 the server is
-//!      restarting (the reason says the chunk to resume from: reopen the id
-//!      on any replica); 1013 more than `S` streams on the connection, or
-//!      no lane freed up within the admission wait.
+//!      pulses (both lengths named); 1001 the runner closed (a stream
+//!      without an id, during a shutdown); 1008 a tag not open, opened
+//!      twice, an id live elsewhere or not an id, more than `Q` pulses
+//!      queued, or no pulse for the idle time; 1011 the model failed; 1012
+//!      the server is restarting (reopen the id on any replica, resending
+//!      from the position its opened record gives; the reason names it
+//!      where the stream had one); 1013 more than `S` streams on the
+//!      connection (those closed while a call of theirs runs count until
+//!      it ends), or no lane freed up within the admission wait.
 //! 5. Whole-connection closes: a message that is not whole records, an
-//!    unknown kind or a text message (1003), a message over the size the
-//!    hello implies (1009), the server shutting down (1001), and, during a
-//!    drain, once every stream is handed over or gone (1012).
+//!    unknown kind or a text message (1003), a message over `M` (1009), no
+//!    stream open for the idle time (1008), the server shutting down
+//!    (1001), and, during a drain, once every stream is handed over or
+//!    gone (1012). While the pulses queued on a connection pass
+//!    [`queue_budget`] bytes, its messages are left unread.
 //!
 //! The session's own life (when lanes are taken, the clocks, the drain) is
 //! in the session's mux module; this one is the bytes, shared by the
@@ -77,6 +87,13 @@ pub const MAX_STREAMS: usize = 256;
 
 /// Pulses a stream may have queued (received, not yet answered).
 pub const MAX_QUEUED: usize = 64;
+
+/// The most bytes of records the server puts in one message (a longer
+/// record goes alone).
+pub const MAX_OUT_MESSAGE: usize = 256 << 10;
+
+/// Bytes of an open record with the longest id.
+const MAX_OPEN_RECORD: usize = HEADER_BYTES + 128;
 
 /// One record, as read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,11 +151,17 @@ pub fn records(message: &[u8]) -> Result<Vec<Record<'_>>, String> {
 }
 
 /// The largest message a client of a model with `pulse_bytes`-byte pulses
-/// may send: every stream's queue full, or 1 MiB, whichever is less, and
-/// at least one full queue.
+/// may send: every stream opened with the longest id and one pulse each,
+/// or one stream's queue full, whichever is more.
 pub fn max_message_bytes(pulse_bytes: usize) -> usize {
     let one_queue = HEADER_BYTES + MAX_QUEUED * pulse_bytes;
-    (MAX_STREAMS * (HEADER_BYTES + pulse_bytes)).min(1 << 20).max(one_queue)
+    (MAX_STREAMS * (MAX_OPEN_RECORD + HEADER_BYTES + pulse_bytes)).max(one_queue)
+}
+
+/// The pulses' bytes a connection may hold queued before its messages are
+/// left unread: four full queues, or 1 MiB, whichever is more.
+pub fn queue_budget(pulse_bytes: usize) -> usize {
+    (4 * MAX_QUEUED * pulse_bytes).max(1 << 20)
 }
 
 #[cfg(test)]

@@ -44,6 +44,9 @@ pub struct Server {
     /// The address answering only the probes, if one was asked for.
     pub probe_addr: Option<SocketAddr>,
     probe_task: Option<tokio::task::JoinHandle<()>>,
+    /// The KServe v2 gRPC front's address, if one was asked for.
+    pub grpc_addr: Option<SocketAddr>,
+    grpc_task: Option<tokio::task::JoinHandle<()>>,
     shared: Arc<Shared>,
     endpoints: Vec<Arc<Endpoint>>,
     closing: watch::Sender<bool>,
@@ -73,7 +76,15 @@ pub async fn start(
         max_frame_bytes: settings.max_frame_bytes,
     };
     let cap = settings.connection_cap();
-    listen(settings.limits(), cap, vec![endpoint], prometheus, Paths::Vad).await
+    listen(
+        settings.limits(),
+        cap,
+        vec![endpoint],
+        prometheus,
+        Paths::Vad,
+        Extras::default(),
+    )
+    .await
 }
 
 /// `laned serve`: serves every model of `models` on `limits.listen`, each
@@ -82,6 +93,23 @@ pub async fn start_models(
     models: Vec<Served>,
     limits: Limits,
     prometheus: Option<PrometheusHandle>,
+) -> Result<Server, String> {
+    start_models_with(models, limits, prometheus, Extras::default()).await
+}
+
+/// What `laned serve` may serve besides its models.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Extras {
+    /// The microphone page at `/` (`laned serve --web`; [`crate::web`]).
+    pub web: bool,
+}
+
+/// [`start_models`], with the `extras` asked for.
+pub async fn start_models_with(
+    models: Vec<Served>,
+    limits: Limits,
+    prometheus: Option<PrometheusHandle>,
+    extras: Extras,
 ) -> Result<Server, String> {
     limits.validate()?;
     if models.is_empty() {
@@ -132,7 +160,7 @@ pub async fn start_models(
         });
     }
     let cap = limits.connection_cap(endpoints.iter().map(|e| e.runner.total_lanes()).sum());
-    listen(limits, cap, endpoints, prometheus, Paths::Models).await
+    listen(limits, cap, endpoints, prometheus, Paths::Models, extras).await
 }
 
 /// A model's name, checked: 1 to 64 ASCII letters, digits, `-`, `_`, `.`.
@@ -177,6 +205,7 @@ async fn listen(
     endpoints: Vec<Endpoint>,
     prometheus: Option<PrometheusHandle>,
     paths: Paths,
+    extras: Extras,
 ) -> Result<Server, String> {
     let who = paths.who();
     let listener = tokio::net::TcpListener::bind(limits.listen)
@@ -219,6 +248,7 @@ async fn listen(
         endpoints: endpoints.clone(),
         sequences,
     };
+    let grpc_routes = state.clone();
     let probes = Router::new()
         .route("/ready", get(ready))
         .route("/live", get(|| async { "live\n" }))
@@ -235,8 +265,8 @@ async fn listen(
             .route("/v1/models", get(models))
             .route("/v1/models/{name}/stream", get(stream))
             .route("/v1/models/{name}/mux", get(mux_stream)),
-    }
-    .with_state(state.clone());
+    };
+    let app = crate::web::routes(app, extras.web).with_state(state.clone());
     // Past the cap: the probes, and 503 for anything else.
     let probes = probes
         .fallback(|| async {
@@ -282,6 +312,14 @@ async fn listen(
         }
         None => (None, None),
     };
+    let (grpc_addr, grpc_task) = match (shared.limits.grpc_listen, &paths) {
+        (Some(at), Paths::Models) => {
+            let (addr, task) = crate::grpc::listen(at, grpc_routes).await?;
+            (Some(addr), Some(task))
+        }
+        (Some(_), Paths::Vad) => return Err("grpc_listen: vad-server serves no gRPC (laned serve does)".into()),
+        (None, _) => (None, None),
+    };
     let task = tokio::spawn(accept::serve(
         listener,
         app,
@@ -294,6 +332,8 @@ async fn listen(
         addr,
         probe_addr,
         probe_task,
+        grpc_addr,
+        grpc_task,
         shared,
         endpoints,
         closing,
@@ -341,12 +381,20 @@ impl Server {
         let mut deadline = Instant::now() + Duration::from_millis(self.shared.limits.drain_deadline_ms);
         let mut now = std::pin::pin!(now);
         // The drain's wait, here where a second signal can cut it: until no
-        // lane is held, the deadline, or `now`.
+        // lane and no stream id is held, the deadline, or `now`.
         loop {
+            // A stream with an id and no lane yet (it has sent nothing)
+            // holds its id only: waited for too, so that it is told 1012
+            // with its position before `closing` would tell it 1001.
             let idle = runners.iter().all(|r| {
                 let capacity = r.capacity();
                 capacity.lanes_free == capacity.lanes
-            });
+            }) && self
+                .shared
+                .live_ids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty();
             if idle || Instant::now() >= deadline {
                 break;
             }
@@ -368,6 +416,11 @@ impl Server {
         self.task.abort();
         if let Some(probes) = &self.probe_task {
             probes.abort();
+        }
+        // gRPC streams last as long as their clients: each sequence was
+        // handed over above, and the streams end with the process.
+        if let Some(grpc) = &self.grpc_task {
+            grpc.abort();
         }
         // The close frames out, bounded: every session ended, and every
         // connection still reading its request answered (it becomes a

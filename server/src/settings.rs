@@ -145,6 +145,7 @@ impl Settings {
             handover_ttl_s: self.handover_ttl_s,
             checkpoint_every: self.checkpoint_every,
             store_timeout_ms: self.store_timeout_ms,
+            grpc_listen: None,
         }
     }
 
@@ -268,6 +269,9 @@ pub struct Limits {
     pub handover_ttl_s: u64,
     pub checkpoint_every: u64,
     pub store_timeout_ms: u64,
+    /// The KServe v2 gRPC front's address (`laned serve` only); none by
+    /// default.
+    pub grpc_listen: Option<SocketAddr>,
 }
 
 impl Default for Limits {

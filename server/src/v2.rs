@@ -25,7 +25,7 @@ use crate::session::{Endpoint, Shared};
 /// The largest infer request body for a model of `pulse_bytes`-byte
 /// pulses: its pulse as JSON numbers (up to about 24 characters an
 /// element) and the JSON around it.
-fn max_body(pulse_bytes: usize) -> usize {
+pub(crate) fn max_body(pulse_bytes: usize) -> usize {
     pulse_bytes.saturating_mul(8).saturating_add(64 << 10)
 }
 

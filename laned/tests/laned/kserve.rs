@@ -13,15 +13,17 @@ use laned_testkit::fixtures;
 use super::save;
 use super::serve::{checked_spec, noise_pulses, serve, solo, Redis, Serving};
 
-/// A venv with `tritonclient[http]` and numpy, made once under the
+/// A venv with `tritonclient[http,grpc]` and numpy, made once under the
 /// target's scratch folder; its python, or `None` after saying `SKIPPED`
 /// (CI fails on that word).
 fn triton_python() -> Option<PathBuf> {
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tritonclient-venv");
+    // Test processes run side by side: one makes the venv, the others wait.
+    let _made_by_one = super::serve::exclusive(&venv.with_extension("lock"));
     let bin = venv.join("bin/python");
     let ready = || {
         Command::new(&bin)
-            .args(["-c", "import tritonclient.http, numpy"])
+            .args(["-c", "import tritonclient.http, tritonclient.grpc, numpy"])
             .output()
             .is_ok_and(|o| o.status.success())
     };
@@ -97,10 +99,10 @@ fn names(serving: &Serving) -> (String, String) {
     )
 }
 
-fn run_script(python: &Path, dir: &Path, input: &serde_json::Value) -> String {
+fn run_script(python: &Path, dir: &Path, input: &serde_json::Value, script: &str) -> String {
     let file = dir.join("check.json");
     std::fs::write(&file, input.to_string()).unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/laned/triton_http.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/laned").join(script);
     let out = Command::new(python).arg(script).arg(&file).output().unwrap();
     let said = super::text(&out);
     assert_eq!(out.status.code(), Some(0), "{said}");
@@ -125,7 +127,7 @@ fn tritonclient_http_drives_sequences_exactly_and_across_a_restart() {
     let mut check = script_input(dir.path(), &spec, &serving.addr, (16, 6));
     check["input"] = input.clone().into();
     check["output"] = output.clone().into();
-    let said = run_script(&python, dir.path(), &check);
+    let said = run_script(&python, dir.path(), &check, "triton_http.py");
     assert!(said.contains("16 sequences of 6 pulses exact"), "{said}");
     drop(serving);
 
@@ -137,6 +139,73 @@ fn tritonclient_http_drives_sequences_exactly_and_across_a_restart() {
     check["input"] = input.into();
     check["output"] = output.into();
     check["restart"] = serde_json::json!({ "pid": a.pid(), "after": 4, "other": b.addr });
-    let said = run_script(&python, dir.path(), &check);
+    let said = run_script(&python, dir.path(), &check, "triton_http.py");
+    assert!(said.contains("every one resumed on B"), "{said}");
+}
+
+/// A port nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `tritonclient.grpc` on `laned serve --grpc-listen`: 16 sequences
+/// multiplexed on one `ModelStreamInfer` stream (every pulse sent at once,
+/// numbered and named ids), then 16 connections of one sequence each,
+/// interleaved; every answer the model alone; twins equal; bad requests
+/// refused by name. Then two replicas sharing a Redis, 8 sequences on one
+/// stream to replica A, A stopped (SIGTERM) after 4 of 10 rounds: each
+/// sequence resumes on B's stream from the record A handed over, exact.
+#[test]
+fn tritonclient_grpc_multiplexes_sequences_exactly_and_across_a_restart() {
+    let Some(python) = triton_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let spec = gru(dir.path());
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let serving = serve(&[&format!("gru={}", spec.display()), "--grpc-listen", &grpc]).unwrap();
+    let (input, output) = names(&serving);
+    let mut check = script_input(dir.path(), &spec, &grpc, (16, 6));
+    check["input"] = input.clone().into();
+    check["output"] = output.clone().into();
+    let said = run_script(&python, dir.path(), &check, "triton_grpc.py");
+    assert!(said.contains("16 sequences of 6 pulses exact on one stream"), "{said}");
+    drop(serving);
+
+    let Some(redis) = Redis::start() else { return };
+    let (grpc_a, grpc_b) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let args = |url: &str, at: &str| {
+        vec![
+            format!("gru={}", spec.display()),
+            "--store".into(),
+            url.to_string(),
+            "--grpc-listen".into(),
+            at.to_string(),
+        ]
+    };
+    let a = serve(
+        &args(&redis.url(), &grpc_a)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let _b = serve(
+        &args(&redis.url(), &grpc_b)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let mut check = script_input(dir.path(), &spec, &grpc_a, (8, 10));
+    check["input"] = input.into();
+    check["output"] = output.into();
+    check["restart"] = serde_json::json!({ "pid": a.pid(), "after": 4, "other": grpc_b });
+    let said = run_script(&python, dir.path(), &check, "triton_grpc.py");
     assert!(said.contains("every one resumed on B"), "{said}");
 }

@@ -401,8 +401,20 @@ fn python_client_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python")
 }
 
+/// An exclusive lock on `path` (made if missing), held while the file
+/// stays open: test processes that share a venv make it one at a time.
+pub fn exclusive(path: &Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::create(path).unwrap();
+    // SAFETY: flock on a descriptor this function owns, open for the call.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(locked, 0, "locking {}", path.display());
+    file
+}
+
 fn python_venv() -> Option<PathBuf> {
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-client-venv");
+    let _made_by_one = exclusive(&venv.with_extension("lock"));
     let bin = venv.join("bin/python");
     let package = python_client_dir();
     let runs = |code: &str| {
@@ -432,11 +444,33 @@ fn python_venv() -> Option<PathBuf> {
             .status()
             .is_ok_and(|s| s.success())
     };
+    // The package's sources as they stand (names, sizes, times): a venv
+    // whose install matches is used as it is, so that one test process
+    // never reinstalls under another's feet.
+    let sources = {
+        let mut files: Vec<String> = std::fs::read_dir(package.join("laned_client"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .chain(std::fs::read_dir(&package).into_iter().flatten().flatten())
+            .filter_map(|e| {
+                let m = e.metadata().ok().filter(|m| m.is_file())?;
+                Some(format!("{} {} {:?}", e.path().display(), m.len(), m.modified().ok()))
+            })
+            .collect();
+        files.sort();
+        files.join("\n")
+    };
+    let stamp = venv.join("laned-client.stamp");
+    if ready && std::fs::read_to_string(&stamp).is_ok_and(|s| s == sources) {
+        return Some(bin);
+    }
     let installed = if ready {
         pip(&["--no-index", "--no-deps", "--no-build-isolation", "--force-reinstall"])
     } else {
         pip(&["setuptools>=70.1", "wheel"])
     };
+    let _ = std::fs::write(&stamp, &sources);
     if !installed || !runs("import laned_client") {
         eprintln!(
             "SKIPPED: pip could not install {} (websockets, numpy) into {}",

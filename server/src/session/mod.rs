@@ -652,13 +652,14 @@ impl Session {
             }
             return Ok(());
         }
-        if self.stream().handle.is_none() {
-            self.take_lane().await?;
-        }
         self.idle_until = tokio::time::Instant::now() + self.idle();
         let taken = self.stream.as_mut().expect("serving").conversation.take(&bytes);
         if let Err(why) = taken {
             return self.refuse(crate::close::UNSUPPORTED, &why).await;
+        }
+        // A frame refused takes no lane: the lane after the frame's check.
+        if self.stream().handle.is_none() {
+            self.take_lane().await?;
         }
         self.serve_calls().await
     }

@@ -75,10 +75,12 @@ pub(crate) async fn upgrade(ws: WebSocketUpgrade, shared: Arc<Shared>, endpoint:
             .into_response();
     };
     let cap = mux::max_message_bytes(interface.pulse_bytes());
+    // One message out at a time, each at most MAX_OUT_MESSAGE or one record.
+    let largest_out = mux::MAX_OUT_MESSAGE.max(mux::HEADER_BYTES + 8 + interface.answer_len());
     ws.max_message_size(cap)
         .max_frame_size(cap)
         .write_buffer_size(WRITE_BUFFER)
-        .max_write_buffer_size(MAX_WRITE_BUFFER.max(4 * cap))
+        .max_write_buffer_size(MAX_WRITE_BUFFER.max(2 * largest_out + WRITE_BUFFER))
         .on_upgrade(move |socket| async move {
             shared.live.fetch_add(1, Ordering::AcqRel);
             let _guard = LiveGuard(shared.clone());
@@ -130,8 +132,16 @@ struct Connection {
     interface: Interface,
     streams: HashMap<u32, MuxStream>,
     pending: FuturesUnordered<Pending>,
-    /// Records to write, as one message.
-    out: Vec<u8>,
+    /// Records to write, as messages of at most [`mux::MAX_OUT_MESSAGE`].
+    out: Vec<Vec<u8>>,
+    /// Bytes of pulses queued over every stream (bounded by
+    /// [`mux::queue_budget`]: past it, no message is read).
+    queued_bytes: usize,
+    /// Records removed after a client's end, still being written
+    /// (bounded: an open past [`mux::MAX_STREAMS`] of them is refused).
+    removals: Arc<std::sync::atomic::AtomicUsize>,
+    /// Since when no stream has been open.
+    empty_since: Instant,
     serials: u64,
     draining: bool,
 }
@@ -149,6 +159,9 @@ impl Connection {
             streams: HashMap::new(),
             pending: FuturesUnordered::new(),
             out: Vec::new(),
+            queued_bytes: 0,
+            removals: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            empty_since: Instant::now(),
             serials: 0,
             draining: false,
         }
@@ -171,6 +184,7 @@ impl Connection {
             "answer_bytes": i.answer_len(),
             "max_streams": mux::MAX_STREAMS,
             "max_queued": mux::MAX_QUEUED,
+            "max_message_bytes": mux::max_message_bytes(i.pulse_bytes()),
         });
         if let Some(audio) = &i.audio {
             hello["audio"] = json!(audio);
@@ -182,9 +196,11 @@ impl Connection {
         let mut handing_over = self.shared.handing_over.clone();
         let mut tick = tokio::time::interval(IDLE_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let budget = mux::queue_budget(self.interface.pulse_bytes());
         loop {
+            let reading = self.queued_bytes < budget;
             let step = tokio::select! {
-                m = self.socket.recv() => self.read(m).await,
+                m = self.socket.recv(), if reading => self.read(m).await,
                 Some(event) = self.pending.next(), if !self.pending.is_empty() => {
                     self.event(event).await;
                     Ok(())
@@ -198,10 +214,7 @@ impl Connection {
                     self.draining = true;
                     Ok(())
                 }
-                _ = tick.tick() => {
-                    self.idle_streams();
-                    Ok(())
-                }
+                                _ = tick.tick() => self.idle_streams().await,
             };
             if step.is_err() {
                 return;
@@ -240,7 +253,10 @@ impl Connection {
             }
             Some(Ok(Message::Close(_))) => {
                 self.closed_by_client();
-                let _ = futures_util::SinkExt::close(&mut self.socket).await;
+                // Bounded: a client that reads nothing must not hold the
+                // connection.
+                let reply = futures_util::SinkExt::close(&mut self.socket);
+                let _ = tokio::time::timeout(Duration::from_secs(1), reply).await;
                 return Err(Ended);
             }
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => return Ok(()),
@@ -276,15 +292,39 @@ impl Connection {
         Ok(())
     }
 
+    /// A record to write, in the last message unless that would pass
+    /// [`mux::MAX_OUT_MESSAGE`].
+    fn put(&mut self, kind: u8, tag: u32, payload: &[&[u8]]) {
+        let len = mux::HEADER_BYTES + payload.iter().map(|p| p.len()).sum::<usize>();
+        match self.out.last_mut() {
+            Some(last) if last.len() + len <= mux::MAX_OUT_MESSAGE => mux::put(last, kind, tag, payload),
+            _ => {
+                let mut message = Vec::with_capacity(len.min(mux::MAX_OUT_MESSAGE));
+                mux::put(&mut message, kind, tag, payload);
+                self.out.push(message);
+            }
+        }
+    }
+
     /// A [`mux::CLOSED`] record for `tag`.
     fn say_closed(&mut self, tag: u32, code: u16, why: &str) {
-        mux::put(&mut self.out, mux::CLOSED, tag, &[&code.to_le_bytes(), why.as_bytes()]);
+        self.put(mux::CLOSED, tag, &[&code.to_le_bytes(), why.as_bytes()]);
+    }
+
+    /// Removes stream `tag`, its queue's bytes given back.
+    fn remove(&mut self, tag: u32) -> Option<MuxStream> {
+        let s = self.streams.remove(&tag)?;
+        self.queued_bytes -= s.queue.iter().map(Vec::len).sum::<usize>();
+        if self.streams.is_empty() {
+            self.empty_since = Instant::now();
+        }
+        Some(s)
     }
 
     /// Stream `tag` closed with `code`: its lane freed (a call in flight
     /// first runs out), its id free again.
     fn close_stream(&mut self, tag: u32, code: u16, why: &str) {
-        self.streams.remove(&tag);
+        self.remove(tag);
         self.say_closed(tag, code, why);
     }
 
@@ -298,7 +338,14 @@ impl Connection {
             );
             return;
         }
-        if self.streams.len() >= mux::MAX_STREAMS {
+        // Streams closed while a call of theirs runs, and records being
+        // removed, count too: a client opening and ending streams in a
+        // loop piles up nothing.
+        let removing = self.removals.load(Ordering::Acquire);
+        if self.streams.len() >= mux::MAX_STREAMS
+            || self.pending.len() >= mux::MAX_STREAMS
+            || removing >= mux::MAX_STREAMS
+        {
             let why = format!(
                 "{} streams open on this connection, the most it takes",
                 mux::MAX_STREAMS
@@ -374,7 +421,7 @@ impl Connection {
             },
         );
         if !looking {
-            mux::put(&mut self.out, mux::OPENED, tag, &[&0u64.to_le_bytes()]);
+            self.put(mux::OPENED, tag, &[&0u64.to_le_bytes()]);
         }
     }
 
@@ -394,12 +441,13 @@ impl Connection {
         }
         s.queue.extend(payload.chunks(pulse).map(<[u8]>::to_vec));
         s.last = Instant::now();
+        self.queued_bytes += payload.len();
     }
 
     /// An [`mux::END`] record: the stream's record removed after any
     /// checkpoint in flight, as a clean close does.
     fn end_by_client(&mut self, tag: u32) {
-        let Some(s) = self.streams.remove(&tag) else {
+        let Some(s) = self.remove(tag) else {
             return self.say_closed(tag, close::IDLE, &format!("stream tag {tag} is not open"));
         };
         self.remove_record(s);
@@ -408,6 +456,7 @@ impl Connection {
 
     /// The client closed the connection: every stream ended by it.
     fn closed_by_client(&mut self) {
+        self.queued_bytes = 0;
         for (_, s) in std::mem::take(&mut self.streams) {
             self.remove_record(s);
         }
@@ -423,10 +472,13 @@ impl Connection {
         // The lane goes now; the id once the record is gone.
         let Stream { written, writer, .. } = s.stream;
         let live_id = s.live_id;
+        let removals = self.removals.clone();
+        removals.fetch_add(1, Ordering::AcqRel);
         tokio::spawn(async move {
             let _written = written.lock_owned().await;
             let _ = store.remove_own(&key, &writer).await;
             drop(live_id);
+            removals.fetch_sub(1, Ordering::AcqRel);
         });
     }
 
@@ -439,23 +491,36 @@ impl Connection {
                 };
                 s.busy = false;
                 s.opened = true;
+                s.last = Instant::now();
                 s.stream.writer = handover::Writer::after(resume.found_generation());
                 if let Resume::From(record) = resume {
                     // The protocol's own check, as the single-stream
                     // upgrade makes it.
-                    if s.stream.conversation.restore(&record.framing, record.chunk).is_ok() {
-                        s.stream.chunk = record.chunk;
-                        s.stream.resume_from = Some(record);
+                    match s.stream.conversation.restore(&record.framing, record.chunk) {
+                        Ok(()) => {
+                            s.stream.chunk = record.chunk;
+                            s.stream.resume_from = Some(record);
+                        }
+                        Err(why) => {
+                            let who = &self.endpoint.who;
+                            eprintln!(
+                                "{who}: stream tag {tag}: the record held for it is refused ({why}): it starts fresh"
+                            );
+                            handover::count("laned_resume_total", &self.endpoint.name, "refused");
+                        }
                     }
                 }
                 let at = s.stream.chunk;
-                mux::put(&mut self.out, mux::OPENED, tag, &[&at.to_le_bytes()]);
+                self.put(mux::OPENED, tag, &[&at.to_le_bytes()]);
             }
             Event::Called { tag, serial, done } => {
                 let Some(s) = self.streams.get_mut(&tag).filter(|s| s.serial == serial) else {
                     return;
                 };
                 s.busy = false;
+                // The idle clock runs from the answer (a long queue is not
+                // idleness).
+                s.last = Instant::now();
                 let (handle, outputs) = match done {
                     Ok(done) => done,
                     Err((code, why)) => return self.close_stream(tag, code, &why),
@@ -467,7 +532,7 @@ impl Connection {
                     Ok(a) => a,
                     Err(why) => return self.close_stream(tag, close::INTERNAL, &format!("answering: {why}")),
                 };
-                mux::put(&mut self.out, mux::ANSWER, tag, &[&n.to_le_bytes(), &answer]);
+                self.put(mux::ANSWER, tag, &[&n.to_le_bytes(), &answer]);
                 let every = self.shared.limits.checkpoint_every;
                 let s = &self.streams[&tag];
                 if let (Some(store), Some(id)) = (&self.shared.store, &s.handing) {
@@ -489,6 +554,7 @@ impl Connection {
                 continue;
             }
             let Some(pulse) = s.queue.pop_front() else { continue };
+            self.queued_bytes -= pulse.len();
             let inputs = match self.interface.call_inputs(&pulse) {
                 Ok(inputs) => inputs,
                 Err(why) => {
@@ -513,8 +579,14 @@ impl Connection {
     }
 
     /// Streams without a pulse for `idle_ms` closed (their lanes to
-    /// others).
-    fn idle_streams(&mut self) {
+    /// others); the connection closed where no stream has been open so
+    /// long.
+    async fn idle_streams(&mut self) -> Result<(), Ended> {
+        if self.streams.is_empty() && self.pending.is_empty() && self.empty_since.elapsed() >= self.idle() {
+            let why = format!("no stream open for {:?}: the place goes to others", self.idle());
+            close_with(&mut self.socket, close::IDLE, &why).await;
+            return Err(Ended);
+        }
         let idle = self.idle();
         let now = Instant::now();
         let gone: Vec<u32> = self
@@ -530,6 +602,7 @@ impl Connection {
                 &format!("no pulse for {idle:?}: the lane goes to others"),
             );
         }
+        Ok(())
     }
 
     /// Step 4: every stream with an id and nothing in flight handed over.
@@ -586,14 +659,14 @@ impl Connection {
     /// Every record produced, as one message; `Err`: the client is gone
     /// or not reading (past `idle`).
     async fn flush(&mut self) -> Result<(), Ended> {
-        if self.out.is_empty() {
-            return Ok(());
+        for message in std::mem::take(&mut self.out) {
+            let message = Message::Binary(message.into());
+            match tokio::time::timeout(self.idle(), self.socket.send(message)).await {
+                Ok(Ok(())) => {}
+                _ => return Err(Ended),
+            }
         }
-        let message = Message::Binary(std::mem::take(&mut self.out).into());
-        match tokio::time::timeout(self.idle(), self.socket.send(message)).await {
-            Ok(Ok(())) => Ok(()),
-            _ => Err(Ended),
-        }
+        Ok(())
     }
 }
 

@@ -1,0 +1,279 @@
+//! The messages of `inference.GRPCInferenceService` (KServe v2's gRPC
+//! protocol, with Triton's `ModelStreamInfer` and `ModelConfig`), the
+//! fields this server reads or writes, numbered as the protocol numbers
+//! them (a field left out is skipped by either side's decoder).
+
+use std::collections::HashMap;
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ServerLiveRequest {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ServerLiveResponse {
+    #[prost(bool, tag = "1")]
+    pub live: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ServerReadyRequest {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ServerReadyResponse {
+    #[prost(bool, tag = "1")]
+    pub ready: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelReadyRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub version: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelReadyResponse {
+    #[prost(bool, tag = "1")]
+    pub ready: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ServerMetadataRequest {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ServerMetadataResponse {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub version: String,
+    #[prost(string, repeated, tag = "3")]
+    pub extensions: Vec<String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelMetadataRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub version: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TensorMetadata {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub datatype: String,
+    #[prost(int64, repeated, tag = "3")]
+    pub shape: Vec<i64>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelMetadataResponse {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, repeated, tag = "2")]
+    pub versions: Vec<String>,
+    #[prost(string, tag = "3")]
+    pub platform: String,
+    #[prost(message, repeated, tag = "4")]
+    pub inputs: Vec<TensorMetadata>,
+    #[prost(message, repeated, tag = "5")]
+    pub outputs: Vec<TensorMetadata>,
+}
+
+/// One of a parameter's kinds.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum ParameterChoice {
+    #[prost(bool, tag = "1")]
+    BoolParam(bool),
+    #[prost(int64, tag = "2")]
+    Int64Param(i64),
+    #[prost(string, tag = "3")]
+    StringParam(String),
+    #[prost(double, tag = "4")]
+    DoubleParam(f64),
+    #[prost(uint64, tag = "5")]
+    Uint64Param(u64),
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InferParameter {
+    #[prost(oneof = "ParameterChoice", tags = "1, 2, 3, 4, 5")]
+    pub parameter_choice: Option<ParameterChoice>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InferTensorContents {
+    #[prost(bool, repeated, tag = "1")]
+    pub bool_contents: Vec<bool>,
+    #[prost(int32, repeated, tag = "2")]
+    pub int_contents: Vec<i32>,
+    #[prost(int64, repeated, tag = "3")]
+    pub int64_contents: Vec<i64>,
+    #[prost(uint32, repeated, tag = "4")]
+    pub uint_contents: Vec<u32>,
+    #[prost(uint64, repeated, tag = "5")]
+    pub uint64_contents: Vec<u64>,
+    #[prost(float, repeated, tag = "6")]
+    pub fp32_contents: Vec<f32>,
+    #[prost(double, repeated, tag = "7")]
+    pub fp64_contents: Vec<f64>,
+    #[prost(bytes = "vec", repeated, tag = "8")]
+    pub bytes_contents: Vec<Vec<u8>>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InferInputTensor {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub datatype: String,
+    #[prost(int64, repeated, tag = "3")]
+    pub shape: Vec<i64>,
+    #[prost(map = "string, message", tag = "4")]
+    pub parameters: HashMap<String, InferParameter>,
+    #[prost(message, optional, tag = "5")]
+    pub contents: Option<InferTensorContents>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InferRequestedOutputTensor {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(map = "string, message", tag = "2")]
+    pub parameters: HashMap<String, InferParameter>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelInferRequest {
+    #[prost(string, tag = "1")]
+    pub model_name: String,
+    #[prost(string, tag = "2")]
+    pub model_version: String,
+    #[prost(string, tag = "3")]
+    pub id: String,
+    #[prost(map = "string, message", tag = "4")]
+    pub parameters: HashMap<String, InferParameter>,
+    #[prost(message, repeated, tag = "5")]
+    pub inputs: Vec<InferInputTensor>,
+    #[prost(message, repeated, tag = "6")]
+    pub outputs: Vec<InferRequestedOutputTensor>,
+    #[prost(bytes = "vec", repeated, tag = "7")]
+    pub raw_input_contents: Vec<Vec<u8>>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InferOutputTensor {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub datatype: String,
+    #[prost(int64, repeated, tag = "3")]
+    pub shape: Vec<i64>,
+    #[prost(map = "string, message", tag = "4")]
+    pub parameters: HashMap<String, InferParameter>,
+    #[prost(message, optional, tag = "5")]
+    pub contents: Option<InferTensorContents>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelInferResponse {
+    #[prost(string, tag = "1")]
+    pub model_name: String,
+    #[prost(string, tag = "2")]
+    pub model_version: String,
+    #[prost(string, tag = "3")]
+    pub id: String,
+    #[prost(map = "string, message", tag = "4")]
+    pub parameters: HashMap<String, InferParameter>,
+    #[prost(message, repeated, tag = "5")]
+    pub outputs: Vec<InferOutputTensor>,
+    #[prost(bytes = "vec", repeated, tag = "6")]
+    pub raw_output_contents: Vec<Vec<u8>>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelStreamInferResponse {
+    #[prost(string, tag = "1")]
+    pub error_message: String,
+    #[prost(message, optional, tag = "2")]
+    pub infer_response: Option<ModelInferResponse>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelConfigRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub version: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelInput {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// Triton's `DataType` enum: `TYPE_FP32` is 11 ([`data_type`]).
+    #[prost(int32, tag = "2")]
+    pub data_type: i32,
+    #[prost(int64, repeated, tag = "4")]
+    pub dims: Vec<i64>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelOutput {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(int32, tag = "2")]
+    pub data_type: i32,
+    #[prost(int64, repeated, tag = "3")]
+    pub dims: Vec<i64>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelSequenceBatching {
+    #[prost(uint64, tag = "1")]
+    pub max_sequence_idle_microseconds: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelConfig {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub platform: String,
+    #[prost(int32, tag = "4")]
+    pub max_batch_size: i32,
+    #[prost(message, repeated, tag = "5")]
+    pub input: Vec<ModelInput>,
+    #[prost(message, repeated, tag = "6")]
+    pub output: Vec<ModelOutput>,
+    #[prost(message, optional, tag = "13")]
+    pub sequence_batching: Option<ModelSequenceBatching>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelConfigResponse {
+    #[prost(message, optional, tag = "1")]
+    pub config: Option<ModelConfig>,
+}
+
+/// Triton's `DataType` number of a v2 datatype name.
+pub fn data_type(v2: &str) -> i32 {
+    match v2 {
+        "BOOL" => 1,
+        "UINT8" => 2,
+        "UINT16" => 3,
+        "UINT32" => 4,
+        "UINT64" => 5,
+        "INT8" => 6,
+        "INT16" => 7,
+        "INT32" => 8,
+        "INT64" => 9,
+        "FP16" => 10,
+        "FP32" => 11,
+        "FP64" => 12,
+        "BYTES" => 13,
+        _ => 0,
+    }
+}

@@ -1,0 +1,533 @@
+//! The KServe v2 gRPC front (`laned serve --grpc-listen ADDR`):
+//! `inference.GRPCInferenceService` as Triton's clients
+//! (`tritonclient.grpc`) call it. Health, metadata and Triton's model
+//! config; `ModelInfer`, one pulse a request; and the bidirectional
+//! `ModelStreamInfer`, many sequences on one stream, each sequence's
+//! requests served in order (a task a sequence), the sequences side by
+//! side. A sequence is the REST front's: the same table, the same
+//! parameters (`sequence_id`, `sequence_start`, `sequence_end`), the same
+//! hand-over (the session's `sequence` module). Inputs come as
+//! `raw_input_contents` or typed contents; outputs go as
+//! `raw_output_contents`. An error is a status on `ModelInfer` and an
+//! `error_message` on the stream, its text the REST front's: `restarting`
+//! on a drain (send the request to another replica: it resumes the
+//! sequence from its record).
+//!
+//! The service is written by hand over tonic's server (the messages are
+//! prost derives in [`messages`]): no protoc at build time.
+
+pub(crate) mod messages;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::http::StatusCode;
+use futures_util::Stream;
+use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
+use tonic::server::{Grpc, NamedService};
+use tonic::{Request, Response, Status, Streaming};
+use tonic_prost::ProstCodec;
+
+use crate::kserve::{self, Pulse};
+use crate::server::{readiness, Routes};
+use messages::*;
+
+/// Sequences one stream may carry at once.
+pub const MAX_SEQUENCES_PER_STREAM: usize = crate::mux::MAX_STREAMS;
+
+/// Requests of one sequence queued on a stream, not yet served.
+const QUEUED_PER_SEQUENCE: usize = crate::mux::MAX_QUEUED;
+
+/// The service's name on the wire.
+const SERVICE: &str = "inference.GRPCInferenceService";
+
+/// The service: every route's state.
+#[derive(Clone)]
+pub(crate) struct Inference {
+    routes: Routes,
+    /// The largest request message: the REST front's body limit.
+    max_request: usize,
+}
+
+impl Inference {
+    pub(crate) fn new(routes: Routes) -> Inference {
+        let max_request = routes
+            .endpoints
+            .iter()
+            .filter_map(|e| e.protocol.interface())
+            .map(|i| crate::v2::max_body(i.pulse_bytes()))
+            .max()
+            .unwrap_or(64 << 10);
+        Inference { routes, max_request }
+    }
+}
+
+impl NamedService for Inference {
+    const NAME: &'static str = SERVICE;
+}
+
+/// A function as a tonic service (unary, or streaming with a stream of
+/// requests).
+struct Handler<F>(F);
+
+impl<F, Req, Resp, Fut> Service<Request<Req>> for Handler<F>
+where
+    F: FnMut(Request<Req>) -> Fut,
+    Fut: Future<Output = Result<Response<Resp>, Status>>,
+{
+    type Response = Response<Resp>;
+    type Error = Status;
+    type Future = Fut;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Req>) -> Fut {
+        (self.0)(request)
+    }
+}
+
+/// A codec of request `Req` and response `Resp`, bounded by `max`.
+fn grpc<Resp, Req>(max: usize) -> Grpc<ProstCodec<Resp, Req>>
+where
+    Resp: prost::Message + Send + 'static,
+    Req: prost::Message + Default + Send + 'static,
+{
+    Grpc::new(ProstCodec::default()).max_decoding_message_size(max)
+}
+
+impl<B> Service<http::Request<B>> for Inference
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let this = self.clone();
+        let method = req
+            .uri()
+            .path()
+            .strip_prefix(&format!("/{SERVICE}/"))
+            .map(str::to_string);
+        Box::pin(async move {
+            let routes = this.routes.clone();
+            let small = 64 << 10;
+            Ok(match method.as_deref() {
+                Some("ServerLive") => {
+                    let h = Handler(|_: Request<ServerLiveRequest>| async {
+                        Ok(Response::new(ServerLiveResponse { live: true }))
+                    });
+                    grpc(small).unary(h, req).await
+                }
+                Some("ServerReady") => {
+                    let h = Handler(move |_: Request<ServerReadyRequest>| {
+                        let ready = routes.endpoints.iter().any(|e| readiness(&e.runner).0);
+                        async move { Ok(Response::new(ServerReadyResponse { ready })) }
+                    });
+                    grpc(small).unary(h, req).await
+                }
+                Some("ModelReady") => {
+                    let h = Handler(move |r: Request<ModelReadyRequest>| {
+                        let ready = routes.endpoint(&r.get_ref().name).map(|e| readiness(&e.runner).0);
+                        let name = r.into_inner().name;
+                        async move {
+                            match ready {
+                                Some(ready) => Ok(Response::new(ModelReadyResponse { ready })),
+                                None => Err(Status::not_found(format!("no model {name:?} here"))),
+                            }
+                        }
+                    });
+                    grpc(small).unary(h, req).await
+                }
+                Some("ServerMetadata") => {
+                    let h = Handler(|_: Request<ServerMetadataRequest>| async {
+                        Ok(Response::new(ServerMetadataResponse {
+                            name: "laned".into(),
+                            version: env!("CARGO_PKG_VERSION").into(),
+                            extensions: vec!["sequence".into()],
+                        }))
+                    });
+                    grpc(small).unary(h, req).await
+                }
+                Some("ModelMetadata") => {
+                    let h = Handler(move |r: Request<ModelMetadataRequest>| {
+                        let answer = model_metadata(&routes, &r.into_inner().name);
+                        async move { answer.map(Response::new) }
+                    });
+                    grpc(small).unary(h, req).await
+                }
+                Some("ModelConfig") => {
+                    let h = Handler(move |r: Request<ModelConfigRequest>| {
+                        let answer = model_config(&routes, &r.into_inner().name);
+                        async move { answer.map(Response::new) }
+                    });
+                    grpc(small).unary(h, req).await
+                }
+                Some("ModelInfer") => {
+                    let h = Handler(move |r: Request<ModelInferRequest>| {
+                        let routes = routes.clone();
+                        async move { infer(&routes, r.into_inner()).await.map(Response::new) }
+                    });
+                    grpc(this.max_request).unary(h, req).await
+                }
+                Some("ModelStreamInfer") => {
+                    let h = Handler(move |r: Request<Streaming<ModelInferRequest>>| {
+                        let routes = routes.clone();
+                        async move { Ok(Response::new(stream_infer(routes, r.into_inner()))) }
+                    });
+                    grpc(this.max_request).streaming(h, req).await
+                }
+                _ => Status::unimplemented(format!("{} is not served here", req.uri().path())).into_http(),
+            })
+        })
+    }
+}
+
+/// A v2 datatype's Triton `DataType` number, from the tensor protocol's
+/// name.
+fn triton_type(dtype: &str) -> i32 {
+    data_type(kserve::datatype(dtype))
+}
+
+fn model_metadata(routes: &Routes, name: &str) -> Result<ModelMetadataResponse, Status> {
+    let (_, i) = served(routes, name)?;
+    let tensor = |p: &laned_models::spec::Port| TensorMetadata {
+        name: p.name.clone(),
+        datatype: kserve::datatype(&p.dtype).into(),
+        shape: p
+            .shape
+            .iter()
+            .enumerate()
+            .map(|(axis, d)| if axis == 0 { -1 } else { *d as i64 })
+            .collect(),
+    };
+    Ok(ModelMetadataResponse {
+        name: name.into(),
+        versions: vec!["1".into()],
+        platform: "laned".into(),
+        inputs: i.inputs.iter().map(tensor).collect(),
+        outputs: i.outputs.iter().map(tensor).collect(),
+    })
+}
+
+fn model_config(routes: &Routes, name: &str) -> Result<ModelConfigResponse, Status> {
+    let (e, i) = served(routes, name)?;
+    let dims = |p: &laned_models::spec::Port| p.shape.iter().skip(1).map(|d| *d as i64).collect();
+    Ok(ModelConfigResponse {
+        config: Some(ModelConfig {
+            name: name.into(),
+            platform: "laned".into(),
+            max_batch_size: e.runner.total_lanes().try_into().unwrap_or(i32::MAX),
+            input: i
+                .inputs
+                .iter()
+                .map(|p| ModelInput {
+                    name: p.name.clone(),
+                    data_type: triton_type(&p.dtype),
+                    dims: dims(p),
+                })
+                .collect(),
+            output: i
+                .outputs
+                .iter()
+                .map(|p| ModelOutput {
+                    name: p.name.clone(),
+                    data_type: triton_type(&p.dtype),
+                    dims: dims(p),
+                })
+                .collect(),
+            sequence_batching: Some(ModelSequenceBatching {
+                max_sequence_idle_microseconds: routes.shared.limits.idle_ms.saturating_mul(1000),
+            }),
+        }),
+    })
+}
+
+/// Model `name`'s endpoint and interface, or why not.
+fn served(
+    routes: &Routes,
+    name: &str,
+) -> Result<(std::sync::Arc<crate::session::Endpoint>, laned_models::spec::Interface), Status> {
+    let Some(e) = routes.endpoint(name) else {
+        let names: Vec<&str> = routes.endpoints.iter().map(|e| e.name.as_str()).collect();
+        return Err(Status::not_found(format!(
+            "no model {name:?} here: the models are {}",
+            names.join(", ")
+        )));
+    };
+    let Some(i) = e.protocol.interface().cloned() else {
+        return Err(Status::invalid_argument(format!(
+            "model {name:?} is not served as tensors"
+        )));
+    };
+    Ok((e, i))
+}
+
+/// The status of a refusal, by the REST front's HTTP status.
+fn status(code: StatusCode, why: String) -> Status {
+    match code {
+        StatusCode::NOT_FOUND => Status::not_found(why),
+        StatusCode::CONFLICT => Status::failed_precondition(why),
+        StatusCode::PAYLOAD_TOO_LARGE => Status::resource_exhausted(why),
+        StatusCode::SERVICE_UNAVAILABLE => Status::unavailable(why),
+        StatusCode::INTERNAL_SERVER_ERROR => Status::internal(why),
+        _ => Status::invalid_argument(why),
+    }
+}
+
+/// A request's parameter.
+fn param<'a>(r: &'a ModelInferRequest, name: &str) -> Option<&'a ParameterChoice> {
+    r.parameters.get(name).and_then(|p| p.parameter_choice.as_ref())
+}
+
+/// A request's sequence id, where it names one (`0` or empty: none).
+fn sequence_of(r: &ModelInferRequest) -> Result<Option<String>, Status> {
+    Ok(match param(r, "sequence_id") {
+        None | Some(ParameterChoice::Int64Param(0)) | Some(ParameterChoice::Uint64Param(0)) => None,
+        Some(ParameterChoice::Int64Param(n)) if *n > 0 => Some(n.to_string()),
+        Some(ParameterChoice::Uint64Param(n)) => Some(n.to_string()),
+        Some(ParameterChoice::StringParam(s)) if s.is_empty() => None,
+        Some(ParameterChoice::StringParam(s)) => Some(s.clone()),
+        Some(other) => {
+            return Err(Status::invalid_argument(format!(
+                "sequence_id {other:?}: wanted a positive integer or a string"
+            )))
+        }
+    })
+}
+
+fn flag(r: &ModelInferRequest, name: &str) -> bool {
+    matches!(param(r, name), Some(ParameterChoice::BoolParam(true)))
+}
+
+/// Typed contents as little-endian bytes of `dtype`.
+fn contents_bytes(c: &InferTensorContents, dtype: &str) -> Result<Vec<u8>, String> {
+    Ok(match dtype {
+        "f32" => c.fp32_contents.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        "f64" => c.fp64_contents.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        "i64" => c.int64_contents.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        "i32" => c.int_contents.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        "i16" => c.int_contents.iter().flat_map(|x| (*x as i16).to_le_bytes()).collect(),
+        "i8" => c.int_contents.iter().map(|x| *x as i8 as u8).collect(),
+        "u64" => c.uint64_contents.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        "u32" => c.uint_contents.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        "u16" => c.uint_contents.iter().flat_map(|x| (*x as u16).to_le_bytes()).collect(),
+        "u8" => c.uint_contents.iter().map(|x| *x as u8).collect(),
+        "bool" => c.bool_contents.iter().map(|b| u8::from(*b)).collect(),
+        other => {
+            return Err(format!(
+                "{other} cannot come as typed contents: send raw_input_contents"
+            ))
+        }
+    })
+}
+
+/// One request: one pulse of its sequence (or of a stream of its own).
+async fn infer(routes: &Routes, r: ModelInferRequest) -> Result<ModelInferResponse, Status> {
+    let (endpoint, interface) = served(routes, &r.model_name)?;
+    let sequence = sequence_of(&r)?;
+    let mut pulse = Pulse::new(&interface);
+    for (n, input) in r.inputs.iter().enumerate() {
+        let k = pulse
+            .port(&input.name, &input.datatype, &input.shape)
+            .map_err(|e| Status::invalid_argument(e.0))?;
+        let bytes = if r.raw_input_contents.is_empty() {
+            let contents = input
+                .contents
+                .as_ref()
+                .ok_or_else(|| Status::invalid_argument(format!("input {:?}: no contents", input.name)))?;
+            contents_bytes(contents, &interface.inputs[k].dtype)
+                .map_err(|why| Status::invalid_argument(format!("input {:?}: {why}", input.name)))?
+        } else {
+            r.raw_input_contents.get(n).cloned().ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "input {:?}: {} raw contents for {} inputs",
+                    input.name,
+                    r.raw_input_contents.len(),
+                    r.inputs.len()
+                ))
+            })?
+        };
+        pulse.give(k, bytes).map_err(|e| Status::invalid_argument(e.0))?;
+    }
+    let bytes = pulse.finish().map_err(|e| Status::invalid_argument(e.0))?;
+    let inputs = interface.call_inputs(&bytes).map_err(Status::invalid_argument)?;
+    let ends = (flag(&r, "sequence_start"), flag(&r, "sequence_end"));
+    let outputs = routes
+        .sequences
+        .call((&routes.shared, &endpoint), sequence.as_deref(), ends, inputs)
+        .await
+        .map_err(|(code, why)| status(code, why))?;
+    let answer = interface.answer_bytes(&outputs).map_err(Status::internal)?;
+    let wanted: Vec<&str> = r.outputs.iter().map(|o| o.name.as_str()).collect();
+    if let Some(unknown) = wanted.iter().find(|w| !interface.outputs.iter().any(|p| p.name == **w)) {
+        return Err(Status::invalid_argument(format!("unknown output {unknown:?}")));
+    }
+    let (mut outputs, mut raw) = (Vec::new(), Vec::new());
+    let mut at = 0;
+    for p in &interface.outputs {
+        let n = p.len() * kserve::width(&p.dtype);
+        let bytes = &answer[at..at + n];
+        at += n;
+        if !wanted.is_empty() && !wanted.contains(&p.name.as_str()) {
+            continue;
+        }
+        outputs.push(InferOutputTensor {
+            name: p.name.clone(),
+            datatype: kserve::datatype(&p.dtype).into(),
+            shape: p.shape.iter().map(|d| *d as i64).collect(),
+            parameters: HashMap::new(),
+            contents: None,
+        });
+        raw.push(bytes.to_vec());
+    }
+    let mut parameters = HashMap::new();
+    if let Some(s) = param(&r, "sequence_id") {
+        parameters.insert(
+            "sequence_id".to_string(),
+            InferParameter {
+                parameter_choice: Some(s.clone()),
+            },
+        );
+    }
+    Ok(ModelInferResponse {
+        model_name: r.model_name,
+        model_version: "1".into(),
+        id: r.id,
+        parameters,
+        outputs,
+        raw_output_contents: raw,
+    })
+}
+
+/// An answer on the stream: the response, or the error's message.
+fn on_stream(answer: Result<ModelInferResponse, Status>) -> Result<ModelStreamInferResponse, Status> {
+    Ok(match answer {
+        Ok(response) => ModelStreamInferResponse {
+            error_message: String::new(),
+            infer_response: Some(response),
+        },
+        Err(status) => ModelStreamInferResponse {
+            error_message: status.message().to_string(),
+            infer_response: None,
+        },
+    })
+}
+
+type Answers = tokio::sync::mpsc::Sender<Result<ModelStreamInferResponse, Status>>;
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
+
+/// One sequence's requests on a stream, served in order by a task of its
+/// own, after the task of the same id's previous sequence on the stream.
+struct Worker {
+    requests: tokio::sync::mpsc::Sender<ModelInferRequest>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+fn worker(routes: Routes, answers: Answers, after: Option<tokio::task::JoinHandle<()>>) -> Worker {
+    let (requests, mut queue) = tokio::sync::mpsc::channel::<ModelInferRequest>(QUEUED_PER_SEQUENCE);
+    let done = tokio::spawn(async move {
+        if let Some(previous) = after {
+            let _ = previous.await;
+        }
+        while let Some(r) = queue.recv().await {
+            let answer = on_stream(infer(&routes, r).await);
+            if answers.send(answer).await.is_err() {
+                return;
+            }
+        }
+    });
+    Worker { requests, done }
+}
+
+/// `ModelStreamInfer`: each request routed to its sequence's worker (a
+/// request of no sequence served on its own); every answer on the
+/// response stream as it is ready.
+fn stream_infer(routes: Routes, mut incoming: Streaming<ModelInferRequest>) -> ResponseStream {
+    let (answers, mut out) = tokio::sync::mpsc::channel(QUEUED_PER_SEQUENCE);
+    tokio::spawn(async move {
+        // Live sequences' workers by model and id; those whose last
+        // request ended them, still finishing.
+        let mut workers: HashMap<(String, String), Worker> = HashMap::new();
+        let mut ending: HashMap<(String, String), tokio::task::JoinHandle<()>> = HashMap::new();
+        loop {
+            let r = match incoming.message().await {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(status) => {
+                    let _ = answers.send(Err(status)).await;
+                    break;
+                }
+            };
+            let sequence = match sequence_of(&r) {
+                Ok(s) => s,
+                Err(status) => {
+                    let _ = answers.send(on_stream(Err(status))).await;
+                    continue;
+                }
+            };
+            let Some(id) = sequence else {
+                let (routes, answers) = (routes.clone(), answers.clone());
+                tokio::spawn(async move {
+                    let _ = answers.send(on_stream(infer(&routes, r).await)).await;
+                });
+                continue;
+            };
+            let key = (r.model_name.clone(), id);
+            ending.retain(|_, done| !done.is_finished());
+            if !workers.contains_key(&key) && workers.len() >= MAX_SEQUENCES_PER_STREAM {
+                let why = format!("{MAX_SEQUENCES_PER_STREAM} sequences live on this stream, the most it takes");
+                let _ = answers.send(on_stream(Err(Status::resource_exhausted(why)))).await;
+                continue;
+            }
+            let end = flag(&r, "sequence_end");
+            let w = workers
+                .entry(key.clone())
+                .or_insert_with(|| worker(routes.clone(), answers.clone(), ending.remove(&key)));
+            if w.requests.send(r).await.is_err() {
+                break;
+            }
+            if end {
+                // Its queue closes behind this request; a later sequence
+                // of the same id waits for it.
+                if let Some(w) = workers.remove(&key) {
+                    ending.insert(key, w.done);
+                }
+            }
+        }
+    });
+    Box::pin(futures_util::stream::poll_fn(move |cx| out.poll_recv(cx)))
+}
+
+/// Serves the gRPC front on `at`; its address and task.
+pub(crate) async fn listen(
+    at: std::net::SocketAddr,
+    routes: Routes,
+) -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>), String> {
+    let listener = tokio::net::TcpListener::bind(at)
+        .await
+        .map_err(|e| format!("binding the gRPC address {at}: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let service = Inference::new(routes);
+    let task = tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .serve_with_incoming(service, incoming)
+            .await;
+        if let Err(e) = served {
+            eprintln!("laned serve: the gRPC front stopped: {e}");
+        }
+    });
+    Ok((addr, task))
+}

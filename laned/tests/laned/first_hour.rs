@@ -323,7 +323,7 @@ fn the_readme_serve_walkthrough_runs_as_written() {
         .filter_map(|b| b.split("```").next())
         .collect();
     assert!(
-        blocks.iter().any(|b| *b == ours),
+        blocks.contains(&ours),
         "no block of the README's serve section is the script's commands:\n{ours}"
     );
     if or_skip("silero-vad", laned_models::silero::fetch()).is_none() {

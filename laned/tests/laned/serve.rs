@@ -702,13 +702,13 @@ impl Drop for Redis {
 }
 
 /// Streams that have had [`GOING`] answers on one connection.
-type Going = std::sync::Arc<std::sync::atomic::AtomicUsize>;
+pub type Going = std::sync::Arc<std::sync::atomic::AtomicUsize>;
 
 /// Answers a stream has had before a replica may be stopped under it.
-const GOING: usize = 10;
+pub const GOING: usize = 10;
 
 /// Until `n` streams are going (bounded: 30 s).
-async fn all_going(going: &Going, n: usize) {
+pub async fn all_going(going: &Going, n: usize) {
     let until = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     while going.load(std::sync::atomic::Ordering::Relaxed) < n {
         assert!(tokio::time::Instant::now() < until, "the streams never got going");
@@ -720,7 +720,7 @@ async fn all_going(going: &Going, n: usize) {
 /// stream `id`, about one every 5 ms; stops at a close (its code and
 /// reason) or a dropped connection (1006), returning the hello, the
 /// answers and how it ended (`None`: every pulse answered).
-async fn client_with_id(
+pub async fn client_with_id(
     url: &str,
     id: &str,
     pulses: &[Vec<u8>],
@@ -1234,8 +1234,12 @@ fn restart_resumes_exactly(models: &[Served], kill: bool) {
                     match (travels, kill) {
                         (false, _) => assert_eq!(from, 0, "{name}: {hello}"),
                         (true, false) => assert_eq!(from, answers.len(), "{name}: {hello}"),
+                        // A checkpoint's position, not past what was
+                        // answered; one due while the last is still being
+                        // written is dropped (off the answer path), so under
+                        // load the last may be two or more behind.
                         (true, true) => assert!(
-                            from.is_multiple_of(4) && from <= answers.len() && answers.len() - from <= 4,
+                            from.is_multiple_of(4) && from <= answers.len() && (answers.len() < 8 || from >= 4),
                             "{name}: resumed at {from} after {} answers",
                             answers.len()
                         ),

@@ -40,11 +40,14 @@ tasks:
                            pinned to N cores (default 1)
                            (bench/src/bin/audio-bench.rs)
   bench --scenario serve [--model silero|gru] [--server-cores N] [--quick]
+        [--streams 64,256,512] [--rounds 3] [--no-search] [--no-fixed]
                            the vad-server binary (or, --model gru, `laned serve` on a GRU
                            the bench writes) (pinned to N cores, default 1) driven by
                            real WebSocket clients on the other cores, against the same
-                           model in-process on the server's cores: capacity at p99 <= 50 ms
-                           and CPU per chunk (bench/src/bin/serve-bench.rs)
+                           model in-process on the server's cores and the transport's
+                           floor (a minimal WebSocket echo, pinned as the server is):
+                           server CPU per answer at fixed counts side by side, then
+                           capacity at p99 <= 50 ms (bench/src/bin/serve-bench.rs)
   fuzz [--cases N] [--seed S] [--model PATH --pulse P [--symbol S]]
                            the property tests with many cases (default 2000); with
                            --model, the seating property on your NNEF model

@@ -17,6 +17,17 @@
 //! binary) in the tensor protocol: a pulse every 32 ms per stream, one
 //! binary answer each; in-process, the same spec's runner.
 //!
+//! The transport's floor beside them (`--echo-server`, this binary run
+//! again on the server's cores): a minimal tokio-tungstenite server that
+//! answers each binary frame with one of the served model's answer size
+//! (256 bytes for the GRU, `--answer-bytes` to change), no model, no
+//! session; driven by the same clients with the same frames; and again
+//! reading 4 KiB at most a read, as `laned serve` does (tungstenite zeroes
+//! its read buffer's free space before each read, 128 KiB by default). At fixed
+//! stream counts (`--streams`, default 64, 256 and 512), rounds
+//! interleaved (echo, the server, in-process), the three side by side:
+//! server CPU per answer and the ratios, the issue 60 table.
+//!
 //! Both report capacity, the most streams whose p99 stays within 50 ms
 //! (`laned_bench::laned_load::search_capacity`), and CPU per chunk: the server
 //! process's own CPU (from `/proc/<pid>/stat`), and for the in-process run
@@ -44,7 +55,10 @@ use tract_core::internal::*;
 
 const HELP: &str = "\
 serve-bench --server PATH [--server-cpus LIST] [--seconds 2] [--max 2048] [--quick] [--gru]
-serve-bench --in-process [--seconds 2] [--max 2048] [--gru]
+            [--streams 64,256,512] [--rounds 3] [--answer-bytes N] [--echo-read-buffer 4096]
+            [--no-search] [--no-fixed]
+serve-bench --in-process [--seconds 2] [--max 2048] [--gru] [--probe N]
+serve-bench --echo-server [--answer-bytes N] [--read-buffer N]
 
 Real time, Silero VAD: a 512-sample chunk every 32 ms per stream; capacity is
 the most streams with end-to-end p99 latency within 50 ms. With --server,
@@ -54,6 +68,15 @@ runs this binary again with --in-process on the same CPUs for the in-process
 figure. Each probe lasts 1.5 x --seconds (at least 1 s). With --gru, a GRU the
 bench writes (40 in, 64 hidden, its state a pair), served by `laned serve` (PATH
 the laned binary), a pulse every 32 ms per stream.
+
+Before the searches, at each of --streams (fixed counts), --rounds rounds
+interleaved: the echo floor (this binary with --echo-server, pinned as the
+server is: each binary frame answered with --answer-bytes, default the served
+model's answer size), the echo again reading --echo-read-buffer bytes at most
+(tungstenite zeroes its read buffer before each read; laned serve reads 4 KiB;
+0: no second echo), the server, and in-process (--probe N): server CPU per
+answer side by side, and the ratios. --no-search skips the capacity searches,
+--no-fixed the fixed counts.
 ";
 
 const PERIOD: Duration = Duration::from_millis(32);
@@ -73,6 +96,23 @@ struct Args {
     seconds: f64,
     max: usize,
     gru: bool,
+    /// Run as the echo server (the transport's floor).
+    echo_server: bool,
+    /// The echo's answer size; by default the served model's.
+    answer_bytes: Option<usize>,
+    /// The echo server's read buffer (`--echo-server`); tungstenite's
+    /// default (128 KiB) if `None`.
+    read_buffer: Option<usize>,
+    /// The second echo's read buffer at the fixed counts (0: none).
+    echo_read_buffer: usize,
+    /// The fixed stream counts measured side by side.
+    streams: Vec<usize>,
+    /// Rounds at the fixed counts.
+    rounds: usize,
+    search: bool,
+    fixed: bool,
+    /// In-process, one probe at this count instead of the search.
+    probe: Option<usize>,
 }
 
 fn args() -> Result<Args, String> {
@@ -83,6 +123,15 @@ fn args() -> Result<Args, String> {
         seconds: 2.0,
         max: 2048,
         gru: false,
+        echo_server: false,
+        answer_bytes: None,
+        read_buffer: None,
+        echo_read_buffer: 4096,
+        streams: vec![64, 256, 512],
+        rounds: 3,
+        search: true,
+        fixed: true,
+        probe: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -93,8 +142,27 @@ fn args() -> Result<Args, String> {
             "--in-process" => a.in_process = true,
             "--seconds" => a.seconds = cli::number(&value("--seconds")?, "--seconds")?,
             "--max" => a.max = cli::number(&value("--max")?, "--max")?,
-            "--quick" => a.seconds = 0.7,
+            "--quick" => {
+                a.seconds = 0.7;
+                a.rounds = 1;
+            }
             "--gru" => a.gru = true,
+            "--echo-server" => a.echo_server = true,
+            "--answer-bytes" => a.answer_bytes = Some(cli::number(&value("--answer-bytes")?, "--answer-bytes")?),
+            "--read-buffer" => a.read_buffer = Some(cli::number(&value("--read-buffer")?, "--read-buffer")?),
+            "--echo-read-buffer" => {
+                a.echo_read_buffer = cli::number(&value("--echo-read-buffer")?, "--echo-read-buffer")?
+            }
+            "--streams" => {
+                a.streams = value("--streams")?
+                    .split(',')
+                    .map(|n| cli::number(n.trim(), "--streams"))
+                    .collect::<Result<_, _>>()?
+            }
+            "--rounds" => a.rounds = cli::number(&value("--rounds")?, "--rounds")?,
+            "--no-search" => a.search = false,
+            "--no-fixed" => a.fixed = false,
+            "--probe" => a.probe = Some(cli::number(&value("--probe")?, "--probe")?),
             "--help" | "-h" => {
                 print!("{HELP}");
                 std::process::exit(0);
@@ -102,8 +170,10 @@ fn args() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}\n\n{HELP}")),
         }
     }
-    if a.server.is_none() && !a.in_process {
-        return Err(format!("--server PATH or --in-process is required\n\n{HELP}"));
+    if a.server.is_none() && !a.in_process && !a.echo_server {
+        return Err(format!(
+            "--server PATH, --in-process or --echo-server is required\n\n{HELP}"
+        ));
     }
     Ok(a)
 }
@@ -233,18 +303,32 @@ fn search(max: usize, mut probe: impl FnMut(usize) -> TractResult<Probe>) -> Tra
 
 /// The in-process figure: streams as tasks on a runtime of a worker per
 /// CPU this process may use, calling the runner the server would build.
-fn in_process(served: &Served, args: &Args) -> TractResult<Search> {
-    let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cores)
-        .enable_time()
-        .build()?;
-    let probe_for = probe_duration(args);
-    let silero_plan: Option<Arc<dyn Runnable>> = match served {
-        Served::Vad(model) => Some(DefaultRuntime.prepare(silero::load(model)?)?.into()),
-        Served::Gru(_) => None,
-    };
-    search(args.max, |n| {
+struct InProcess {
+    rt: tokio::runtime::Runtime,
+    silero_plan: Option<Arc<dyn Runnable>>,
+    probe_for: Duration,
+}
+
+impl InProcess {
+    fn new(served: &Served, args: &Args) -> TractResult<InProcess> {
+        let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cores)
+            .enable_time()
+            .build()?;
+        let silero_plan: Option<Arc<dyn Runnable>> = match served {
+            Served::Vad(model) => Some(DefaultRuntime.prepare(silero::load(model)?)?.into()),
+            Served::Gru(_) => None,
+        };
+        Ok(InProcess {
+            rt,
+            silero_plan,
+            probe_for: probe_duration(args),
+        })
+    }
+
+    /// One probe of `n` streams, a fresh runner of `n` lanes.
+    fn probe(&self, served: &Served, n: usize) -> TractResult<Probe> {
         let (system, inputs): (TaskSystem, Box<dyn Fn(usize) -> TVec<TValue> + Sync>) = match served {
             Served::Vad(_) => {
                 let config = RunnerConfig::builder()
@@ -253,7 +337,7 @@ fn in_process(served: &Served, args: &Args) -> TractResult<Search> {
                     .mode(Mode::Worker)
                     .linger(Duration::ZERO)
                     .build();
-                let plan = silero_plan.clone().expect("loaded above");
+                let plan = self.silero_plan.clone().expect("loaded in new()");
                 let runner = LanedRunner::new(plan, config)?;
                 (
                     TaskSystem::Ours(runner),
@@ -268,9 +352,10 @@ fn in_process(served: &Served, args: &Args) -> TractResult<Search> {
                 (TaskSystem::Ours(runner), Box::new(move |s| pulses[s % n].clone()))
             }
         };
-        tasks::real_time(&rt, &system, n, PERIOD, WARM_UP, n as u64, &inputs)?;
+        let rt = &self.rt;
+        tasks::real_time(rt, &system, n, PERIOD, WARM_UP, n as u64, &inputs)?;
         let before = laned_load::process_cpu_time();
-        let lat = tasks::real_time(&rt, &system, n, PERIOD, probe_for, n as u64, &inputs)?;
+        let lat = tasks::real_time(rt, &system, n, PERIOD, self.probe_for, n as u64, &inputs)?;
         let cpu = before
             .zip(laned_load::process_cpu_time())
             .map(|(a, b)| b.saturating_sub(a));
@@ -281,26 +366,48 @@ fn in_process(served: &Served, args: &Args) -> TractResult<Search> {
             cpu_ns_per_chunk: per_chunk(cpu, lat.pulses()),
             client_cpu_ns_per_chunk: None,
         })
-    })
+    }
 }
 
 fn probe_duration(args: &Args) -> Duration {
     Duration::from_secs_f64((args.seconds * 1.5).max(1.0))
 }
 
-/// A `vad-server` child process, killed on drop.
+/// What answers the clients: the server under test, or the echo floor.
+#[derive(Clone, Copy)]
+enum Front<'a> {
+    /// The binary at this path (`vad-server`, or `laned` for `--gru`).
+    Server(&'a PathBuf),
+    /// This binary with `--echo-server`, answering this many bytes, its
+    /// read buffer this size (tungstenite's default if `None`).
+    Echo(usize, Option<usize>),
+}
+
+/// A server child process (`vad-server`, `laned serve` or the echo),
+/// killed on drop.
 struct Server {
     child: Child,
     addr: SocketAddr,
 }
 
 impl Server {
-    fn start(binary: &PathBuf, cpus: &str, served: &Served, lanes: usize) -> TractResult<Server> {
+    fn start(front: Front<'_>, cpus: &str, served: &Served, lanes: usize) -> TractResult<Server> {
         let mut command = Command::new("taskset");
-        command.args(["-c", cpus]).arg(binary);
-        let listening = match served {
-            Served::Vad(model) => {
+        command.args(["-c", cpus]);
+        let listening = match (front, served) {
+            (Front::Echo(answer, read_buffer), _) => {
                 command
+                    .arg(std::env::current_exe()?)
+                    .arg("--echo-server")
+                    .args(["--answer-bytes", &answer.to_string()]);
+                if let Some(bytes) = read_buffer {
+                    command.args(["--read-buffer", &bytes.to_string()]);
+                }
+                ECHO_LISTENING
+            }
+            (Front::Server(binary), Served::Vad(model)) => {
+                command
+                    .arg(binary)
                     .args([
                         "--listen",
                         "127.0.0.1:0",
@@ -311,25 +418,23 @@ impl Server {
                     ])
                     .args(["--mode", "worker", "--policy", "immediate"])
                     .arg("--model")
-                    .arg(model);
+                    .arg(model)
+                    .args(["--admission-wait-ms", "10000"]);
                 "vad-server listening on "
             }
-            Served::Gru(gru) => {
+            (Front::Server(binary), Served::Gru(gru)) => {
                 let spec = gru.spec_file(lanes)?;
                 command
+                    .arg(binary)
                     .arg("serve")
                     .arg(format!("gru={}", spec.display()))
-                    .args(["--listen", "127.0.0.1:0"]);
+                    .args(["--listen", "127.0.0.1:0"])
+                    .args(["--admission-wait-ms", "10000"]);
                 "laned serve listening on "
             }
         };
-        command
-            .args(["--admission-wait-ms", "10000"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("starting {} under taskset", binary.display()))?;
+        command.stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut child = command.spawn().with_context(|| format!("starting {command:?}"))?;
         let stdout = child.stdout.take();
         // Read on a thread, which keeps reading so the server never blocks
         // on a full pipe; the address comes back through a channel, so a
@@ -363,6 +468,47 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// What the echo server prints once it listens, its address after.
+const ECHO_LISTENING: &str = "serve-bench echo listening on ";
+
+/// The transport's floor: a minimal tokio-tungstenite server, on the
+/// runtime `laned serve` builds (multi-threaded, a worker per CPU it may
+/// use), its sockets tuned as the server's are (no Nagle), answering each
+/// binary frame with `answer` bytes (sent and flushed, as a minimal server
+/// does) and nothing else: no model, no session, no limits. With
+/// `read_buffer`, tungstenite reads that much at most a read (it zeroes the
+/// buffer's free space before each read: its default, 128 KiB, costs).
+fn echo_server(answer: usize, read_buffer: Option<usize>) -> TractResult<()> {
+    let mut config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default();
+    if let Some(bytes) = read_buffer {
+        config = config.read_buffer_size(bytes);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        println!("{ECHO_LISTENING}{}", listener.local_addr()?);
+        std::io::Write::flush(&mut std::io::stdout())?;
+        let answer = tokio_tungstenite::tungstenite::Bytes::from(vec![0u8; answer]);
+        loop {
+            let (tcp, _) = listener.accept().await?;
+            tcp.set_nodelay(true)?;
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async_with_config(tcp, Some(config)).await else {
+                    return;
+                };
+                while let Some(Ok(m)) = ws.next().await {
+                    match m {
+                        Message::Binary(_) if ws.send(Message::Binary(answer.clone())).await.is_err() => return,
+                        Message::Close(_) => return,
+                        _ => (),
+                    }
+                }
+            });
+        }
+    })
 }
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -499,39 +645,12 @@ fn table_row(label: &str, search: &Search) -> String {
     )
 }
 
-fn main() -> TractResult<()> {
-    let args = cli::or_exit(args());
-    let served = if args.gru {
-        Served::Gru(Box::new(Gru::write()?))
-    } else {
-        Served::Vad(cli::model_or_exit(silero::fetch(), "Silero VAD"))
-    };
-    if args.in_process {
-        let search = in_process(&served, &args)?;
-        println!("{}", serde_json::to_string(&search)?);
-        return Ok(());
-    }
-    let server = args.server.clone().expect("checked in args()");
-    let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
-    let what = match &served {
-        Served::Vad(model) => format!("Silero VAD ({}) by vad-server", model.display()),
-        Served::Gru(gru) => format!(
-            "a GRU the bench wrote ({} in, {} hidden, its state a pair; {}) by laned serve",
-            GRU.0,
-            GRU.1,
-            gru.dir.display()
-        ),
-    };
-    println!(
-        "{what}: a pulse every 32 ms per stream, capacity = most streams with p99 <= 50 ms; \
-         server (and the in-process run) on CPUs {}, clients on {cores} CPU(s)",
-        args.server_cpus
-    );
-    eprintln!("in-process, on CPUs {}:", args.server_cpus);
-    let me = std::env::current_exe()?;
+/// `serve-bench` run again on the server's CPUs with `--in-process` and
+/// `extra`: its JSON answer.
+fn in_process_child(args: &Args, extra: &[String]) -> TractResult<Vec<u8>> {
     let out = Command::new("taskset")
         .args(["-c", &args.server_cpus])
-        .arg(&me)
+        .arg(std::env::current_exe()?)
         .args([
             "--in-process",
             "--seconds",
@@ -540,19 +659,211 @@ fn main() -> TractResult<()> {
             &args.max.to_string(),
         ])
         .args(args.gru.then_some("--gru"))
+        .args(extra)
         .stderr(Stdio::inherit())
         .output()
-        .context("running the in-process search under taskset")?;
-    ensure!(out.status.success(), "the in-process search failed: {}", out.status);
-    let local: Search = serde_json::from_slice(&out.stdout).context("reading the in-process search")?;
-    eprintln!("over WebSocket, server {}:", server.display());
+        .context("running the in-process run under taskset")?;
+    ensure!(out.status.success(), "the in-process run failed: {}", out.status);
+    Ok(out.stdout)
+}
+
+/// One fixed stream count's probes, a probe a round each, by front: the
+/// echo (tungstenite's defaults), the echo reading `--echo-read-buffer`
+/// bytes at most (if any), the server, in-process.
+struct Fixed {
+    streams: usize,
+    probes: Vec<Vec<Probe>>,
+}
+
+/// The median of a figure over probes, in thousandths (µs for ns, ms for
+/// µs; `NaN` for none).
+fn median_us(probes: &[Probe], figure: impl Fn(&Probe) -> Option<u64>) -> f64 {
+    let v: Vec<f64> = probes.iter().filter_map(&figure).map(|ns| ns as f64 / 1e3).collect();
+    laned_load::median(&v)
+}
+
+/// The echo floor, the server and in-process at each fixed count, rounds
+/// interleaved (each front at each count, then the next round), so that a
+/// slow minute of the machine falls on all of them alike.
+fn fixed_counts(
+    args: &Args,
+    (served, server, label): (&Served, &PathBuf, &str),
+    rt: &tokio::runtime::Runtime,
+) -> TractResult<()> {
+    let answer = args.answer_bytes.unwrap_or(match served {
+        Served::Gru(gru) => gru.interface.answer_len(),
+        Served::Vad(_) => 8,
+    });
+    let duration = probe_duration(args);
+    let mut fronts: Vec<(String, Option<Front<'_>>)> = vec![("echo".into(), Some(Front::Echo(answer, None)))];
+    if args.echo_read_buffer > 0 {
+        fronts.push((
+            format!("echo ({} B reads)", args.echo_read_buffer),
+            Some(Front::Echo(answer, Some(args.echo_read_buffer))),
+        ));
+    }
+    fronts.push((label.to_string(), Some(Front::Server(server))));
+    // In-process: a child of its own on the server's CPUs.
+    fronts.push(("in-process".into(), None));
+    let names: Vec<&str> = fronts.iter().map(|(name, _)| name.as_str()).collect();
+    eprintln!(
+        "fixed counts {:?}, {} round(s), the echo answering {answer} bytes: {}",
+        args.streams,
+        args.rounds,
+        names.join(", ")
+    );
+    let mut rows: Vec<Fixed> = args
+        .streams
+        .iter()
+        .map(|&streams| Fixed {
+            streams,
+            probes: vec![vec![]; fronts.len()],
+        })
+        .collect();
+    let us = |p: &Probe| p.cpu_ns_per_chunk.map_or(f64::NAN, |ns| ns as f64 / 1e3);
+    for round in 1..=args.rounds {
+        for row in &mut rows {
+            let n = row.streams;
+            let mut line = vec![];
+            for (i, (name, front)) in fronts.iter().enumerate() {
+                let probe: Probe = match front {
+                    Some(front) => {
+                        let started = Server::start(*front, &args.server_cpus, served, n)?;
+                        over_network(rt, (&started, served), n, duration)?
+                    }
+                    None => serde_json::from_slice(&in_process_child(args, &["--probe".into(), n.to_string()])?)
+                        .context("reading the in-process probe")?,
+                };
+                line.push(format!(
+                    "{name} {:.1} µs (p99 {:.1} ms)",
+                    us(&probe),
+                    probe.p99_us as f64 / 1e3
+                ));
+                row.probes[i].push(probe);
+            }
+            eprintln!("  round {round}, {n} streams, CPU per answer: {}", line.join(", "));
+        }
+    }
+    // Columns: each front's median, then the server against each echo and
+    // in-process.
+    let server_ix = fronts.len() - 2;
+    let floors: Vec<usize> = (0..server_ix).collect();
+    let local_ix = fronts.len() - 1;
+    println!(
+        "\nserver CPU per answer at fixed counts (µs; medians of {} round(s), interleaved), the echo answering \
+         {answer} bytes to each frame; in-process counts its load generator too",
+        args.rounds
+    );
+    let mut head = format!("\n| streams | {} |", names.join(" | "));
+    for &f in &floors {
+        head += &format!(" {label} / {} |", names[f]);
+    }
+    head += &format!(
+        " {label} / in-process | p99 ms ({}) | clients' CPU per answer ({}) | rounds ({}) |",
+        names.join(", "),
+        names[..=server_ix].join(", "),
+        names.join(" / ")
+    );
+    println!("{head}");
+    println!(
+        "|---:|{}{}---:|---|---|---|",
+        "---:|".repeat(fronts.len()),
+        "---:|".repeat(floors.len())
+    );
+    let cpu = |p: &Probe| p.cpu_ns_per_chunk;
+    for row in &rows {
+        let medians: Vec<f64> = row.probes.iter().map(|v| median_us(v, cpu)).collect();
+        let mut line = format!("| {} |", row.streams);
+        for m in &medians {
+            line += &format!(" {m:.1} |");
+        }
+        for &f in &floors {
+            line += &format!(" {:.2}x |", medians[server_ix] / medians[f]);
+        }
+        line += &format!(" {:.2}x |", medians[server_ix] / medians[local_ix]);
+        // In ms (`median_us` takes a thousandth: µs in, ms out).
+        let p99: Vec<String> = row
+            .probes
+            .iter()
+            .map(|v| format!("{:.1}", median_us(v, |p| Some(p.p99_us))))
+            .collect();
+        let clients: Vec<String> = row.probes[..=server_ix]
+            .iter()
+            .map(|v| format!("{:.1}", median_us(v, |p| p.client_cpu_ns_per_chunk)))
+            .collect();
+        let rounds: Vec<String> = (0..row.probes[0].len())
+            .map(|r| {
+                row.probes
+                    .iter()
+                    .map(|v| format!("{:.1}", us(&v[r])))
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            })
+            .collect();
+        line += &format!(" {} | {} | {} |", p99.join(", "), clients.join(", "), rounds.join("; "));
+        println!("{line}");
+    }
+    Ok(())
+}
+
+fn main() -> TractResult<()> {
+    let args = cli::or_exit(args());
+    if args.echo_server {
+        return echo_server(args.answer_bytes.unwrap_or(8), args.read_buffer);
+    }
+    let served = if args.gru {
+        Served::Gru(Box::new(Gru::write()?))
+    } else {
+        Served::Vad(cli::model_or_exit(silero::fetch(), "Silero VAD"))
+    };
+    if args.in_process {
+        let local = InProcess::new(&served, &args)?;
+        match args.probe {
+            Some(n) => println!("{}", serde_json::to_string(&local.probe(&served, n)?)?),
+            None => println!(
+                "{}",
+                serde_json::to_string(&search(args.max, |n| local.probe(&served, n))?)?
+            ),
+        }
+        return Ok(());
+    }
+    let server = args.server.clone().expect("checked in args()");
+    let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+    let (what, label) = match &served {
+        Served::Vad(model) => (format!("Silero VAD ({}) by vad-server", model.display()), "vad-server"),
+        Served::Gru(gru) => (
+            format!(
+                "a GRU the bench wrote ({} in, {} hidden, its state a pair; {}) by laned serve",
+                GRU.0,
+                GRU.1,
+                gru.dir.display()
+            ),
+            "laned serve",
+        ),
+    };
+    println!(
+        "{what} ({}): a pulse every 32 ms per stream, capacity = most streams with p99 <= 50 ms; \
+         server (and the in-process run, and the echo) on CPUs {}, clients on {cores} CPU(s)",
+        server.display(),
+        args.server_cpus
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cores)
         .enable_all()
         .build()?;
+    if args.fixed {
+        fixed_counts(&args, (&served, &server, label), &rt)?;
+    }
+    if !args.search {
+        return Ok(());
+    }
+    eprintln!("in-process, on CPUs {}:", args.server_cpus);
+    let local: Search =
+        serde_json::from_slice(&in_process_child(&args, &[])?).context("reading the in-process search")?;
+    eprintln!("over WebSocket, server {}:", server.display());
     let duration = probe_duration(&args);
     let remote = search(args.max, |n| {
-        let started = Server::start(&server, &args.server_cpus, &served, n)?;
+        let started = Server::start(Front::Server(&server), &args.server_cpus, &served, n)?;
         over_network(&rt, (&started, &served), n, duration)
     })?;
     println!("\n| system | capacity (streams) | CPU per chunk at capacity (µs) | disputed (passed/probes) | probes (streams: p99 ms) |");

@@ -56,7 +56,7 @@ use tract_core::internal::*;
 const HELP: &str = "\
 serve-bench --server PATH [--server-cpus LIST] [--seconds 2] [--max 2048] [--quick] [--gru]
             [--streams 64,256,512] [--rounds 3] [--answer-bytes N] [--echo-read-buffer 4096]
-            [--no-search] [--no-fixed]
+            [--baseline PATH] [--no-search] [--no-fixed]
 serve-bench --in-process [--seconds 2] [--max 2048] [--gru] [--probe N]
 serve-bench --echo-server [--answer-bytes N] [--read-buffer N]
 
@@ -74,8 +74,9 @@ interleaved: the echo floor (this binary with --echo-server, pinned as the
 server is: each binary frame answered with --answer-bytes, default the served
 model's answer size), the echo again reading --echo-read-buffer bytes at most
 (tungstenite zeroes its read buffer before each read; laned serve reads 4 KiB;
-0: no second echo), the server, and in-process (--probe N): server CPU per
-answer side by side, and the ratios. --no-search skips the capacity searches,
+0: no second echo), the server (and --baseline, another build of it, beside
+it), and in-process (--probe N): server CPU per answer side by side, and the
+ratios. --no-search skips the capacity searches,
 --no-fixed the fixed counts.
 ";
 
@@ -91,6 +92,9 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 struct Args {
     server: Option<PathBuf>,
+    /// Another server binary measured beside it at the fixed counts (the
+    /// same kind: a `laned` of another commit, say).
+    baseline: Option<PathBuf>,
     server_cpus: String,
     in_process: bool,
     seconds: f64,
@@ -118,6 +122,7 @@ struct Args {
 fn args() -> Result<Args, String> {
     let mut a = Args {
         server: None,
+        baseline: None,
         server_cpus: "0".into(),
         in_process: false,
         seconds: 2.0,
@@ -138,6 +143,7 @@ fn args() -> Result<Args, String> {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
             "--server" => a.server = Some(value("--server")?.into()),
+            "--baseline" => a.baseline = Some(value("--baseline")?.into()),
             "--server-cpus" => a.server_cpus = value("--server-cpus")?,
             "--in-process" => a.in_process = true,
             "--seconds" => a.seconds = cli::number(&value("--seconds")?, "--seconds")?,
@@ -702,7 +708,12 @@ fn fixed_counts(
             Some(Front::Echo(answer, Some(args.echo_read_buffer))),
         ));
     }
+    let floors: Vec<usize> = (0..fronts.len()).collect();
+    if let Some(baseline) = &args.baseline {
+        fronts.push((format!("{label} (baseline)"), Some(Front::Server(baseline))));
+    }
     fronts.push((label.to_string(), Some(Front::Server(server))));
+    let servers: Vec<usize> = (floors.len()..fronts.len()).collect();
     // In-process: a child of its own on the server's CPUs.
     fronts.push(("in-process".into(), None));
     let names: Vec<&str> = fronts.iter().map(|(name, _)| name.as_str()).collect();
@@ -744,10 +755,10 @@ fn fixed_counts(
             eprintln!("  round {round}, {n} streams, CPU per answer: {}", line.join(", "));
         }
     }
-    // Columns: each front's median, then the server against each echo and
-    // in-process.
+    // Columns: each front's median, then each server (the baseline, if
+    // any, and the server) against each echo and in-process, and the
+    // server against the baseline.
     let server_ix = fronts.len() - 2;
-    let floors: Vec<usize> = (0..server_ix).collect();
     let local_ix = fronts.len() - 1;
     println!(
         "\nserver CPU per answer at fixed counts (µs; medians of {} round(s), interleaved), the echo answering \
@@ -755,20 +766,27 @@ fn fixed_counts(
         args.rounds
     );
     let mut head = format!("\n| streams | {} |", names.join(" | "));
-    for &f in &floors {
-        head += &format!(" {label} / {} |", names[f]);
+    let mut ratios = vec![];
+    for &s in &servers {
+        ratios.extend(floors.iter().chain([&local_ix]).map(|&f| (s, f)));
+    }
+    if servers.len() > 1 {
+        ratios.push((server_ix, servers[0]));
+    }
+    for &(s, f) in &ratios {
+        head += &format!(" {} / {} |", names[s], names[f]);
     }
     head += &format!(
-        " {label} / in-process | p99 ms ({}) | clients' CPU per answer ({}) | rounds ({}) |",
+        " p99 ms ({}) | clients' CPU per answer ({}) | rounds ({}) |",
         names.join(", "),
         names[..=server_ix].join(", "),
         names.join(" / ")
     );
     println!("{head}");
     println!(
-        "|---:|{}{}---:|---|---|---|",
+        "|---:|{}{}---|---|---|",
         "---:|".repeat(fronts.len()),
-        "---:|".repeat(floors.len())
+        "---:|".repeat(ratios.len())
     );
     let cpu = |p: &Probe| p.cpu_ns_per_chunk;
     for row in &rows {
@@ -777,10 +795,9 @@ fn fixed_counts(
         for m in &medians {
             line += &format!(" {m:.1} |");
         }
-        for &f in &floors {
-            line += &format!(" {:.2}x |", medians[server_ix] / medians[f]);
+        for &(s, f) in &ratios {
+            line += &format!(" {:.2}x |", medians[s] / medians[f]);
         }
-        line += &format!(" {:.2}x |", medians[server_ix] / medians[local_ix]);
         // In ms (`median_us` takes a thousandth: µs in, ms out).
         let p99: Vec<String> = row
             .probes

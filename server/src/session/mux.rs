@@ -54,7 +54,7 @@ use tokio::time::Instant;
 use tract_core::prelude::{TValue, TVec};
 
 use super::resume::{hand_over, look_up, Resume, RESTART_AT_ZERO};
-use super::{close_with, Endpoint, LiveGuard, LiveId, Shared, Stream, MAX_WRITE_BUFFER, WRITE_BUFFER};
+use super::{close_with, Endpoint, LiveGuard, LiveId, Shared, Stream, MAX_WRITE_BUFFER, READ_BUFFER, WRITE_BUFFER};
 use crate::close;
 use crate::handover::{self, Record};
 use crate::mux;
@@ -77,8 +77,11 @@ pub(crate) async fn upgrade(ws: WebSocketUpgrade, shared: Arc<Shared>, endpoint:
     let cap = mux::max_message_bytes(interface.pulse_bytes());
     // One message out at a time, each at most MAX_OUT_MESSAGE or one record.
     let largest_out = mux::MAX_OUT_MESSAGE.max(mux::HEADER_BYTES + 8 + interface.answer_len());
+    // Reads of 4 KiB at most, as the single-stream front's (tungstenite
+    // zeroes its whole read buffer before each read).
     ws.max_message_size(cap)
         .max_frame_size(cap)
+        .read_buffer_size(READ_BUFFER)
         .write_buffer_size(WRITE_BUFFER)
         .max_write_buffer_size(MAX_WRITE_BUFFER.max(2 * largest_out + WRITE_BUFFER))
         .on_upgrade(move |socket| async move {

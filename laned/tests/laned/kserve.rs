@@ -37,14 +37,14 @@ fn triton_python() -> Option<PathBuf> {
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
-                "tritonclient[http]",
+                "tritonclient[http,grpc]",
                 "numpy",
             ])
             .status()
             .is_ok_and(|s| s.success());
     if !installed || !ready() {
         eprintln!(
-            "SKIPPED: pip could not install tritonclient[http] into {}",
+            "SKIPPED: pip could not install tritonclient[http,grpc] into {}",
             venv.display()
         );
         return None;

@@ -209,3 +209,77 @@ fn tritonclient_grpc_multiplexes_sequences_exactly_and_across_a_restart() {
     let said = run_script(&python, dir.path(), &check, "triton_grpc.py");
     assert!(said.contains("every one resumed on B"), "{said}");
 }
+
+/// Model `model`'s first input's and output's names and its input's shape
+/// for one sequence (the batch axis 1), from its v2 metadata.
+fn metadata(addr: &str, model: &str) -> (String, String, Vec<usize>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET /v2/models/{model} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut said = String::new();
+    s.read_to_string(&mut said).unwrap();
+    let body = said.split_once("\r\n\r\n").unwrap().1;
+    let meta: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {said}"));
+    assert_eq!(meta["inputs"][0]["shape"][0], -1, "{meta}");
+    let shape = meta["inputs"][0]["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_i64().unwrap().max(1) as usize)
+        .collect();
+    (
+        meta["inputs"][0]["name"].as_str().unwrap().to_string(),
+        meta["outputs"][0]["name"].as_str().unwrap().to_string(),
+        shape,
+    )
+}
+
+/// A pulsified conv stack the test writes (its Delay buffers the runner's
+/// lanes) and Silero (its state an explicit pair, its sample rate filled),
+/// through `tritonclient.http`: 16 sequences each interleaved, a third as
+/// JSON, every answer the model alone; the bad requests beside them.
+#[test]
+fn tritonclient_http_drives_a_pulsified_conv_and_silero_exactly() {
+    let Some(python) = triton_python() else { return };
+    if laned_models::fetch::or_skip("silero-vad", laned_models::silero::fetch()).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = fixtures::TdnnConfig {
+        width: 8,
+        pulse: 4,
+        layout: fixtures::Layout::Nchw,
+    };
+    let tdnn = save(&fixtures::tdnn_streaming(config).unwrap(), dir.path(), "tdnn.nnef.tar");
+    let tdnn_spec = checked_spec(dir.path(), "tdnn.toml", &[&tdnn, "--pulse", "4"]);
+    let vad_spec = dir.path().join("vad.toml");
+    std::fs::write(&vad_spec, "[model]\nbuiltin = \"silero\"\n").unwrap();
+    let serving = serve(&[
+        &format!("tdnn={}", tdnn_spec.display()),
+        &format!("vad={}", vad_spec.display()),
+    ])
+    .unwrap();
+    for (model, spec, pairs) in [("tdnn", &tdnn_spec, vec![]), ("vad", &vad_spec, vec![(2, 1)])] {
+        let (input, output, shape) = metadata(&serving.addr, model);
+        let bytes = shape.iter().product::<usize>() * 4;
+        let (sequences, pulses) = (16, 6);
+        let streams: Vec<Vec<Vec<u8>>> = (0..sequences)
+            .map(|s| noise_pulses(500 + s as u64, pulses, bytes))
+            .collect();
+        let answers: Vec<u8> = streams.iter().flat_map(|p| solo(spec, &pairs, p).concat()).collect();
+        let (pulses_file, answers_file) = (dir.path().join("pulses.raw"), dir.path().join("answers.raw"));
+        std::fs::write(&pulses_file, streams.concat().concat()).unwrap();
+        std::fs::write(&answers_file, answers).unwrap();
+        let check = serde_json::json!({
+            "url": serving.addr, "model": model, "input": input, "output": output, "in_shape": shape,
+            "sequences": sequences, "pulses": pulses,
+            "pulses_file": pulses_file, "answers_file": answers_file,
+        });
+        let said = run_script(&python, dir.path(), &check, "triton_http.py");
+        assert!(said.contains("16 sequences of 6 pulses exact"), "{model}: {said}");
+    }
+}

@@ -15,7 +15,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tract_core::internal::*;
 
 use super::serve::{client, serve, solo};
-use super::{laned, save, text};
+use super::{free_port, laned, save, text};
 
 /// `GET path` on `addr`: the status and the body.
 fn get(addr: &str, path: &str) -> (u16, String) {
@@ -32,15 +32,6 @@ fn get(addr: &str, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
-}
-
-/// A port nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `laned check`'s spec, printed in a folder.

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 
 use super::serve::{all_going, client_with_id, noise_pulses, solo, Going, Redis};
-use super::text;
+use super::{free_port, text};
 
 /// Silero's built-in spec, as the image's own `/etc/laned/vad.toml` says it.
 const SPEC: &str = "[model]\nbuiltin = \"silero\"\n";
@@ -27,14 +27,6 @@ const PULSE_BYTES: usize = 576 * 4;
 
 /// Silero's state pair: input 2, output 1.
 const PAIRS: [(usize, usize); 1] = [(2, 1)];
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// This process's hard limit of open files (`/proc/self/limits`).
 fn open_files_limit() -> u64 {

@@ -10,8 +10,8 @@ use std::process::Command;
 
 use laned_testkit::fixtures;
 
-use super::save;
 use super::serve::{checked_spec, noise_pulses, serve, solo, Redis, Serving};
+use super::{free_port, save};
 
 /// A venv with `tritonclient[http,grpc]` and numpy, made once under the
 /// target's scratch folder; its python, or `None` after saying `SKIPPED`
@@ -141,15 +141,6 @@ fn tritonclient_http_drives_sequences_exactly_and_across_a_restart() {
     check["restart"] = serde_json::json!({ "pid": a.pid(), "after": 4, "other": b.addr });
     let said = run_script(&python, dir.path(), &check, "triton_http.py");
     assert!(said.contains("every one resumed on B"), "{said}");
-}
-
-/// A port nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `tritonclient.grpc` on `laned serve --grpc-listen`: 16 sequences

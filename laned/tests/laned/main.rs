@@ -21,6 +21,15 @@ fn laned(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_laned")).args(args).output().unwrap()
 }
 
+/// A port nobody listens on now (the tests' servers and probes bind it).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 fn text(out: &Output) -> String {
     format!(
         "{}{}",

@@ -139,6 +139,60 @@ impl Endpoint {
     }
 }
 
+/// Why a stream got no lane: the close code and reason every front maps
+/// from (a WebSocket closes with them, a mux stream's closed record
+/// carries them, a v2 request answers the matching status).
+pub(crate) struct NoLane {
+    pub code: u16,
+    pub why: String,
+}
+
+/// A stream's lane on `endpoint`'s model, waited for up to `wait`, the
+/// record it resumes from (if any) imported: the one way every front takes
+/// a lane. `handing`: the stream has an id and the server a store (a drain
+/// then sends it elsewhere, 1012). Cancel-safe: dropped, it holds nothing.
+pub(crate) async fn lane(
+    endpoint: &Endpoint,
+    wait: Duration,
+    handing: bool,
+    record: Option<Box<handover::Record>>,
+) -> Result<LanedStateHandle, NoLane> {
+    let mut handle = match tokio::time::timeout(wait, endpoint.runner.spawn_async()).await {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            let code = match e {
+                SpawnError::Draining | SpawnError::Closed if handing => crate::close::RESTART,
+                SpawnError::Draining | SpawnError::Closed => crate::close::GOING_AWAY,
+                _ => crate::close::TRY_AGAIN_LATER,
+            };
+            let why = format!("no lane: {e}");
+            return Err(NoLane { code, why });
+        }
+        Err(_) => {
+            let why = format!("no lane freed up within {wait:?}: try again later");
+            return Err(NoLane {
+                code: crate::close::TRY_AGAIN_LATER,
+                why,
+            });
+        }
+    };
+    if let Some(record) = record {
+        // The record was checked before; an import can only fail now for
+        // the runner's end.
+        if let Err(e) = handle.import_state_async(&record.state).await {
+            let code = if e.end_reason().is_some() {
+                crate::close::GOING_AWAY
+            } else {
+                crate::close::INTERNAL
+            };
+            let why = format!("resuming: {e}");
+            return Err(NoLane { code, why });
+        }
+        handover::count("laned_resume_total", &endpoint.name, "resumed");
+    }
+    Ok(handle)
+}
+
 /// The stream id a connection gives: its `x-stream-id` header, else its
 /// `stream` URL parameter (browsers cannot set a WebSocket's headers);
 /// `Err` for one that is not an id ([`handover::check_id`]).
@@ -407,43 +461,20 @@ impl Session {
     /// session closed.
     async fn take_lane(&mut self) -> Result<(), Ended> {
         let wait = Duration::from_millis(self.shared.limits.admission_wait_ms);
-        let spawned = tokio::select! {
-            r = tokio::time::timeout(wait, self.endpoint.runner.spawn_async()) => r,
+        let record = self.stream.as_mut().expect("serving").resume_from.take();
+        let taken = tokio::select! {
+            r = lane(&self.endpoint, wait, self.handing.is_some(), record) => r,
             _ = &mut self.closing => {
                 return self.refuse(crate::close::GOING_AWAY, "the server is shutting down").await;
             }
         };
-        let mut handle = match spawned {
-            Ok(Ok(h)) => h,
-            Ok(Err(e)) => {
-                let code = match e {
-                    SpawnError::Draining | SpawnError::Closed if self.handing.is_some() => crate::close::RESTART,
-                    SpawnError::Draining | SpawnError::Closed => crate::close::GOING_AWAY,
-                    _ => crate::close::TRY_AGAIN_LATER,
-                };
-                return self.refuse(code, &format!("no lane: {e}")).await;
+        match taken {
+            Ok(handle) => {
+                self.stream.as_mut().expect("serving").handle = Some(handle);
+                Ok(())
             }
-            Err(_) => {
-                let why = format!("no lane freed up within {wait:?}: try again later");
-                return self.refuse(crate::close::TRY_AGAIN_LATER, &why).await;
-            }
-        };
-        let stream = self.stream.as_mut().expect("serving");
-        if let Some(record) = stream.resume_from.take() {
-            // An import can only fail now for the runner's end.
-            if let Err(e) = handle.import_state_async(&record.state).await {
-                let code = if e.end_reason().is_some() {
-                    crate::close::GOING_AWAY
-                } else {
-                    crate::close::INTERNAL
-                };
-                let id = self.handing.clone().unwrap_or_default();
-                return self.end(code, &format!("stream {id}: resuming: {e}")).await;
-            }
-            handover::count("laned_resume_total", &self.endpoint.name, "resumed");
+            Err(NoLane { code, why }) => self.refuse(code, &why).await,
         }
-        stream.handle = Some(handle);
-        Ok(())
     }
 
     /// Admitted: the hello sent, the session ready to serve.

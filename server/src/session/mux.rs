@@ -48,12 +48,12 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use laned_models::spec::Interface;
-use laned_runner::{LanedStateHandle, SpawnError};
+use laned_runner::LanedStateHandle;
 use serde_json::json;
 use tokio::time::Instant;
 use tract_core::prelude::{TValue, TVec};
 
-use super::resume::{hand_over, look_up, Resume, RESTART_AT_ZERO};
+use super::resume::{hand_over_stream, look_up, Resume};
 use super::{close_with, Endpoint, LiveGuard, LiveId, Shared, Stream, MAX_WRITE_BUFFER, READ_BUFFER, WRITE_BUFFER};
 use crate::close;
 use crate::handover::{self, Record};
@@ -620,42 +620,10 @@ impl Connection {
         for tag in due {
             let s = &self.streams[&tag];
             let id = s.handing.clone().expect("filtered");
-            let key = self.endpoint.key(&id);
-            let why = if !self.endpoint.runner.state_travels() {
-                // Never told a position whose state is lost: any record
-                // goes, and the stream starts again at 0.
-                let _written = s.stream.written.clone().lock_owned().await;
-                let _ = store.remove_own(&key, &s.stream.writer).await;
-                handover::count("laned_handover_total", &self.endpoint.name, "restarted");
-                RESTART_AT_ZERO.to_string()
-            } else if s.stream.handle.is_none() {
-                // No pulse yet: the record it resumes from (if any) stays.
-                handover::count("laned_handover_total", &self.endpoint.name, "ok");
-                format!("restarting: resume at chunk {}", s.stream.chunk)
-            } else {
-                match hand_over(&store, &key, &s.stream).await {
-                    Ok((bytes, export, write)) => {
-                        let tally = &self.shared.tally;
-                        tally
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .add(bytes, export, write);
-                        handover::count("laned_handover_total", &self.endpoint.name, "ok");
-                        format!("restarting: resume at chunk {}", s.stream.chunk)
-                    }
-                    Err(why) => {
-                        self.shared.tally.lock().unwrap_or_else(|e| e.into_inner()).failed += 1;
-                        handover::count("laned_handover_total", &self.endpoint.name, "failed");
-                        eprintln!(
-                            "{}: stream {id}: hand-over skipped ({why}): it drains as without a store",
-                            self.endpoint.who
-                        );
-                        self.streams.get_mut(&tag).expect("present").hand_over_failed = true;
-                        continue;
-                    }
-                }
-            };
-            self.close_stream(tag, close::RESTART, &why);
+            match hand_over_stream((&self.shared, &self.endpoint), &store, &id, &s.stream).await {
+                Some(why) => self.close_stream(tag, close::RESTART, &why),
+                None => self.streams.get_mut(&tag).expect("present").hand_over_failed = true,
+            }
         }
     }
 
@@ -685,37 +653,9 @@ async fn call(
 ) -> Result<(LanedStateHandle, TVec<TValue>), (u16, String)> {
     let mut handle = match lane {
         Some(h) => h,
-        None => {
-            let mut h = match tokio::time::timeout(wait, endpoint.runner.spawn_async()).await {
-                Ok(Ok(h)) => h,
-                Ok(Err(e)) => {
-                    let code = match e {
-                        SpawnError::Draining | SpawnError::Closed if handing => close::RESTART,
-                        SpawnError::Draining | SpawnError::Closed => close::GOING_AWAY,
-                        _ => close::TRY_AGAIN_LATER,
-                    };
-                    return Err((code, format!("no lane: {e}")));
-                }
-                Err(_) => {
-                    return Err((
-                        close::TRY_AGAIN_LATER,
-                        format!("no lane freed up within {wait:?}: try again later"),
-                    ))
-                }
-            };
-            if let Some(record) = record {
-                if let Err(e) = h.import_state_async(&record.state).await {
-                    let code = if e.end_reason().is_some() {
-                        close::GOING_AWAY
-                    } else {
-                        close::INTERNAL
-                    };
-                    return Err((code, format!("resuming: {e}")));
-                }
-                handover::count("laned_resume_total", &endpoint.name, "resumed");
-            }
-            h
-        }
+        None => super::lane(&endpoint, wait, handing, record)
+            .await
+            .map_err(|no| (no.code, no.why))?,
     };
     match handle.call_async(inputs).await {
         Ok(out) => Ok((handle, out)),

@@ -214,6 +214,30 @@ pub(crate) async fn try_hand_over(
     (id, live_id): (&str, &mut Option<LiveId>),
     stream: &Stream,
 ) -> bool {
+    match hand_over_stream((shared, endpoint), store, id, stream).await {
+        Some(why) => {
+            // Handed over: the id is free for the client's reconnect (here
+            // or elsewhere) while the close waits for its reply.
+            drop(live_id.take());
+            close_with(socket, close::RESTART, &why).await;
+            true
+        }
+        None => false,
+    }
+}
+
+/// Stream `id`'s hand-over, the one every front makes on a drain: its
+/// record written (or, where its model's state stays in its ops, any
+/// record removed: it restarts at 0; or, with no lane yet, the record it
+/// resumes from left as found), counted and tallied. The 1012 reason to
+/// tell its client; `None` where the write failed (said, counted: the
+/// stream drains as without a store).
+pub(crate) async fn hand_over_stream(
+    (shared, endpoint): (&Shared, &Endpoint),
+    store: &Store,
+    id: &str,
+    stream: &Stream,
+) -> Option<String> {
     if !endpoint.runner.state_travels() {
         // Its state cannot be written: the client is never told a position
         // whose state is lost. It starts again at 0 (here or elsewhere),
@@ -222,18 +246,14 @@ pub(crate) async fn try_hand_over(
         let _written = stream.written.clone().lock_owned().await;
         let _ = store.remove_own(&endpoint.key(id), &stream.writer).await;
         handover::count("laned_handover_total", &endpoint.name, "restarted");
-        drop(live_id.take());
-        close_with(socket, close::RESTART, RESTART_AT_ZERO).await;
-        return true;
+        return Some(RESTART_AT_ZERO.to_string());
     }
+    let resume_at = format!("restarting: resume at chunk {}", stream.chunk);
     if stream.handle.is_none() {
         // No pulse yet, so no lane: nothing moved since the record it
         // resumes from (if any), which stays as found; it resumes there.
         handover::count("laned_handover_total", &endpoint.name, "ok");
-        drop(live_id.take());
-        let why = format!("restarting: resume at chunk {}", stream.chunk);
-        close_with(socket, close::RESTART, &why).await;
-        return true;
+        return Some(resume_at);
     }
     match hand_over(store, &endpoint.key(id), stream).await {
         Ok((bytes, export, write)) => {
@@ -243,12 +263,7 @@ pub(crate) async fn try_hand_over(
                 .unwrap_or_else(|e| e.into_inner())
                 .add(bytes, export, write);
             handover::count("laned_handover_total", &endpoint.name, "ok");
-            let why = format!("restarting: resume at chunk {}", stream.chunk);
-            // Handed over: the id is free for the client's reconnect (here
-            // or elsewhere) while the close waits for its reply.
-            drop(live_id.take());
-            close_with(socket, close::RESTART, &why).await;
-            true
+            Some(resume_at)
         }
         Err(why) => {
             shared.tally.lock().unwrap_or_else(|e| e.into_inner()).failed += 1;
@@ -257,7 +272,7 @@ pub(crate) async fn try_hand_over(
                 "{}: stream {id}: hand-over skipped ({why}): it drains as without a store",
                 endpoint.who
             );
-            false
+            None
         }
     }
 }

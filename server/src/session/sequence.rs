@@ -31,11 +31,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use laned_runner::{LanedStateHandle, SpawnError};
+use laned_runner::LanedStateHandle;
 use tokio::time::Instant;
 use tract_core::prelude::{TValue, TVec};
 
-use super::resume::{checkpoint, hand_over, look_up, Resume};
+use super::resume::{checkpoint, hand_over_stream, look_up, Resume};
 use super::{Endpoint, LiveId, Shared, Stream};
 use crate::handover;
 
@@ -319,34 +319,10 @@ impl Drop for SlotGuard<'_> {
     }
 }
 
-/// Hands `sequence` over to the store (said where it cannot be).
+/// Hands `sequence` over to the store (the session's one hand-over;
+/// said where it cannot be).
 async fn hand_over_one(shared: &Shared, endpoint: &Endpoint, store: &handover::Store, sequence: &Sequence) {
-    let id = &sequence.id;
-    if sequence.stream.handle.is_none() {
-        // No call yet: the record it resumes from (if any) stays as found.
-        return;
-    }
-    if !endpoint.runner.state_travels() {
-        let _written = sequence.stream.written.clone().lock_owned().await;
-        let _ = store.remove_own(&endpoint.key(id), &sequence.stream.writer).await;
-        handover::count("laned_handover_total", &endpoint.name, "restarted");
-        return;
-    }
-    match hand_over(store, &endpoint.key(id), &sequence.stream).await {
-        Ok((bytes, export, write)) => {
-            shared
-                .tally
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .add(bytes, export, write);
-            handover::count("laned_handover_total", &endpoint.name, "ok");
-        }
-        Err(why) => {
-            shared.tally.lock().unwrap_or_else(|e| e.into_inner()).failed += 1;
-            handover::count("laned_handover_total", &endpoint.name, "failed");
-            eprintln!("{}: sequence {id}: hand-over failed ({why})", endpoint.who);
-        }
-    }
+    let _ = hand_over_stream((shared, endpoint), store, &sequence.id, &sequence.stream).await;
 }
 
 /// A lane of `endpoint`'s model, waited for up to `admission_wait_ms`,
@@ -357,26 +333,15 @@ async fn lane(
     record: Option<Box<handover::Record>>,
 ) -> Result<LanedStateHandle, Refusal> {
     let wait = Duration::from_millis(shared.limits.admission_wait_ms);
-    let mut handle = match tokio::time::timeout(wait, endpoint.runner.spawn_async()).await {
-        Ok(Ok(h)) => h,
-        Ok(Err(e @ (SpawnError::Draining | SpawnError::Closed))) => {
-            return refused(StatusCode::SERVICE_UNAVAILABLE, format!("restarting: no lane: {e}"))
-        }
-        Ok(Err(e)) => return refused(StatusCode::SERVICE_UNAVAILABLE, format!("no lane: {e}")),
-        Err(_) => {
-            return refused(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("no lane freed up within {wait:?}: try again later"),
-            )
-        }
-    };
-    if let Some(record) = record {
-        if let Err(e) = handle.import_state_async(&record.state).await {
-            return refused(StatusCode::INTERNAL_SERVER_ERROR, format!("resuming: {e}"));
-        }
-        handover::count("laned_resume_total", &endpoint.name, "resumed");
-    }
-    Ok(handle)
+    super::lane(endpoint, wait, shared.store.is_some(), record)
+        .await
+        .map_err(|super::NoLane { code, why }| match code {
+            crate::close::INTERNAL => (StatusCode::INTERNAL_SERVER_ERROR, why),
+            crate::close::RESTART | crate::close::GOING_AWAY => {
+                (StatusCode::SERVICE_UNAVAILABLE, format!("restarting: {why}"))
+            }
+            _ => (StatusCode::SERVICE_UNAVAILABLE, why),
+        })
 }
 
 fn call_failed(e: &laned_runner::RunError) -> Refusal {

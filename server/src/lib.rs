@@ -26,7 +26,7 @@
 
 mod accept;
 pub mod audio;
-mod grpc;
+pub mod grpc;
 pub mod handover;
 pub mod kserve;
 pub mod mux;

@@ -41,13 +41,15 @@ tasks:
                            (bench/src/bin/audio-bench.rs)
   bench --scenario serve [--model silero|gru] [--server-cores N] [--quick]
         [--streams 64,256,512] [--rounds 3] [--no-search] [--no-fixed]
+        [--fronts stream,mux,grpc] [--per-connection 64]
                            the vad-server binary (or, --model gru, `laned serve` on a GRU
                            the bench writes) (pinned to N cores, default 1) driven by
                            real WebSocket clients on the other cores, against the same
                            model in-process on the server's cores and the transport's
-                           floor (a minimal WebSocket echo, pinned as the server is):
-                           server CPU per answer at fixed counts side by side, then
-                           capacity at p99 <= 50 ms (bench/src/bin/serve-bench.rs)
+                           floor (a minimal WebSocket echo, pinned as the server is) and
+                           laned serve's multiplexed and KServe v2 gRPC fronts (64 streams
+                           a connection): server CPU per answer at fixed counts side by
+                           side, then capacity at p99 <= 50 ms (bench/src/bin/serve-bench/)
   fuzz [--cases N] [--seed S] [--model PATH --pulse P [--symbol S]]
                            the property tests with many cases (default 2000); with
                            --model, the seating property on your NNEF model
@@ -194,7 +196,12 @@ fn bench_serve(args: &[String]) -> bool {
     } else {
         ("laned-server", "vad-server")
     };
-    if !(build_release(package, server_bin) && build_release("laned-bench", "serve-bench")) {
+    // laned serves the multiplexed and gRPC fronts (and, for Silero, its
+    // single-stream front beside vad-server's).
+    if !(build_release(package, server_bin)
+        && build_release("laned", "laned")
+        && build_release("laned-bench", "serve-bench"))
+    {
         return false;
     }
     let allowed = cpus::allowed();
@@ -214,6 +221,8 @@ fn bench_serve(args: &[String]) -> bool {
         .arg("--server")
         .arg(release.join(server_bin))
         .args(["--server-cpus", &server_cpus])
+        .arg("--laned")
+        .arg(release.join("laned"))
         .args(gru.then_some("--gru"))
         .args(rest);
     run(command)

@@ -16,7 +16,7 @@
 //! The service is written by hand over tonic's server (the messages are
 //! prost derives in [`messages`]): no protoc at build time.
 
-pub(crate) mod messages;
+pub mod messages;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

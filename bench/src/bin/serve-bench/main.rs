@@ -17,6 +17,17 @@
 //! binary) in the tensor protocol: a pulse every 32 ms per stream, one
 //! binary answer each; in-process, the same spec's runner.
 //!
+//! `laned serve`'s other fronts beside them, on the same model (for
+//! Silero, given `--laned PATH`, the built-in `silero` served by `laned
+//! serve`, its single-stream front too): the multiplexed front
+//! (`/v1/models/NAME/mux`, [`mux`]) and KServe v2 gRPC (one
+//! `ModelStreamInfer` stream a connection, Triton's sequences, [`grpc`]),
+//! `--per-connection` streams a connection (default 64). A connection's
+//! streams share its clock, as a gateway's calls share its tick: every
+//! pulse due goes out at once (one message of several records on the
+//! multiplexed front, a request each on the gRPC stream); the connections
+//! spread over the period.
+//!
 //! The transport's floor beside them (`--echo-server`, this binary run
 //! again on the server's cores): a minimal tokio-tungstenite server that
 //! answers each binary frame with one of the served model's answer size
@@ -38,6 +49,9 @@
 //! run half a second before it counts (the runner's first turns at each
 //! occupancy prepare kernels).
 
+mod grpc;
+mod mux;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -56,7 +70,8 @@ use tract_core::internal::*;
 const HELP: &str = "\
 serve-bench --server PATH [--server-cpus LIST] [--seconds 2] [--max 2048] [--quick] [--gru]
             [--streams 64,256,512] [--rounds 3] [--answer-bytes N] [--echo-read-buffer 4096]
-            [--baseline PATH] [--no-search] [--no-fixed]
+            [--baseline PATH] [--no-search] [--no-fixed] [--laned PATH]
+            [--fronts stream,mux,grpc] [--per-connection 64]
 serve-bench --in-process [--seconds 2] [--max 2048] [--gru] [--probe N]
 serve-bench --echo-server [--answer-bytes N] [--read-buffer N]
 
@@ -75,9 +90,12 @@ server is: each binary frame answered with --answer-bytes, default the served
 model's answer size), the echo again reading --echo-read-buffer bytes at most
 (tungstenite zeroes its read buffer before each read; laned serve reads 4 KiB;
 0: no second echo), the server (and --baseline, another build of it, beside
-it), and in-process (--probe N): server CPU per answer side by side, and the
-ratios. --no-search skips the capacity searches,
---no-fixed the fixed counts.
+it), laned serve's fronts (--fronts, default all: its single-stream front for
+Silero, the multiplexed one and gRPC, --per-connection streams a connection;
+for Silero only with --laned PATH, the laned binary serving the built-in
+silero), and in-process (--probe N): server CPU per answer side by side, and
+the ratios. Then a capacity search for each. --no-search skips the capacity
+searches, --no-fixed the fixed counts.
 ";
 
 const PERIOD: Duration = Duration::from_millis(32);
@@ -117,6 +135,13 @@ struct Args {
     fixed: bool,
     /// In-process, one probe at this count instead of the search.
     probe: Option<usize>,
+    /// `laned` (for Silero: its fronts beside `vad-server`'s; with
+    /// `--gru`, `--server` is this binary).
+    laned: Option<PathBuf>,
+    /// Streams a connection on the multiplexed and gRPC fronts.
+    per_connection: usize,
+    /// `laned serve`'s fronts measured.
+    via: Vec<Via>,
 }
 
 fn args() -> Result<Args, String> {
@@ -137,6 +162,9 @@ fn args() -> Result<Args, String> {
         search: true,
         fixed: true,
         probe: None,
+        laned: None,
+        per_connection: 64,
+        via: vec![Via::Stream, Via::Mux, Via::Grpc],
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -169,6 +197,19 @@ fn args() -> Result<Args, String> {
             "--no-search" => a.search = false,
             "--no-fixed" => a.fixed = false,
             "--probe" => a.probe = Some(cli::number(&value("--probe")?, "--probe")?),
+            "--laned" => a.laned = Some(value("--laned")?.into()),
+            "--per-connection" => a.per_connection = cli::number(&value("--per-connection")?, "--per-connection")?,
+            "--fronts" => {
+                a.via = value("--fronts")?
+                    .split(',')
+                    .map(|f| match f.trim() {
+                        "stream" => Ok(Via::Stream),
+                        "mux" => Ok(Via::Mux),
+                        "grpc" => Ok(Via::Grpc),
+                        other => Err(format!("--fronts: {other:?} is not stream, mux or grpc")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
             "--help" | "-h" => {
                 print!("{HELP}");
                 std::process::exit(0);
@@ -184,17 +225,34 @@ fn args() -> Result<Args, String> {
     Ok(a)
 }
 
-/// What is served: Silero by `vad-server`, or the bench's GRU by `laned
-/// serve`.
+/// What is served: Silero by `vad-server` (and, where the bench has a
+/// `laned` binary, by `laned serve` as the built-in `silero`), or the
+/// bench's GRU by `laned serve`.
 enum Served {
-    Vad(PathBuf),
-    Gru(Box<Gru>),
+    Vad(PathBuf, Option<Box<Tensor>>),
+    Gru(Box<Tensor>),
 }
 
-/// The bench's GRU: its folder (the NNEF file, a spec per lane count),
-/// loaded, and what a stream feeds.
-struct Gru {
+impl Served {
+    /// The model as `laned serve` serves it, where it does.
+    fn tensor(&self) -> Option<&Tensor> {
+        match self {
+            Served::Vad(_, tensor) => tensor.as_deref(),
+            Served::Gru(gru) => Some(gru),
+        }
+    }
+}
+
+/// A model as `laned serve` serves it in the tensor protocol: its name,
+/// its spec (a file per lane count, in its folder), loaded, and what a
+/// stream feeds.
+struct Tensor {
+    name: &'static str,
     dir: PathBuf,
+    model: laned_models::spec::ModelSpec,
+    /// The runner's settings but the lanes (one shard, worker mode, no
+    /// linger: the server's).
+    config: fn(usize) -> RunnerConfig,
     loaded: laned_models::spec::Loaded,
     interface: laned_models::spec::Interface,
 }
@@ -202,57 +260,83 @@ struct Gru {
 /// Features and hidden size of the bench's GRU.
 const GRU: (usize, usize) = (40, 64);
 
-impl Gru {
-    /// Written (the same bytes each time) and loaded.
-    fn write() -> TractResult<Gru> {
+impl Tensor {
+    /// The bench's GRU, written (the same bytes each time) and loaded.
+    fn gru() -> TractResult<Tensor> {
         let dir = std::env::temp_dir().join(format!("laned-serve-bench-gru-{}x{}", GRU.0, GRU.1));
         std::fs::create_dir_all(&dir)?;
         let model = laned_testkit::fixtures::gru_cell(GRU.0, GRU.1)?.model;
         tract_pulse::internal::tract_nnef::nnef()
             .write_to_tar(&model, std::fs::File::create(dir.join("gru.nnef.tar"))?)?;
-        let spec = Gru::spec(&dir, 2)?;
-        let loaded = spec.model.load().map_err(|e| format_err!("{e}"))?;
-        let runner = LanedRunner::new(loaded.plan.clone(), loaded.runner_config(&spec.runner))?;
-        let interface =
-            laned_models::spec::Interface::of(&loaded, &runner.explicit_state()).map_err(|e| format_err!("{e}"))?;
-        Ok(Gru { dir, loaded, interface })
-    }
-
-    /// The spec serving it with `lanes` lanes, as the server's: one shard,
-    /// worker mode, no linger.
-    fn spec(dir: &std::path::Path, lanes: usize) -> TractResult<laned_models::spec::Spec> {
-        Ok(laned_models::spec::Spec {
-            model: laned_models::spec::ModelSpec::file(dir.join("gru.nnef.tar")),
-            runner: Gru::config(lanes),
+        let model = laned_models::spec::ModelSpec::file(dir.join("gru.nnef.tar"));
+        Tensor::new("gru", dir, model, |lanes| {
+            server_config(lanes, Some(StateSpec::Pairs(vec![StatePair::new(1, 1)])))
         })
     }
 
-    fn config(lanes: usize) -> RunnerConfig {
-        RunnerConfig::builder()
-            .state(StateSpec::Pairs(vec![StatePair::new(1, 1)]))
-            .max_lanes(lanes)
-            .shards(1)
-            .mode(Mode::Worker)
-            .linger(Duration::ZERO)
-            .build()
+    /// Silero VAD as `laned serve`'s built-in `silero`.
+    fn silero() -> TractResult<Tensor> {
+        let dir = std::env::temp_dir().join("laned-serve-bench-silero");
+        std::fs::create_dir_all(&dir)?;
+        let model = laned_models::spec::ModelSpec {
+            builtin: Some(laned_models::spec::Builtin::Silero),
+            ..laned_models::spec::ModelSpec::default()
+        };
+        Tensor::new("silero", dir, model, |lanes| server_config(lanes, None))
+    }
+
+    fn new(
+        name: &'static str,
+        dir: PathBuf,
+        model: laned_models::spec::ModelSpec,
+        config: fn(usize) -> RunnerConfig,
+    ) -> TractResult<Tensor> {
+        let loaded = model.load().map_err(|e| format_err!("{e}"))?;
+        let runner = LanedRunner::new(loaded.plan.clone(), loaded.runner_config(&config(2)))?;
+        let interface =
+            laned_models::spec::Interface::of(&loaded, &runner.explicit_state()).map_err(|e| format_err!("{e}"))?;
+        Ok(Tensor {
+            name,
+            dir,
+            model,
+            config,
+            loaded,
+            interface,
+        })
     }
 
     /// Its spec file for `lanes` lanes.
     fn spec_file(&self, lanes: usize) -> TractResult<PathBuf> {
-        let path = self.dir.join(format!("gru-{lanes}.toml"));
-        std::fs::write(
-            &path,
-            Gru::spec(&self.dir, lanes)?.to_toml().map_err(|e| format_err!("{e}"))?,
-        )?;
+        let path = self.dir.join(format!("{}-{lanes}.toml", self.name));
+        let spec = laned_models::spec::Spec {
+            model: self.model.clone(),
+            runner: (self.config)(lanes),
+        };
+        std::fs::write(&path, spec.to_toml().map_err(|e| format_err!("{e}"))?)?;
         Ok(path)
     }
 
-    /// Stream `s`'s pulse as bytes: noise.
+    /// Stream `s`'s pulse as bytes: noise (the model's cost does not
+    /// depend on it).
     fn pulse(&self, s: usize) -> Vec<u8> {
         let mut rng = fastrand::Rng::with_seed(s as u64);
         (0..self.interface.pulse_bytes() / 4)
             .flat_map(|_| (0.1 * (rng.f32() * 2.0 - 1.0)).to_le_bytes())
             .collect()
+    }
+}
+
+/// The server's runner settings with `lanes` lanes: one shard, worker
+/// mode, no linger, the state pairs where the spec names them.
+fn server_config(lanes: usize, state: Option<StateSpec>) -> RunnerConfig {
+    let b = RunnerConfig::builder()
+        .max_lanes(lanes)
+        .shards(1)
+        .mode(Mode::Worker)
+        .linger(Duration::ZERO);
+    match state {
+        Some(state) => b.state(state).build(),
+        None => b.build(),
     }
 }
 
@@ -323,7 +407,7 @@ impl InProcess {
             .enable_time()
             .build()?;
         let silero_plan: Option<Arc<dyn Runnable>> = match served {
-            Served::Vad(model) => Some(DefaultRuntime.prepare(silero::load(model)?)?.into()),
+            Served::Vad(model, _) => Some(DefaultRuntime.prepare(silero::load(model)?)?.into()),
             Served::Gru(_) => None,
         };
         Ok(InProcess {
@@ -336,7 +420,7 @@ impl InProcess {
     /// One probe of `n` streams, a fresh runner of `n` lanes.
     fn probe(&self, served: &Served, n: usize) -> TractResult<Probe> {
         let (system, inputs): (TaskSystem, Box<dyn Fn(usize) -> TVec<TValue> + Sync>) = match served {
-            Served::Vad(_) => {
+            Served::Vad(..) => {
                 let config = RunnerConfig::builder()
                     .state(StateSpec::Pairs(vec![StatePair::new("state", 1)]))
                     .max_lanes(n)
@@ -351,7 +435,7 @@ impl InProcess {
                 )
             }
             Served::Gru(gru) => {
-                let runner = LanedRunner::new(gru.loaded.plan.clone(), Gru::config(n))?;
+                let runner = LanedRunner::new(gru.loaded.plan.clone(), gru.loaded.runner_config(&(gru.config)(n)))?;
                 let pulses: Vec<TVec<TValue>> = (0..n)
                     .map(|s| gru.interface.call_inputs(&gru.pulse(s)).map_err(|e| format_err!("{e}")))
                     .collect::<TractResult<_>>()?;
@@ -379,14 +463,30 @@ fn probe_duration(args: &Args) -> Duration {
     Duration::from_secs_f64((args.seconds * 1.5).max(1.0))
 }
 
-/// What answers the clients: the server under test, or the echo floor.
+/// What answers the clients: a server under test, or the echo floor.
 #[derive(Clone, Copy)]
 enum Front<'a> {
-    /// The binary at this path (`vad-server`, or `laned` for `--gru`).
-    Server(&'a PathBuf),
+    /// `vad-server` at this path: Silero's audio protocol at `/v1/vad`.
+    Vad(&'a PathBuf),
+    /// `laned serve` at this path, the served model's tensor protocol,
+    /// through this front.
+    Laned(&'a PathBuf, Via),
     /// This binary with `--echo-server`, answering this many bytes, its
     /// read buffer this size (tungstenite's default if `None`).
     Echo(usize, Option<usize>),
+}
+
+/// Which of `laned serve`'s fronts the clients use.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Via {
+    /// A WebSocket a stream (`/v1/models/NAME/stream`).
+    Stream,
+    /// The multiplexed front: `--per-connection` streams a WebSocket
+    /// (`/v1/models/NAME/mux`).
+    Mux,
+    /// KServe v2 gRPC: `--per-connection` sequences on one
+    /// `ModelStreamInfer` stream a connection.
+    Grpc,
 }
 
 /// A server child process (`vad-server`, `laned serve` or the echo),
@@ -394,14 +494,23 @@ enum Front<'a> {
 struct Server {
     child: Child,
     addr: SocketAddr,
+    /// The gRPC listener's, for [`Via::Grpc`].
+    grpc: Option<SocketAddr>,
+    /// How its clients talk to it: `None` for the audio protocol or the
+    /// echo (a WebSocket a stream, the served model's frames).
+    via: Option<Via>,
 }
+
+/// What `laned serve` prints once its gRPC listener is up, its address
+/// after.
+const GRPC_LISTENING: &str = "laned serve answering gRPC on ";
 
 impl Server {
     fn start(front: Front<'_>, cpus: &str, served: &Served, lanes: usize) -> TractResult<Server> {
         let mut command = Command::new("taskset");
         command.args(["-c", cpus]);
-        let listening = match (front, served) {
-            (Front::Echo(answer, read_buffer), _) => {
+        let (listening, via) = match front {
+            Front::Echo(answer, read_buffer) => {
                 command
                     .arg(std::env::current_exe()?)
                     .arg("--echo-server")
@@ -409,9 +518,12 @@ impl Server {
                 if let Some(bytes) = read_buffer {
                     command.args(["--read-buffer", &bytes.to_string()]);
                 }
-                ECHO_LISTENING
+                (ECHO_LISTENING, None)
             }
-            (Front::Server(binary), Served::Vad(model)) => {
+            Front::Vad(binary) => {
+                let Served::Vad(model, _) = served else {
+                    bail!("vad-server serves Silero only")
+                };
                 command
                     .arg(binary)
                     .args([
@@ -426,33 +538,38 @@ impl Server {
                     .arg("--model")
                     .arg(model)
                     .args(["--admission-wait-ms", "10000"]);
-                "vad-server listening on "
+                ("vad-server listening on ", None)
             }
-            (Front::Server(binary), Served::Gru(gru)) => {
-                let spec = gru.spec_file(lanes)?;
+            Front::Laned(binary, via) => {
+                let tensor = served
+                    .tensor()
+                    .ok_or_else(|| format_err!("no laned binary for this model (--laned)"))?;
+                let spec = tensor.spec_file(lanes)?;
                 command
                     .arg(binary)
                     .arg("serve")
-                    .arg(format!("gru={}", spec.display()))
+                    .arg(format!("{}={}", tensor.name, spec.display()))
                     .args(["--listen", "127.0.0.1:0"])
                     .args(["--admission-wait-ms", "10000"]);
-                "laned serve listening on "
+                if via == Via::Grpc {
+                    command.args(["--grpc-listen", "127.0.0.1:0"]);
+                }
+                ("laned serve listening on ", Some(via))
             }
         };
         command.stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut child = command.spawn().with_context(|| format!("starting {command:?}"))?;
         let stdout = child.stdout.take();
         // Read on a thread, which keeps reading so the server never blocks
-        // on a full pipe; the address comes back through a channel, so a
+        // on a full pipe; the addresses come back through a channel, so a
         // server that never listens fails the probe instead of hanging it.
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let Some(stdout) = stdout else { return };
-            let mut tx = Some(tx);
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(addr) = line.strip_prefix(listening) {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(addr.trim().to_string());
+                for (grpc, prefix) in [(false, listening), (true, GRPC_LISTENING)] {
+                    if let Some(addr) = line.strip_prefix(prefix) {
+                        let _ = tx.send((grpc, addr.trim().to_string()));
                     }
                 }
             }
@@ -460,11 +577,22 @@ impl Server {
         let mut server = Server {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            grpc: None,
+            via,
         };
-        server.addr = match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(addr) => addr.parse().with_context(|| format!("the server's address {addr:?}"))?,
-            Err(_) => bail!("the server did not listen within 120 s (its stderr is above)"),
-        };
+        let mut main = None;
+        while main.is_none() || (via == Some(Via::Grpc) && server.grpc.is_none()) {
+            let (grpc, addr) = match rx.recv_timeout(Duration::from_secs(120)) {
+                Ok(line) => line,
+                Err(_) => bail!("the server did not listen within 120 s (its stderr is above)"),
+            };
+            let addr: SocketAddr = addr.parse().with_context(|| format!("the server's address {addr:?}"))?;
+            match grpc {
+                true => server.grpc = Some(addr),
+                false => main = Some(addr),
+            }
+        }
+        server.addr = main.expect("the loop waits for it");
         Ok(server)
     }
 }
@@ -519,48 +647,112 @@ fn echo_server(answer: usize, read_buffer: Option<usize>) -> TractResult<()> {
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-/// One probe over the network: `n` clients connected, then each sending a
-/// chunk every period from a random phase, waiting for its probability.
+/// One probe over the network: `n` streams connected (a WebSocket each,
+/// or `per_connection` a connection on the multiplexed and gRPC fronts),
+/// then each sending a chunk every period from a random phase (a
+/// connection's streams share its phase), waiting for its answer.
 fn over_network(
     rt: &tokio::runtime::Runtime,
     (server, served): (&Server, &Served),
-    n: usize,
+    (n, per_connection): (usize, usize),
     duration: Duration,
 ) -> TractResult<Probe> {
     let pid = server.child.id();
     let addr = server.addr;
-    let (path, frames): (&str, Vec<Vec<u8>>) = match served {
-        Served::Vad(_) => (
-            "/v1/vad",
+    let tensor = served.tensor();
+    let (path, frames): (String, Vec<Vec<u8>>) = match (server.via, served, tensor) {
+        (Some(via), _, Some(t)) => (
+            format!(
+                "/v1/models/{}/{}",
+                t.name,
+                if via == Via::Mux { "mux" } else { "stream" }
+            ),
+            (0..n).map(|s| t.pulse(s)).collect(),
+        ),
+        (_, Served::Vad(..), _) => (
+            "/v1/vad".into(),
             (0..n)
                 .map(|s| chunk(s).iter().flat_map(|x| x.to_le_bytes()).collect())
                 .collect(),
         ),
-        Served::Gru(gru) => ("/v1/models/gru/stream", (0..n).map(|s| gru.pulse(s)).collect()),
+        (_, Served::Gru(gru), _) => ("/v1/models/gru/stream".into(), (0..n).map(|s| gru.pulse(s)).collect()),
     };
+    let url = format!("ws://{addr}{path}");
+    let per_connection = per_connection.max(1);
+    let connections = n.div_ceil(per_connection);
+    let interface = tensor.map(|t| (t.name, Arc::new(t.interface.clone())));
+    let grpc = server.grpc;
     rt.block_on(async move {
-        let mut sockets = Vec::with_capacity(n);
-        for _ in 0..n {
-            let url = format!("ws://{addr}{path}");
-            let (ws, _) = tokio_tungstenite::connect_async(url.as_str()).await.with_context(|| {
-                format!(
-                    "connecting stream {} of {n} to {url} (many streams need a high open-files limit: `ulimit -n`)",
-                    sockets.len() + 1
-                )
-            })?;
-            sockets.push(ws);
-        }
-        let warm = Instant::now() + Duration::from_millis(100);
-        let t0 = warm + WARM_UP;
-        let tasks: Vec<_> = sockets
-            .into_iter()
-            .enumerate()
-            .zip(frames)
-            .map(|((s, ws), frame)| {
-                let offset = laned_load::phase(n as u64, s, PERIOD);
-                tokio::spawn(client(ws, frame, warm + offset, t0, t0 + duration))
-            })
-            .collect();
+        type Task = tokio::task::JoinHandle<TractResult<Vec<u64>>>;
+        let warm = |t: Instant| t + Duration::from_millis(100);
+        let mut frames = frames.into_iter();
+        let (tasks, t0): (Vec<Task>, Instant) = match server.via {
+            None | Some(Via::Stream) => {
+                let mut sockets = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let (ws, _) = tokio_tungstenite::connect_async(url.as_str()).await.with_context(|| {
+                        format!(
+                            "connecting stream {} of {n} to {url} (many streams need a high open-files limit: `ulimit -n`)",
+                            sockets.len() + 1
+                        )
+                    })?;
+                    sockets.push(ws);
+                }
+                let warm = warm(Instant::now());
+                let t0 = warm + WARM_UP;
+                let tasks = sockets
+                    .into_iter()
+                    .enumerate()
+                    .zip(frames)
+                    .map(|((s, ws), frame)| {
+                        let offset = laned_load::phase(n as u64, s, PERIOD);
+                        tokio::spawn(client(ws, frame, warm + offset, t0, t0 + duration))
+                    })
+                    .collect();
+                (tasks, t0)
+            }
+            Some(Via::Mux) => {
+                let mut sockets = Vec::with_capacity(connections);
+                for c in 0..connections {
+                    let k = per_connection.min(n - c * per_connection);
+                    sockets.push((mux::open(&url, k).await?, frames.by_ref().take(k).collect::<Vec<_>>()));
+                }
+                let warm = warm(Instant::now());
+                let t0 = warm + WARM_UP;
+                let tasks = sockets
+                    .into_iter()
+                    .enumerate()
+                    .map(|(c, (ws, frames))| {
+                        let offset = laned_load::phase(connections as u64, c, PERIOD);
+                        tokio::spawn(mux::run(ws, frames, warm + offset, t0, t0 + duration))
+                    })
+                    .collect();
+                (tasks, t0)
+            }
+            Some(Via::Grpc) => {
+                let grpc = grpc.ok_or_else(|| format_err!("the server named no gRPC address"))?;
+                let (name, interface) = interface.ok_or_else(|| format_err!("gRPC serves tensor models"))?;
+                let mut streams = Vec::with_capacity(connections);
+                for c in 0..connections {
+                    let k = per_connection.min(n - c * per_connection);
+                    streams.push((grpc::open(grpc).await?, frames.by_ref().take(k).collect::<Vec<_>>()));
+                }
+                let warm = warm(Instant::now());
+                let t0 = warm + WARM_UP;
+                let tasks = streams
+                    .into_iter()
+                    .enumerate()
+                    .map(|(c, (stream, frames))| {
+                        let offset = laned_load::phase(connections as u64, c, PERIOD);
+                        let interface = interface.clone();
+                        let first_id = (c * per_connection + 1) as i64;
+                        let times = (warm + offset, t0, t0 + duration);
+                        tokio::spawn(async move { grpc::run(stream, (name, &interface), first_id, frames, times).await })
+                    })
+                    .collect();
+                (tasks, t0)
+            }
+        };
         tokio::time::sleep_until(t0.into()).await;
         let (server_before, client_before) = (laned_load::cpu_time_of(pid), laned_load::process_cpu_time());
         let mut all = vec![];
@@ -688,6 +880,33 @@ fn median_us(probes: &[Probe], figure: impl Fn(&Probe) -> Option<u64>) -> f64 {
     laned_load::median(&v)
 }
 
+/// `laned serve`'s fronts beside the server under test, named: for the
+/// GRU (`server` is `laned`) the multiplexed and gRPC fronts, for Silero
+/// (with `--laned`) the single-stream one too.
+fn laned_fronts<'a>(args: &'a Args, served: &Served, server: &'a PathBuf) -> Vec<(String, Front<'a>)> {
+    let laned = match served {
+        Served::Gru(_) => server,
+        Served::Vad(_, None) => return vec![],
+        Served::Vad(..) => match &args.laned {
+            Some(laned) => laned,
+            None => return vec![],
+        },
+    };
+    let per = args.per_connection;
+    args.via
+        .iter()
+        .filter(|via| !(matches!(served, Served::Gru(_)) && **via == Via::Stream))
+        .map(|&via| {
+            let name = match via {
+                Via::Stream => "laned serve".to_string(),
+                Via::Mux => format!("mux ({per} a connection)"),
+                Via::Grpc => format!("gRPC ({per} a stream)"),
+            };
+            (name, Front::Laned(laned, via))
+        })
+        .collect()
+}
+
 /// The echo floor, the server and in-process at each fixed count, rounds
 /// interleaved (each front at each count, then the next round), so that a
 /// slow minute of the machine falls on all of them alike.
@@ -698,7 +917,7 @@ fn fixed_counts(
 ) -> TractResult<()> {
     let answer = args.answer_bytes.unwrap_or(match served {
         Served::Gru(gru) => gru.interface.answer_len(),
-        Served::Vad(_) => 8,
+        Served::Vad(..) => 8,
     });
     let duration = probe_duration(args);
     let mut fronts: Vec<(String, Option<Front<'_>>)> = vec![("echo".into(), Some(Front::Echo(answer, None)))];
@@ -709,10 +928,18 @@ fn fixed_counts(
         ));
     }
     let floors: Vec<usize> = (0..fronts.len()).collect();
+    let native = |binary| match served {
+        Served::Vad(..) => Front::Vad(binary),
+        Served::Gru(_) => Front::Laned(binary, Via::Stream),
+    };
     if let Some(baseline) = &args.baseline {
-        fronts.push((format!("{label} (baseline)"), Some(Front::Server(baseline))));
+        fronts.push((format!("{label} (baseline)"), Some(native(baseline))));
     }
-    fronts.push((label.to_string(), Some(Front::Server(server))));
+    let server_ix = fronts.len();
+    fronts.push((label.to_string(), Some(native(server))));
+    for (name, front) in laned_fronts(args, served, server) {
+        fronts.push((name, Some(front)));
+    }
     let servers: Vec<usize> = (floors.len()..fronts.len()).collect();
     // In-process: a child of its own on the server's CPUs.
     fronts.push(("in-process".into(), None));
@@ -740,7 +967,7 @@ fn fixed_counts(
                 let probe: Probe = match front {
                     Some(front) => {
                         let started = Server::start(*front, &args.server_cpus, served, n)?;
-                        over_network(rt, (&started, served), n, duration)?
+                        over_network(rt, (&started, served), (n, args.per_connection), duration)?
                     }
                     None => serde_json::from_slice(&in_process_child(args, &["--probe".into(), n.to_string()])?)
                         .context("reading the in-process probe")?,
@@ -758,7 +985,6 @@ fn fixed_counts(
     // Columns: each front's median, then each server (the baseline, if
     // any, and the server) against each echo and in-process, and the
     // server against the baseline.
-    let server_ix = fronts.len() - 2;
     let local_ix = fronts.len() - 1;
     println!(
         "\nserver CPU per answer at fixed counts (µs; medians of {} round(s), interleaved), the echo answering \
@@ -770,7 +996,7 @@ fn fixed_counts(
     for &s in &servers {
         ratios.extend(floors.iter().chain([&local_ix]).map(|&f| (s, f)));
     }
-    if servers.len() > 1 {
+    if args.baseline.is_some() {
         ratios.push((server_ix, servers[0]));
     }
     for &(s, f) in &ratios {
@@ -779,7 +1005,7 @@ fn fixed_counts(
     head += &format!(
         " p99 ms ({}) | clients' CPU per answer ({}) | rounds ({}) |",
         names.join(", "),
-        names[..=server_ix].join(", "),
+        names[..local_ix].join(", "),
         names.join(" / ")
     );
     println!("{head}");
@@ -804,7 +1030,7 @@ fn fixed_counts(
             .iter()
             .map(|v| format!("{:.1}", median_us(v, |p| Some(p.p99_us))))
             .collect();
-        let clients: Vec<String> = row.probes[..=server_ix]
+        let clients: Vec<String> = row.probes[..local_ix]
             .iter()
             .map(|v| format!("{:.1}", median_us(v, |p| p.client_cpu_ns_per_chunk)))
             .collect();
@@ -829,9 +1055,14 @@ fn main() -> TractResult<()> {
         return echo_server(args.answer_bytes.unwrap_or(8), args.read_buffer);
     }
     let served = if args.gru {
-        Served::Gru(Box::new(Gru::write()?))
+        Served::Gru(Box::new(Tensor::gru()?))
     } else {
-        Served::Vad(cli::model_or_exit(silero::fetch(), "Silero VAD"))
+        let model = cli::model_or_exit(silero::fetch(), "Silero VAD");
+        let tensor = match (&args.laned, args.in_process) {
+            (Some(_), false) => Some(Box::new(Tensor::silero()?)),
+            _ => None,
+        };
+        Served::Vad(model, tensor)
     };
     if args.in_process {
         let local = InProcess::new(&served, &args)?;
@@ -847,7 +1078,7 @@ fn main() -> TractResult<()> {
     let server = args.server.clone().expect("checked in args()");
     let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
     let (what, label) = match &served {
-        Served::Vad(model) => (format!("Silero VAD ({}) by vad-server", model.display()), "vad-server"),
+        Served::Vad(model, _) => (format!("Silero VAD ({}) by vad-server", model.display()), "vad-server"),
         Served::Gru(gru) => (
             format!(
                 "a GRU the bench wrote ({} in, {} hidden, its state a pair; {}) by laned serve",
@@ -877,66 +1108,50 @@ fn main() -> TractResult<()> {
     eprintln!("in-process, on CPUs {}:", args.server_cpus);
     let local: Search =
         serde_json::from_slice(&in_process_child(&args, &[])?).context("reading the in-process search")?;
-    eprintln!("over WebSocket, server {}:", server.display());
     let duration = probe_duration(&args);
-    let remote = search(args.max, |n| {
-        let started = Server::start(Front::Server(&server), &args.server_cpus, &served, n)?;
-        over_network(&rt, (&started, &served), n, duration)
-    })?;
+    let native = match served {
+        Served::Vad(..) => Front::Vad(&server),
+        Served::Gru(_) => Front::Laned(&server, Via::Stream),
+    };
+    let mut fronts = vec![(
+        match served {
+            Served::Vad(..) => "vad-server over WebSocket".to_string(),
+            Served::Gru(_) => "laned serve over WebSocket".to_string(),
+        },
+        native,
+    )];
+    fronts.extend(laned_fronts(&args, &served, &server));
+    let mut remote = vec![];
+    for (name, front) in fronts {
+        eprintln!("{name}:");
+        let found = search(args.max, |n| {
+            let started = Server::start(front, &args.server_cpus, &served, n)?;
+            over_network(&rt, (&started, &served), (n, args.per_connection), duration)
+        })?;
+        remote.push((name, found));
+    }
     println!("\n| system | capacity (streams) | CPU per chunk at capacity (µs) | disputed (passed/probes) | probes (streams: p99 ms) |");
     println!("|---|---|---|---|---|");
     println!("{}", table_row("in-process (tasks calling the runner)", &local));
-    println!(
-        "{}",
-        table_row(
-            match served {
-                Served::Vad(_) => "vad-server over WebSocket (server process CPU)",
-                Served::Gru(_) => "laned serve over WebSocket (server process CPU)",
-            },
-            &remote
-        )
-    );
-    // Cost per chunk depends on how full the turns are: compared at one
-    // count, the largest both searches probed.
-    let cpu_at = |search: &Search, n: usize| {
-        search
+    for (name, found) in &remote {
+        println!("{}", table_row(&format!("{name} (server process CPU)"), found));
+    }
+    for (name, found) in &remote {
+        let client: Vec<String> = found
             .probes
             .iter()
-            .filter(|p| p.streams == n)
-            .filter_map(|p| p.cpu_ns_per_chunk)
-            .next_back()
-    };
-    let common = local
-        .probes
-        .iter()
-        .map(|p| p.streams)
-        .filter(|n| remote.probes.iter().any(|p| p.streams == *n))
-        .max();
-    if let Some(n) = common {
-        if let (Some(here), Some(there)) = (cpu_at(&local, n), cpu_at(&remote, n)) {
+            .filter_map(|p| {
+                p.client_cpu_ns_per_chunk
+                    .map(|c| format!("{}: {:.1}", p.streams, c as f64 / 1e3))
+            })
+            .collect();
+        println!("\n{name}: clients' CPU per chunk (µs), by probe: {}", client.join(", "));
+        if local.capacity > 0 {
             println!(
-                "\nat {n} streams (probed by both): {:.1} µs per chunk in-process, {:.1} µs in the server process \
-                 ({:+.1} µs; the in-process figure includes its load generator, the server's excludes its clients)",
-                here as f64 / 1e3,
-                there as f64 / 1e3,
-                (there as f64 - here as f64) / 1e3
+                "{name} keeps {:.2}x of the in-process capacity",
+                found.capacity as f64 / local.capacity as f64
             );
         }
-    }
-    let client: Vec<String> = remote
-        .probes
-        .iter()
-        .filter_map(|p| {
-            p.client_cpu_ns_per_chunk
-                .map(|c| format!("{}: {:.1}", p.streams, c as f64 / 1e3))
-        })
-        .collect();
-    println!("\nclients' CPU per chunk (µs), by probe: {}", client.join(", "));
-    if local.capacity > 0 {
-        println!(
-            "\nthe network front keeps {:.2}x of the in-process capacity",
-            remote.capacity as f64 / local.capacity as f64
-        );
     }
     Ok(())
 }

@@ -1,0 +1,124 @@
+//! The multiplexed front's clients (`/v1/models/NAME/mux`): a gateway's
+//! connection carrying many streams. Its streams share the connection's
+//! clock, as a media server's calls share its mixing tick: every pulse due
+//! goes in one message, several records in it; each stream waits for its
+//! answer before its next pulse, as a single-stream client does, and a late
+//! answer delays only its own stream. The records are the server's
+//! (`laned_server::mux`).
+
+use std::time::Instant;
+
+use futures_util::{SinkExt, StreamExt};
+use laned_server::mux::{self, ANSWER, CLOSED, OPEN, OPENED, PULSE};
+use tokio_tungstenite::tungstenite::Message;
+use tract_core::internal::*;
+
+use crate::{Ws, ANSWER_TIMEOUT, PERIOD};
+
+/// Connects to `url` and opens `streams` streams (tags 0.., no ids: no
+/// hand-over in a bench), waiting until every one is open.
+pub(crate) async fn open(url: &str, streams: usize) -> TractResult<Ws> {
+    let (mut ws, _) = tokio_tungstenite::connect_async(url)
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    let mut out = Vec::new();
+    for tag in 0..streams {
+        mux::put(&mut out, OPEN, tag as u32, &[]);
+    }
+    ws.send(Message::Binary(out.into())).await?;
+    let mut opened = 0;
+    while opened < streams {
+        match next(&mut ws).await? {
+            Message::Binary(m) => {
+                for r in mux::records(&m).map_err(|e| format_err!("the server's message: {e}"))? {
+                    match r.kind {
+                        OPENED => opened += 1,
+                        CLOSED => bail!("stream {} closed while opening: {}", r.tag, closed(r.payload)),
+                        other => bail!("a record of kind {other:#x} before every stream was open"),
+                    }
+                }
+            }
+            // The hello, pings.
+            _ => continue,
+        }
+    }
+    Ok(ws)
+}
+
+/// A closed record's code and reason.
+fn closed(payload: &[u8]) -> String {
+    let code = payload.get(..2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let reason = String::from_utf8_lossy(payload.get(2..).unwrap_or_default());
+    format!("{code:?} {reason}")
+}
+
+async fn next(ws: &mut Ws) -> TractResult<Message> {
+    match tokio::time::timeout(ANSWER_TIMEOUT, ws.next()).await {
+        Err(_) => bail!("no message within {ANSWER_TIMEOUT:?}: the server is wedged"),
+        Ok(None) => bail!("the server closed the connection"),
+        Ok(Some(m)) => Ok(m?),
+    }
+}
+
+/// The connection's streams from `first` to `end`, stream `s` feeding
+/// `frames[s]`. Latencies in microseconds, from the send of the message
+/// carrying the pulse to its answer's arrival, of the pulses sent from
+/// `counted` on.
+pub(crate) async fn run(
+    mut ws: Ws,
+    frames: Vec<Vec<u8>>,
+    first: Instant,
+    counted: Instant,
+    end: Instant,
+) -> TractResult<Vec<u64>> {
+    let k = frames.len();
+    let mut due = vec![first; k];
+    let mut sent: Vec<Option<Instant>> = vec![None; k];
+    let mut latencies = Vec::new();
+    loop {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for s in 0..k {
+            if sent[s].is_none() && due[s] <= now && due[s] < end {
+                sent[s] = Some(now);
+                mux::put(&mut out, PULSE, s as u32, &[&frames[s]]);
+            }
+        }
+        if !out.is_empty() {
+            ws.send(Message::Binary(out.into())).await?;
+        }
+        let waiting = sent.iter().any(Option::is_some);
+        let next_due = (0..k)
+            .filter(|&s| sent[s].is_none() && due[s] < end)
+            .map(|s| due[s])
+            .min();
+        if !waiting && next_due.is_none() {
+            break;
+        }
+        let message = match next_due {
+            Some(at) => tokio::select! {
+                _ = tokio::time::sleep_until(at.into()) => continue,
+                m = next(&mut ws) => m?,
+            },
+            None => next(&mut ws).await?,
+        };
+        let Message::Binary(m) = message else { continue };
+        for r in mux::records(&m).map_err(|e| format_err!("the server's message: {e}"))? {
+            let s = r.tag as usize;
+            match r.kind {
+                ANSWER if s < k => {
+                    if let Some(at) = sent[s].take() {
+                        if at >= counted {
+                            latencies.push(at.elapsed().as_micros() as u64);
+                        }
+                        due[s] += PERIOD;
+                    }
+                }
+                CLOSED => bail!("stream {s} closed: {}", closed(r.payload)),
+                other => bail!("a record of kind {other:#x} for stream {s}"),
+            }
+        }
+    }
+    let _ = ws.close(None).await;
+    Ok(latencies)
+}

@@ -160,6 +160,25 @@ pub fn real_time(
     seed: u64,
     inputs: impl Fn(usize) -> TVec<TValue>,
 ) -> TractResult<Latencies> {
+    real_time_phased(
+        rt,
+        system,
+        (n, period, duration),
+        |s| crate::phase(seed, s, period),
+        inputs,
+    )
+}
+
+/// [`real_time`] with stream `s` first due `phase(s)` after the start
+/// (within the period): streams given one phase arrive together, as the
+/// calls a gateway carries on one connection and one clock do.
+pub fn real_time_phased(
+    rt: &tokio::runtime::Runtime,
+    system: &TaskSystem,
+    (n, period, duration): (usize, Duration, Duration),
+    phase: impl Fn(usize) -> Duration,
+    inputs: impl Fn(usize) -> TVec<TValue>,
+) -> TractResult<Latencies> {
     rt.block_on(async {
         let ready = Arc::new(tokio::sync::Barrier::new(n + 1));
         let start_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
@@ -167,7 +186,7 @@ pub fn real_time(
             .map(|s| {
                 let (system, ready, start_at) = (system.clone(), ready.clone(), start_at.clone());
                 let inputs = inputs(s);
-                let offset = crate::phase(seed, s, period);
+                let offset = phase(s);
                 tokio::spawn(async move {
                     let stream = system.spawn().await;
                     ready.wait().await;

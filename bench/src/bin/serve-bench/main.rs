@@ -72,7 +72,7 @@ serve-bench --server PATH [--server-cpus LIST] [--seconds 2] [--max 2048] [--qui
             [--streams 64,256,512] [--rounds 3] [--answer-bytes N] [--echo-read-buffer 4096]
             [--baseline PATH] [--no-search] [--no-fixed] [--laned PATH]
             [--fronts stream,mux,grpc] [--per-connection 64]
-serve-bench --in-process [--seconds 2] [--max 2048] [--gru] [--probe N]
+serve-bench --in-process [--seconds 2] [--max 2048] [--gru] [--probe N] [--group K]
 serve-bench --echo-server [--answer-bytes N] [--read-buffer N]
 
 Real time, Silero VAD: a 512-sample chunk every 32 ms per stream; capacity is
@@ -140,6 +140,8 @@ struct Args {
     laned: Option<PathBuf>,
     /// Streams a connection on the multiplexed and gRPC fronts.
     per_connection: usize,
+    /// In-process, streams in groups of this many share a phase.
+    group: usize,
     /// `laned serve`'s fronts measured.
     via: Vec<Via>,
 }
@@ -164,6 +166,7 @@ fn args() -> Result<Args, String> {
         probe: None,
         laned: None,
         per_connection: 64,
+        group: 1,
         via: vec![Via::Stream, Via::Mux, Via::Grpc],
     };
     let mut it = std::env::args().skip(1);
@@ -198,6 +201,7 @@ fn args() -> Result<Args, String> {
             "--no-fixed" => a.fixed = false,
             "--probe" => a.probe = Some(cli::number(&value("--probe")?, "--probe")?),
             "--laned" => a.laned = Some(value("--laned")?.into()),
+            "--group" => a.group = cli::number(&value("--group")?, "--group")?,
             "--per-connection" => a.per_connection = cli::number(&value("--per-connection")?, "--per-connection")?,
             "--fronts" => {
                 a.via = value("--fronts")?
@@ -418,7 +422,9 @@ impl InProcess {
     }
 
     /// One probe of `n` streams, a fresh runner of `n` lanes.
-    fn probe(&self, served: &Served, n: usize) -> TractResult<Probe> {
+    /// Streams in groups of `group` share a phase (1: each its own), as
+    /// the streams of a connection of the multiplexed and gRPC fronts do.
+    fn probe(&self, served: &Served, n: usize, group: usize) -> TractResult<Probe> {
         let (system, inputs): (TaskSystem, Box<dyn Fn(usize) -> TVec<TValue> + Sync>) = match served {
             Served::Vad(..) => {
                 let config = RunnerConfig::builder()
@@ -443,9 +449,11 @@ impl InProcess {
             }
         };
         let rt = &self.rt;
-        tasks::real_time(rt, &system, n, PERIOD, WARM_UP, n as u64, &inputs)?;
+        let group = group.max(1);
+        let phase = |s: usize| laned_load::phase(n.div_ceil(group) as u64, s / group, PERIOD);
+        tasks::real_time_phased(rt, &system, (n, PERIOD, WARM_UP), phase, &inputs)?;
         let before = laned_load::process_cpu_time();
-        let lat = tasks::real_time(rt, &system, n, PERIOD, self.probe_for, n as u64, &inputs)?;
+        let lat = tasks::real_time_phased(rt, &system, (n, PERIOD, self.probe_for), phase, &inputs)?;
         let cpu = before
             .zip(laned_load::process_cpu_time())
             .map(|(a, b)| b.saturating_sub(a));
@@ -920,11 +928,13 @@ fn fixed_counts(
         Served::Vad(..) => 8,
     });
     let duration = probe_duration(args);
-    let mut fronts: Vec<(String, Option<Front<'_>>)> = vec![("echo".into(), Some(Front::Echo(answer, None)))];
+    // A front over the network, or in-process with streams in groups of
+    // this many on one phase (`None`).
+    let mut fronts: Vec<(String, Result<Front<'_>, usize>)> = vec![("echo".into(), Ok(Front::Echo(answer, None)))];
     if args.echo_read_buffer > 0 {
         fronts.push((
             format!("echo ({} B reads)", args.echo_read_buffer),
-            Some(Front::Echo(answer, Some(args.echo_read_buffer))),
+            Ok(Front::Echo(answer, Some(args.echo_read_buffer))),
         ));
     }
     let floors: Vec<usize> = (0..fronts.len()).collect();
@@ -933,16 +943,29 @@ fn fixed_counts(
         Served::Gru(_) => Front::Laned(binary, Via::Stream),
     };
     if let Some(baseline) = &args.baseline {
-        fronts.push((format!("{label} (baseline)"), Some(native(baseline))));
+        fronts.push((format!("{label} (baseline)"), Ok(native(baseline))));
     }
     let server_ix = fronts.len();
-    fronts.push((label.to_string(), Some(native(server))));
-    for (name, front) in laned_fronts(args, served, server) {
-        fronts.push((name, Some(front)));
+    fronts.push((label.to_string(), Ok(native(server))));
+    let multiplexed = laned_fronts(args, served, server);
+    let grouped = multiplexed
+        .iter()
+        .any(|(_, f)| matches!(f, Front::Laned(_, Via::Mux | Via::Grpc)));
+    for (name, front) in multiplexed {
+        fronts.push((name, Ok(front)));
     }
     let servers: Vec<usize> = (floors.len()..fronts.len()).collect();
-    // In-process: a child of its own on the server's CPUs.
-    fronts.push(("in-process".into(), None));
+    // In-process: a child of its own on the server's CPUs; again with the
+    // streams of a connection on one phase, as the multiplexed fronts' are.
+    let local_ix = fronts.len();
+    fronts.push(("in-process".into(), Err(1)));
+    let local_grouped_ix = grouped.then(|| {
+        fronts.push((
+            format!("in-process ({} a phase)", args.per_connection),
+            Err(args.per_connection),
+        ));
+        fronts.len() - 1
+    });
     let names: Vec<&str> = fronts.iter().map(|(name, _)| name.as_str()).collect();
     eprintln!(
         "fixed counts {:?}, {} round(s), the echo answering {answer} bytes: {}",
@@ -965,12 +988,15 @@ fn fixed_counts(
             let mut line = vec![];
             for (i, (name, front)) in fronts.iter().enumerate() {
                 let probe: Probe = match front {
-                    Some(front) => {
+                    Ok(front) => {
                         let started = Server::start(*front, &args.server_cpus, served, n)?;
                         over_network(rt, (&started, served), (n, args.per_connection), duration)?
                     }
-                    None => serde_json::from_slice(&in_process_child(args, &["--probe".into(), n.to_string()])?)
-                        .context("reading the in-process probe")?,
+                    Err(group) => serde_json::from_slice(&in_process_child(
+                        args,
+                        &["--probe".into(), n.to_string(), "--group".into(), group.to_string()],
+                    )?)
+                    .context("reading the in-process probe")?,
                 };
                 line.push(format!(
                     "{name} {:.1} µs (p99 {:.1} ms)",
@@ -983,9 +1009,9 @@ fn fixed_counts(
         }
     }
     // Columns: each front's median, then each server (the baseline, if
-    // any, and the server) against each echo and in-process, and the
-    // server against the baseline.
-    let local_ix = fronts.len() - 1;
+    // any, the server, laned serve's fronts) against each echo and
+    // in-process (the multiplexed fronts against in-process with their
+    // phases too), and the server against the baseline.
     println!(
         "\nserver CPU per answer at fixed counts (µs; medians of {} round(s), interleaved), the echo answering \
          {answer} bytes to each frame; in-process counts its load generator too",
@@ -995,6 +1021,9 @@ fn fixed_counts(
     let mut ratios = vec![];
     for &s in &servers {
         ratios.extend(floors.iter().chain([&local_ix]).map(|&f| (s, f)));
+        if let (Some(g), Ok(Front::Laned(_, Via::Mux | Via::Grpc))) = (local_grouped_ix, &fronts[s].1) {
+            ratios.push((s, g));
+        }
     }
     if args.baseline.is_some() {
         ratios.push((server_ix, servers[0]));
@@ -1067,10 +1096,10 @@ fn main() -> TractResult<()> {
     if args.in_process {
         let local = InProcess::new(&served, &args)?;
         match args.probe {
-            Some(n) => println!("{}", serde_json::to_string(&local.probe(&served, n)?)?),
+            Some(n) => println!("{}", serde_json::to_string(&local.probe(&served, n, args.group)?)?),
             None => println!(
                 "{}",
-                serde_json::to_string(&search(args.max, |n| local.probe(&served, n))?)?
+                serde_json::to_string(&search(args.max, |n| local.probe(&served, n, args.group))?)?
             ),
         }
         return Ok(());

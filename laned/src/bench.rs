@@ -33,7 +33,7 @@ use tract_core::plan::{LaneId, Seating};
 
 use crate::check::{self, Laned};
 use crate::feed::Feed;
-use crate::model::{self, Loaded};
+use crate::model::{self, Candidate};
 
 /// What `laned bench` was asked.
 #[derive(Debug, Clone, clap::Args)]
@@ -359,7 +359,7 @@ pub fn bench(args: &Args) -> TractResult<ExitCode> {
     );
     ensure!(args.repeats > 0, "--repeats: got 0, wanted 1 or more");
     let fills = check::fills(&args.check.fills)?;
-    let loaded: Loaded = model::load(&args.check.source)?;
+    let loaded: Candidate = model::load(&args.check.source)?;
     let plan = loaded.plan()?;
     let mut facts = loaded.facts.clone();
     let verdict = check::judge(&loaded, &plan, &fills, &mut facts);

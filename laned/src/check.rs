@@ -16,7 +16,7 @@ use laned_runner::{LanedRunner, RunnerConfig, StateSpec};
 use tract_core::internal::*;
 
 use crate::feed::{self, Feed};
-use crate::model::{self, Loaded, Source};
+use crate::model::{self, Candidate, Source};
 use crate::probe::{self, Apart};
 
 /// What `laned check` was asked.
@@ -116,7 +116,7 @@ pub fn run(args: &Args) -> ExitCode {
 
 /// The runner's verdict on `loaded`: explicit state as given, else
 /// detected by name, else none; the state found is added to `facts`.
-pub fn verdict(loaded: &Loaded, plan: &Arc<dyn Runnable>, facts: &mut Vec<String>) -> Result<Laned, String> {
+pub fn verdict(loaded: &Candidate, plan: &Arc<dyn Runnable>, facts: &mut Vec<String>) -> Result<Laned, String> {
     let attempt = |state: StateSpec| {
         let config = RunnerConfig::builder().shards(1).max_lanes(2).state(state).build();
         LanedRunner::new(plan.clone(), config.clone()).map(|runner| Laned {
@@ -165,7 +165,7 @@ pub fn fills(texts: &[String]) -> TractResult<Vec<(usize, f64)>> {
 /// the probe's (see [`crate::probe`]): what `laned check` says and what
 /// `laned bench` times only where it passes. Facts found are added.
 pub fn judge(
-    loaded: &Loaded,
+    loaded: &Candidate,
     plan: &Arc<dyn Runnable>,
     fills: &[(usize, f64)],
     facts: &mut Vec<String>,

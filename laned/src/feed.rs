@@ -10,7 +10,7 @@ use laned_models::spec::one_stream_shape;
 use laned_runner::PortRef;
 use tract_core::internal::*;
 
-use crate::model::Loaded;
+use crate::model::Candidate;
 
 /// How one model input is fed.
 #[derive(Debug, Clone)]
@@ -61,7 +61,7 @@ impl Feed {
     /// The feeding of `loaded`'s inputs, its explicit state `state` (model
     /// (input, output) index pairs), inputs `fills` set to a value. Every
     /// dim but the batch must be a number: a bench runs concrete shapes.
-    pub fn of(loaded: &Loaded, state: &[(usize, usize)], fills: &[(usize, f64)]) -> TractResult<Feed> {
+    pub fn of(loaded: &Candidate, state: &[(usize, usize)], fills: &[(usize, f64)]) -> TractResult<Feed> {
         let model = &loaded.model;
         for (ix, _) in fills {
             ensure!(

@@ -40,8 +40,9 @@ pub struct Source {
     pub inputs: Vec<String>,
 }
 
-/// A model read, typed, decluttered (and pulsified if asked).
-pub struct Loaded {
+/// A model read, typed, decluttered (and pulsified if asked), with the
+/// state pairs given: what `laned check` judges and `laned bench` runs.
+pub struct Candidate {
     /// The model as the runner gets it.
     pub model: TypedModel,
     /// The symbol on axis 0 of its first input that has one.
@@ -56,11 +57,11 @@ pub struct Loaded {
     plan: Arc<dyn Runnable>,
 }
 
-impl Loaded {
+impl Candidate {
     /// What the spec loader gave, as the check takes it: its typed model
     /// `model`, the state pairs `pairs`.
-    pub fn of(model: TypedModel, loaded: &laned_models::spec::Loaded, pairs: Vec<StatePair>) -> Loaded {
-        Loaded {
+    pub fn of(model: TypedModel, loaded: &laned_models::spec::Loaded, pairs: Vec<StatePair>) -> Candidate {
+        Candidate {
             model,
             batch: loaded.batch.clone(),
             facts: loaded.facts.clone(),
@@ -128,7 +129,7 @@ pub fn spec(source: &Source) -> TractResult<ModelSpec> {
 }
 
 /// Read the model `source` names and list what the runner will see in it.
-pub fn load(source: &Source) -> TractResult<Loaded> {
+pub fn load(source: &Source) -> TractResult<Candidate> {
     if let Some(pulse) = source.pulse {
         ensure!(pulse > 0, "--pulse: got 0, wanted a positive number of frames");
     }
@@ -152,7 +153,7 @@ pub fn load(source: &Source) -> TractResult<Loaded> {
     if let (true, StateSpec::Pairs(given)) = (pairs.is_empty(), &loaded.state) {
         pairs = given.clone();
     }
-    Ok(Loaded {
+    Ok(Candidate {
         model: loaded.model.context("the loader gave no typed model")?,
         batch: loaded.batch,
         facts: loaded.facts,

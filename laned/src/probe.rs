@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tract_core::internal::*;
 
 use crate::feed::Feed;
-use crate::model::Loaded;
+use crate::model::Candidate;
 
 /// Calls per run: past a pulsed model's first pulse, where a delay's
 /// padding can hide what the stream's own frames do.
@@ -56,7 +56,7 @@ fn run(plan: &Arc<dyn Runnable>, feed: &Feed, streams: &[(u64, f32)]) -> TractRe
 const NEIGHBOURS: [f32; 2] = [1.0, 1e4];
 
 /// Runs the probe: stream 0 alone, then beside stream 1, quiet and loud.
-pub fn probe(loaded: &Loaded, plan: &Arc<dyn Runnable>, feed: &Feed) -> TractResult<Apart> {
+pub fn probe(loaded: &Candidate, plan: &Arc<dyn Runnable>, feed: &Feed) -> TractResult<Apart> {
     let alone = run(plan, feed, &[(0, 1.0)])?;
     let mut pairs = vec![];
     for gain in NEIGHBOURS {
@@ -98,7 +98,7 @@ pub fn probe(loaded: &Loaded, plan: &Arc<dyn Runnable>, feed: &Feed) -> TractRes
 
 /// The nodes of `loaded` that reduce over axis 0 while it carries the
 /// batch: where rows mixing in an output usually comes from, by name and op.
-pub fn reducers_over_the_batch(loaded: &Loaded) -> Vec<String> {
+pub fn reducers_over_the_batch(loaded: &Candidate) -> Vec<String> {
     let model = &loaded.model;
     model
         .nodes()

@@ -22,7 +22,7 @@ use laned_server::{Limits, Served};
 use serde::Deserialize;
 
 use crate::check;
-use crate::model::Loaded;
+use crate::model::Candidate;
 
 /// What `laned serve` was asked.
 #[derive(Debug, Clone, clap::Args)]
@@ -159,7 +159,7 @@ pub fn model(name: &str, path: &Path) -> Result<(Served, Vec<String>), String> {
             StateSpec::Pairs(p) => p.clone(),
             _ => vec![],
         };
-        let checked = Loaded::of(model.clone(), &loaded, pairs);
+        let checked = Candidate::of(model.clone(), &loaded, pairs);
         check::judge(&checked, &loaded.plan, &loaded.fills, &mut facts)
             .map_err(|why| format!("{}: cannot be laned: {why}", path.display()))?;
     }

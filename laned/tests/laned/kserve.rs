@@ -229,10 +229,13 @@ fn metadata(addr: &str, model: &str) -> (String, String, Vec<usize>) {
     )
 }
 
+/// A served model: its name, spec file and state pairs.
+type Model = (&'static str, PathBuf, Vec<(usize, usize)>);
+
 /// A pulsified conv stack the test writes (its Delay buffers the
 /// runner's lanes) and Silero (its state an explicit pair, its sample rate
 /// filled), served (with `extra` flags); each model's name, spec and pairs.
-fn conv_and_silero(dir: &Path, extra: &[&str]) -> Option<(Serving, Vec<(&'static str, PathBuf, Vec<(usize, usize)>)>)> {
+fn conv_and_silero(dir: &Path, extra: &[&str]) -> Option<(Serving, Vec<Model>)> {
     laned_models::fetch::or_skip("silero-vad", laned_models::silero::fetch())?;
     let config = fixtures::TdnnConfig {
         width: 8,

@@ -582,11 +582,12 @@ fn past_the_queue_budget_messages_wait_and_nothing_is_lost() {
 }
 
 /// Open and end churned: 600 streams each opened, given a pulse and ended
-/// in one message, beside a long stream. Those ended while their call
-/// runs count under the 256 until it ends, so an open past that is
-/// refused 1013 naming the bound; every churned tag is closed (1000, or
-/// 1013), any answer it got the model's first; the long stream is never
-/// touched and stays exact, and the connection serves a new stream after.
+/// in one message, beside a long stream. Every churned tag is closed
+/// (1000; or 1013 naming the bound, where 256 ended streams' calls were
+/// still running: those count until their call ends), any answer it got
+/// the model's first; the long stream is never touched and stays exact.
+/// Nothing piles up: once their calls ran out, 255 streams open beside
+/// the long one and a 256th is refused 1013, as on a fresh connection.
 #[test]
 fn open_and_end_churn_piles_up_nothing_and_touches_no_other_stream() {
     let dir = tempfile::tempdir().unwrap();
@@ -628,11 +629,37 @@ fn open_and_end_churn_piles_up_nothing_and_touches_no_other_stream() {
         .await;
         assert_eq!(long_answers, solo(&spec, &[(1, 1)], &long), "the long stream");
         assert!(closed.values().any(|c| *c == 1000), "no churned stream was served");
-        let m = [record(1, 9999, b""), record(2, 9999, &churn[0])].concat();
+        // Opened one at a time (an open refused while churned calls still
+        // run is tried again): 255 fit beside the long stream, no more.
+        for t in 10_000..10_256u32 {
+            let mut tries = 0;
+            loop {
+                ws.send(Message::Binary(record(1, t, b"").into())).await.unwrap();
+                let mut got = None;
+                read_until(&mut ws, |tag, s| {
+                    assert_eq!(tag, t, "{s:?}");
+                    got = Some(s);
+                    true
+                })
+                .await;
+                match got.unwrap() {
+                    Said::Opened(0) if t < 10_255 => break,
+                    Said::Closed(1013, why) if t == 10_255 => {
+                        assert!(why.contains("256 streams"), "{why}");
+                        break;
+                    }
+                    Said::Closed(1013, _) if tries < 100 => {
+                        tries += 1;
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                    other => panic!("stream {t}: {other:?}"),
+                }
+            }
+        }
+        let m = record(2, 10_000, &churn[0]);
         ws.send(Message::Binary(m.into())).await.unwrap();
         read_until(&mut ws, |tag, s| match (tag, s) {
-            (9999, Said::Opened(0)) => false,
-            (9999, Said::Answer(0, a)) => {
+            (10_000, Said::Answer(0, a)) => {
                 assert_eq!(a, first);
                 true
             }

@@ -379,3 +379,42 @@ fn a_grpc_connection_holds_at_most_256_sequences() {
         "{said}"
     );
 }
+
+/// A gRPC connection that sends nothing for `idle_ms` is closed, its place
+/// freed: with one place (`--max-connections 1`), an idle connection is
+/// closed after 300 ms (not before), and a client then gets the place.
+#[test]
+fn an_idle_grpc_connection_is_closed_at_idle_ms() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = gru(dir.path());
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let _serving = serve(&[
+        &format!("gru={}", spec.display()),
+        "--grpc-listen",
+        &grpc,
+        "--max-connections",
+        "1",
+        "--idle-ms",
+        "300",
+    ])
+    .unwrap();
+    let mut idle = std::net::TcpStream::connect(&grpc).unwrap();
+    idle.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let since = std::time::Instant::now();
+    let mut said = vec![];
+    let ended = idle.read_to_end(&mut said);
+    let after = since.elapsed();
+    assert!(ended.is_ok(), "not closed within 10 s: {ended:?}");
+    assert!(
+        after >= std::time::Duration::from_millis(250) && after < std::time::Duration::from_secs(5),
+        "closed after {after:?}"
+    );
+    // Its place freed: the next connection is served, not refused.
+    let Some(python) = triton_python() else { return };
+    let probe =
+        "import sys, tritonclient.grpc as g; print(g.InferenceServerClient(url=sys.argv[1]).is_model_ready('gru'))";
+    let out = Command::new(python).args(["-c", probe, &grpc]).output().unwrap();
+    let said = super::text(&out);
+    assert!(out.status.success() && said.contains("True"), "{said}");
+}

@@ -229,48 +229,192 @@ fn metadata(addr: &str, model: &str) -> (String, String, Vec<usize>) {
     )
 }
 
-/// A pulsified conv stack the test writes (its Delay buffers the runner's
-/// lanes) and Silero (its state an explicit pair, its sample rate filled),
-/// through `tritonclient.http`: 16 sequences each interleaved, a third as
-/// JSON, every answer the model alone; the bad requests beside them.
-#[test]
-fn tritonclient_http_drives_a_pulsified_conv_and_silero_exactly() {
-    let Some(python) = triton_python() else { return };
-    if laned_models::fetch::or_skip("silero-vad", laned_models::silero::fetch()).is_none() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+/// A served model: its name, spec file and state pairs.
+type Model = (&'static str, PathBuf, Vec<(usize, usize)>);
+
+/// A pulsified conv stack the test writes (its Delay buffers the
+/// runner's lanes) and Silero (its state an explicit pair, its sample rate
+/// filled), served (with `extra` flags); each model's name, spec and pairs.
+fn conv_and_silero(dir: &Path, extra: &[&str]) -> Option<(Serving, Vec<Model>)> {
+    laned_models::fetch::or_skip("silero-vad", laned_models::silero::fetch())?;
     let config = fixtures::TdnnConfig {
         width: 8,
         pulse: 4,
         layout: fixtures::Layout::Nchw,
     };
-    let tdnn = save(&fixtures::tdnn_streaming(config).unwrap(), dir.path(), "tdnn.nnef.tar");
-    let tdnn_spec = checked_spec(dir.path(), "tdnn.toml", &[&tdnn, "--pulse", "4"]);
-    let vad_spec = dir.path().join("vad.toml");
+    let tdnn = save(&fixtures::tdnn_streaming(config).unwrap(), dir, "tdnn.nnef.tar");
+    let tdnn_spec = checked_spec(dir, "tdnn.toml", &[&tdnn, "--pulse", "4"]);
+    let vad_spec = dir.join("vad.toml");
     std::fs::write(&vad_spec, "[model]\nbuiltin = \"silero\"\n").unwrap();
-    let serving = serve(&[
-        &format!("tdnn={}", tdnn_spec.display()),
-        &format!("vad={}", vad_spec.display()),
-    ])
-    .unwrap();
-    for (model, spec, pairs) in [("tdnn", &tdnn_spec, vec![]), ("vad", &vad_spec, vec![(2, 1)])] {
-        let (input, output, shape) = metadata(&serving.addr, model);
-        let bytes = shape.iter().product::<usize>() * 4;
-        let (sequences, pulses) = (16, 6);
-        let streams: Vec<Vec<Vec<u8>>> = (0..sequences)
-            .map(|s| noise_pulses(500 + s as u64, pulses, bytes))
-            .collect();
-        let answers: Vec<u8> = streams.iter().flat_map(|p| solo(spec, &pairs, p).concat()).collect();
-        let (pulses_file, answers_file) = (dir.path().join("pulses.raw"), dir.path().join("answers.raw"));
-        std::fs::write(&pulses_file, streams.concat().concat()).unwrap();
-        std::fs::write(&answers_file, answers).unwrap();
-        let check = serde_json::json!({
-            "url": serving.addr, "model": model, "input": input, "output": output, "in_shape": shape,
-            "sequences": sequences, "pulses": pulses,
-            "pulses_file": pulses_file, "answers_file": answers_file,
-        });
+    let models = [
+        format!("tdnn={}", tdnn_spec.display()),
+        format!("vad={}", vad_spec.display()),
+    ];
+    let args: Vec<&str> = models.iter().map(String::as_str).chain(extra.iter().copied()).collect();
+    let serving = serve(&args).unwrap();
+    Some((
+        serving,
+        vec![("tdnn", tdnn_spec, vec![]), ("vad", vad_spec, vec![(2, 1)])],
+    ))
+}
+
+/// The check script's input for model `model` served at `url` (its
+/// metadata read at `http`): 16 sequences of 6 pulses of noise, the model's
+/// own answers written.
+fn model_input(
+    dir: &Path,
+    (http, url): (&str, &str),
+    (model, spec, pairs): (&str, &Path, &[(usize, usize)]),
+) -> serde_json::Value {
+    let (input, output, shape) = metadata(http, model);
+    let bytes = shape.iter().product::<usize>() * 4;
+    let (sequences, pulses) = (16, 6);
+    let streams: Vec<Vec<Vec<u8>>> = (0..sequences)
+        .map(|s| noise_pulses(500 + s as u64, pulses, bytes))
+        .collect();
+    let answers: Vec<u8> = streams.iter().flat_map(|p| solo(spec, pairs, p).concat()).collect();
+    let (pulses_file, answers_file) = (dir.join("pulses.raw"), dir.join("answers.raw"));
+    std::fs::write(&pulses_file, streams.concat().concat()).unwrap();
+    std::fs::write(&answers_file, answers).unwrap();
+    serde_json::json!({
+        "url": url, "model": model, "input": input, "output": output, "in_shape": shape,
+        "sequences": sequences, "pulses": pulses,
+        "pulses_file": pulses_file, "answers_file": answers_file,
+    })
+}
+
+/// The pulsified conv and Silero through `tritonclient.http`: 16
+/// sequences each interleaved, a third as JSON, every answer the model
+/// alone; the bad requests beside them.
+#[test]
+fn tritonclient_http_drives_a_pulsified_conv_and_silero_exactly() {
+    let Some(python) = triton_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let Some((serving, models)) = conv_and_silero(dir.path(), &[]) else {
+        return;
+    };
+    for (model, spec, pairs) in &models {
+        let check = model_input(dir.path(), (&serving.addr, &serving.addr), (model, spec, pairs));
         let said = run_script(&python, dir.path(), &check, "triton_http.py");
         assert!(said.contains("16 sequences of 6 pulses exact"), "{model}: {said}");
     }
+}
+
+/// The pulsified conv and Silero through `tritonclient.grpc`: 16
+/// sequences multiplexed on one stream and 16 connections of one sequence
+/// each, interleaved pulse by pulse; every answer the model alone, the
+/// stream's and the connection's of the same pulses the same bits; twins
+/// equal; the bad requests refused by name.
+#[test]
+fn tritonclient_grpc_drives_a_pulsified_conv_and_silero_exactly() {
+    let Some(python) = triton_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let Some((serving, models)) = conv_and_silero(dir.path(), &["--grpc-listen", &grpc]) else {
+        return;
+    };
+    for (model, spec, pairs) in &models {
+        let check = model_input(dir.path(), (&serving.addr, &grpc), (model, spec, pairs));
+        let said = run_script(&python, dir.path(), &check, "triton_grpc.py");
+        assert!(
+            said.contains("16 sequences of 6 pulses exact on one stream and on 16 connections"),
+            "{model}: {said}"
+        );
+    }
+}
+
+/// gRPC connections hold places under `max_connections` (4 here) as live
+/// sessions do: the checker's own connection and 3 of one sequence each
+/// fill them; one more gRPC connection is refused UNAVAILABLE naming the
+/// cap, an HTTP request 503; the sequences stay exact; a place freed by a
+/// close is served again.
+#[test]
+fn grpc_connections_count_under_the_connection_cap() {
+    let Some(python) = triton_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let spec = gru(dir.path());
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let serving = serve(&[
+        &format!("gru={}", spec.display()),
+        "--grpc-listen",
+        &grpc,
+        "--max-connections",
+        "4",
+    ])
+    .unwrap();
+    let (input, output) = names(&serving);
+    let mut check = script_input(dir.path(), &spec, &grpc, (3, 6));
+    check["input"] = input.into();
+    check["output"] = output.into();
+    check["cap"] = serde_json::json!({ "places": 4, "http": serving.addr });
+    let said = run_script(&python, dir.path(), &check, "triton_grpc.py");
+    assert!(
+        said.contains("3 connections at the cap of 4 exact; one more refused UNAVAILABLE, HTTP 503"),
+        "{said}"
+    );
+}
+
+/// One connection's streams hold at most
+/// `MAX_SEQUENCES_PER_CONNECTION` (256) sequences: 256 live on one stream
+/// (256 lanes), one more refused naming the bound, the 256 exact through
+/// their 3 pulses; once they ended, a new one is taken.
+#[test]
+fn a_grpc_connection_holds_at_most_256_sequences() {
+    let Some(python) = triton_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let spec = gru(dir.path());
+    let mut lanes = laned_models::spec::Spec::from_toml_file(&spec).unwrap();
+    lanes.runner.max_lanes = 256;
+    std::fs::write(&spec, lanes.to_toml().unwrap()).unwrap();
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let serving = serve(&[&format!("gru={}", spec.display()), "--grpc-listen", &grpc]).unwrap();
+    let (input, output) = names(&serving);
+    let mut check = script_input(dir.path(), &spec, &grpc, (257, 3));
+    check["input"] = input.into();
+    check["output"] = output.into();
+    check["bound"] = 256.into();
+    let said = run_script(&python, dir.path(), &check, "triton_grpc.py");
+    assert!(
+        said.contains("256 sequences on one connection's stream exact"),
+        "{said}"
+    );
+}
+
+/// A gRPC connection that sends nothing for `idle_ms` is closed, its place
+/// freed: with one place (`--max-connections 1`), an idle connection is
+/// closed after 300 ms (not before), and a client then gets the place.
+#[test]
+fn an_idle_grpc_connection_is_closed_at_idle_ms() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = gru(dir.path());
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let _serving = serve(&[
+        &format!("gru={}", spec.display()),
+        "--grpc-listen",
+        &grpc,
+        "--max-connections",
+        "1",
+        "--idle-ms",
+        "300",
+    ])
+    .unwrap();
+    let mut idle = std::net::TcpStream::connect(&grpc).unwrap();
+    idle.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let since = std::time::Instant::now();
+    let mut said = vec![];
+    let ended = idle.read_to_end(&mut said);
+    let after = since.elapsed();
+    assert!(ended.is_ok(), "not closed within 10 s: {ended:?}");
+    assert!(
+        after >= std::time::Duration::from_millis(250) && after < std::time::Duration::from_secs(5),
+        "closed after {after:?}"
+    );
+    // Its place freed: the next connection is served, not refused.
+    let Some(python) = triton_python() else { return };
+    let probe =
+        "import sys, tritonclient.grpc as g; print(g.InferenceServerClient(url=sys.argv[1]).is_model_ready('gru'))";
+    let out = Command::new(python).args(["-c", probe, &grpc]).output().unwrap();
+    let said = super::text(&out);
+    assert!(out.status.success() && said.contains("True"), "{said}");
 }

@@ -367,3 +367,304 @@ fn a_rolling_restart_hands_every_multiplexed_stream_over() {
         );
     }
 }
+
+/// A GRU (its state a pair) of `features` inputs served alone; its spec.
+fn gru_served(dir: &std::path::Path, features: usize) -> (super::serve::Serving, std::path::PathBuf) {
+    let gru = save(&fixtures::gru_cell(features, 16).unwrap().model, dir, "gru.nnef.tar");
+    let spec = checked_spec(dir, "gru.toml", &[&gru, "--state", "1=1"]);
+    let serving = serve(&[&format!("gru={}", spec.display())]).unwrap();
+    (serving, spec)
+}
+
+/// Reads the server's records, each given to `each`, until it says every
+/// one it wanted came; the connection's end fails the test.
+async fn read_until(ws: &mut Ws, mut each: impl FnMut(u32, Said) -> bool) {
+    loop {
+        for (tag, s) in next(ws).await {
+            if tag == u32::MAX {
+                panic!("the connection ended: {s:?}");
+            }
+            if each(tag, s) {
+                return;
+            }
+        }
+    }
+}
+
+/// The hello states the bounds (256 streams, 64 queued pulses); 256
+/// streams open, a 257th open is refused 1013 naming the bound and no
+/// other stream is touched: three of them then get their pulses' answers,
+/// the model alone; one ended, the refused tag opens and is served.
+#[test]
+fn past_256_streams_an_open_is_refused_and_the_others_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (serving, spec) = gru_served(dir.path(), 8);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (mut ws, hello) = connect(&serving.addr, "gru").await;
+        assert_eq!(hello["max_streams"], 256, "{hello}");
+        assert_eq!(hello["max_queued"], 64, "{hello}");
+        let opens: Vec<u8> = (0..=256u32).flat_map(|t| record(1, t, b"")).collect();
+        ws.send(Message::Binary(opens.into())).await.unwrap();
+        let (mut opened, mut refused) = (0, None);
+        read_until(&mut ws, |tag, s| {
+            match s {
+                Said::Opened(0) => opened += 1,
+                Said::Closed(code, why) => refused = Some((tag, code, why)),
+                other => panic!("stream {tag}: {other:?}"),
+            }
+            opened == 256 && refused.is_some()
+        })
+        .await;
+        let (tag, code, why) = refused.unwrap();
+        assert_eq!((tag, code), (256, 1013), "{why}");
+        assert!(why.contains("256 streams open on this connection"), "{why}");
+        let pulses: Vec<Vec<u8>> = noise_pulses(11, 4, 32);
+        let want = solo(&spec, &[(1, 1)], &pulses);
+        let m: Vec<u8> = [0u32, 128, 255]
+            .iter()
+            .flat_map(|t| record(2, *t, &pulses.concat()))
+            .collect();
+        ws.send(Message::Binary(m.into())).await.unwrap();
+        let mut answers: HashMap<u32, Vec<Vec<u8>>> = HashMap::new();
+        read_until(&mut ws, |tag, s| {
+            match s {
+                Said::Answer(n, a) => {
+                    let got = answers.entry(tag).or_default();
+                    assert_eq!(n as usize, got.len(), "stream {tag}");
+                    got.push(a);
+                }
+                other => panic!("stream {tag}: {other:?}"),
+            }
+            answers.values().map(Vec::len).sum::<usize>() == 12
+        })
+        .await;
+        for t in [0, 128, 255] {
+            assert_eq!(answers[&t], want, "stream {t} differs from the model alone");
+        }
+        // One ended: its place taken by the tag refused before.
+        let m = [record(3, 5, b""), record(1, 256, b""), record(2, 256, &pulses.concat())].concat();
+        ws.send(Message::Binary(m.into())).await.unwrap();
+        let (mut ended, mut late) = (false, vec![]);
+        read_until(&mut ws, |tag, s| {
+            match (tag, s) {
+                (5, Said::Closed(1000, _)) => ended = true,
+                (256, Said::Opened(0)) => {}
+                (256, Said::Answer(_, a)) => late.push(a),
+                other => panic!("{other:?}"),
+            }
+            ended && late.len() == 4
+        })
+        .await;
+        assert_eq!(late, want, "the stream opened in a freed place");
+    });
+}
+
+/// A stream sent more than 64 pulses before their answers is closed 1008
+/// naming the bound, none of its pulses answered; 64 at once on another
+/// stream are all served, and a third stream beside them, each the model
+/// alone.
+#[test]
+fn past_64_queued_pulses_a_stream_is_closed_and_the_others_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (serving, spec) = gru_served(dir.path(), 8);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (mut ws, _) = connect(&serving.addr, "gru").await;
+        let (full, over, small) = (
+            noise_pulses(21, 64, 32),
+            noise_pulses(22, 65, 32),
+            noise_pulses(23, 3, 32),
+        );
+        let m = [
+            record(1, 0, b""),
+            record(1, 1, b""),
+            record(1, 2, b""),
+            record(2, 0, &full.concat()),
+            record(2, 1, &over.concat()),
+            record(2, 2, &small.concat()),
+        ]
+        .concat();
+        ws.send(Message::Binary(m.into())).await.unwrap();
+        let mut answers: HashMap<u32, Vec<Vec<u8>>> = HashMap::new();
+        let mut closed = None;
+        read_until(&mut ws, |tag, s| {
+            match s {
+                Said::Opened(0) => {}
+                Said::Answer(n, a) => {
+                    let got = answers.entry(tag).or_default();
+                    assert_eq!(n as usize, got.len(), "stream {tag}");
+                    got.push(a);
+                }
+                Said::Closed(code, why) => closed = Some((tag, code, why)),
+                other => panic!("stream {tag}: {other:?}"),
+            }
+            closed.is_some() && answers.values().map(Vec::len).sum::<usize>() == 67
+        })
+        .await;
+        let (tag, code, why) = closed.unwrap();
+        assert_eq!((tag, code), (1, 1008), "{why}");
+        assert!(why.contains("more than 64 pulses queued"), "{why}");
+        assert!(!answers.contains_key(&1), "the closed stream was answered");
+        assert_eq!(answers[&0], solo(&spec, &[(1, 1)], &full), "the full queue's stream");
+        assert_eq!(answers[&2], solo(&spec, &[(1, 1)], &small), "the stream beside");
+    });
+}
+
+/// Pulses of 8 KiB (a GRU of 2048 inputs): eight streams sent 64 pulses
+/// each at once, 4 MiB, twice the connection's queue budget (four full
+/// queues): past the budget the server leaves the messages unread until
+/// answers free it, so nothing is closed and every pulse is answered, in
+/// order, the model alone; a stream opened after is served at once.
+#[test]
+fn past_the_queue_budget_messages_wait_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (serving, spec) = gru_served(dir.path(), 2048);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (ws, hello) = connect(&serving.addr, "gru").await;
+        let bytes = hello["pulse_bytes"].as_u64().unwrap() as usize;
+        assert_eq!(bytes, 8192);
+        let pulses: Vec<Vec<Vec<u8>>> = (0..8).map(|s| noise_pulses(30 + s, 64, bytes)).collect();
+        let (mut sink, mut stream) = ws.split();
+        let sending = async {
+            let opens: Vec<u8> = (0..8u32).flat_map(|t| record(1, t, b"")).collect();
+            sink.send(Message::Binary(opens.into())).await.unwrap();
+            for (t, p) in pulses.iter().enumerate() {
+                sink.send(Message::Binary(record(2, t as u32, &p.concat()).into()))
+                    .await
+                    .unwrap();
+            }
+            sink
+        };
+        let reading = async {
+            let mut answers: Vec<Vec<Vec<u8>>> = vec![vec![]; 8];
+            while answers.iter().map(Vec::len).sum::<usize>() < 8 * 64 {
+                let m = tokio::time::timeout(std::time::Duration::from_secs(60), stream.next())
+                    .await
+                    .expect("the server said nothing for 60 s");
+                let Some(Ok(Message::Binary(b))) = m else {
+                    panic!("{m:?} where answers were due")
+                };
+                for (tag, s) in said(&b) {
+                    match s {
+                        Said::Opened(0) => {}
+                        Said::Answer(n, a) => {
+                            assert_eq!(n as usize, answers[tag as usize].len(), "stream {tag}");
+                            answers[tag as usize].push(a);
+                        }
+                        other => panic!("stream {tag}: {other:?}"),
+                    }
+                }
+            }
+            answers
+        };
+        let (sink, answers) = tokio::join!(sending, reading);
+        for (s, got) in answers.iter().enumerate() {
+            assert!(
+                got == &solo(&spec, &[(1, 1)], &pulses[s]),
+                "stream {s} differs from the model alone"
+            );
+        }
+        let mut ws = sink.reunite(stream).unwrap();
+        let m = [record(1, 8, b""), record(2, 8, &pulses[0][0])].concat();
+        ws.send(Message::Binary(m.into())).await.unwrap();
+        read_until(&mut ws, |tag, s| match (tag, s) {
+            (8, Said::Opened(0)) => false,
+            (8, Said::Answer(0, a)) => {
+                assert_eq!(a, solo(&spec, &[(1, 1)], &pulses[0][..1])[0]);
+                true
+            }
+            other => panic!("{other:?}"),
+        })
+        .await;
+    });
+}
+
+/// Open and end churned: 600 streams each opened, given a pulse and ended
+/// in one message, beside a long stream. Every churned tag is closed
+/// (1000; or 1013 naming the bound, where 256 ended streams' calls were
+/// still running: those count until their call ends), any answer it got
+/// the model's first; the long stream is never touched and stays exact.
+/// Nothing piles up: once their calls ran out, 255 streams open beside
+/// the long one and a 256th is refused 1013, as on a fresh connection.
+#[test]
+fn open_and_end_churn_piles_up_nothing_and_touches_no_other_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let (serving, spec) = gru_served(dir.path(), 8);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (mut ws, _) = connect(&serving.addr, "gru").await;
+        let long = noise_pulses(41, 8, 32);
+        let churn = noise_pulses(42, 1, 32);
+        let first = solo(&spec, &[(1, 1)], &churn).remove(0);
+        let mut m = [record(1, 0, b""), record(2, 0, &long[..4].concat())].concat();
+        for t in 1..=600u32 {
+            m.extend(record(1, t, b""));
+            m.extend(record(2, t, &churn[0]));
+            m.extend(record(3, t, b""));
+        }
+        m.extend(record(2, 0, &long[4..].concat()));
+        ws.send(Message::Binary(m.into())).await.unwrap();
+        let (mut long_answers, mut closed) = (vec![], HashMap::new());
+        read_until(&mut ws, |tag, s| {
+            match (tag, s) {
+                (0, Said::Answer(n, a)) => {
+                    assert_eq!(n as usize, long_answers.len());
+                    long_answers.push(a);
+                }
+                (0, other) if other != Said::Opened(0) => panic!("the long stream: {other:?}"),
+                (_, Said::Answer(0, a)) => assert_eq!(a, first, "stream {tag}"),
+                (_, Said::Closed(code, why)) => {
+                    assert!(
+                        code == 1000 || (code == 1013 && why.contains("256 streams")),
+                        "stream {tag}: {code} {why}"
+                    );
+                    assert!(closed.insert(tag, code).is_none(), "stream {tag} closed twice");
+                }
+                _ => {}
+            }
+            long_answers.len() == 8 && closed.len() == 600
+        })
+        .await;
+        assert_eq!(long_answers, solo(&spec, &[(1, 1)], &long), "the long stream");
+        assert!(closed.values().any(|c| *c == 1000), "no churned stream was served");
+        // Opened one at a time (an open refused while churned calls still
+        // run is tried again): 255 fit beside the long stream, no more.
+        for t in 10_000..10_256u32 {
+            let mut tries = 0;
+            loop {
+                ws.send(Message::Binary(record(1, t, b"").into())).await.unwrap();
+                let mut got = None;
+                read_until(&mut ws, |tag, s| {
+                    assert_eq!(tag, t, "{s:?}");
+                    got = Some(s);
+                    true
+                })
+                .await;
+                match got.unwrap() {
+                    Said::Opened(0) if t < 10_255 => break,
+                    Said::Closed(1013, why) if t == 10_255 => {
+                        assert!(why.contains("256 streams"), "{why}");
+                        break;
+                    }
+                    Said::Closed(1013, _) if tries < 100 => {
+                        tries += 1;
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                    other => panic!("stream {t}: {other:?}"),
+                }
+            }
+        }
+        let m = record(2, 10_000, &churn[0]);
+        ws.send(Message::Binary(m.into())).await.unwrap();
+        read_until(&mut ws, |tag, s| match (tag, s) {
+            (10_000, Said::Answer(0, a)) => {
+                assert_eq!(a, first);
+                true
+            }
+            other => panic!("{other:?}"),
+        })
+        .await;
+    });
+}

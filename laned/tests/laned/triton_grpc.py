@@ -4,7 +4,13 @@
 Run by laned/tests/laned/kserve.rs with one argument, a JSON file as
 triton_http.py's (`url` is the gRPC address here), and optionally
 `restart`: {"pid": replica A's pid, "after": rounds, "other": B's gRPC
-address}. Exits non-zero on the first check that fails, saying which.
+address}, or `cap`: {"places": the server's max_connections, "http": its
+HTTP address} (S is then the places), or `bound`: the sequences one
+connection's streams may hold (S is then one more). Exits non-zero on the
+first check that fails, saying which.
+
+Each client is a connection of its own (a local subchannel pool: gRPC
+would otherwise share one connection between the clients of a process).
 """
 
 import json
@@ -26,6 +32,14 @@ answers = np.fromfile(spec["answers_file"], "<f4").reshape(S, P, -1)
 model, in_name, out_name = spec["model"], spec["input"], spec["output"]
 
 
+OWN = [("grpc.use_local_subchannel_pool", 1)]
+
+
+def connect(url):
+    """A client on a connection of its own."""
+    return grpcclient.InferenceServerClient(url=url, channel_args=OWN)
+
+
 def one(s, p):
     x = grpcclient.InferInput(in_name, shape, "FP32")
     x.set_data_from_numpy(pulses[s, p])
@@ -42,7 +56,7 @@ class Stream:
     """A gRPC stream and the answers it delivered, by request id."""
 
     def __init__(self, url):
-        self.client = grpcclient.InferenceServerClient(url=url)
+        self.client = connect(url)
         self.answers = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.answers.put((result, error)))
 
@@ -138,23 +152,108 @@ if "restart" in spec:
     print(f"restart: {S} sequences of {P} pulses on one stream exact, every one resumed on B")
     sys.exit(0)
 
-# S sequences multiplexed on one stream, every pulse sent at once, in order.
+if "cap" in spec:
+    # The places filled by gRPC connections, each a sequence; one more
+    # connection refused UNAVAILABLE naming the cap, and an HTTP request
+    # 503; the sequences exact all along; a place freed, a new connection
+    # served.
+    import http.client
+    places = spec["cap"]["places"]
+    clients = [connect(spec["url"]) for _ in range(S)]
+    for p in range(P):
+        for s in range(S):
+            r = clients[s].infer(model, one(s, p), sequence_id=100 + s, sequence_start=p == 0, sequence_end=p == P - 1)
+            same(r.as_numpy(out_name), s, p, "a connection under the cap")
+        if p == 1:
+            extra = connect(spec["url"])
+            try:
+                extra.infer(model, one(0, 0), sequence_id=999, sequence_start=True)
+                sys.exit(f"a connection past the cap of {places} was served")
+            except InferenceServerException as e:
+                if e.status() != "StatusCode.UNAVAILABLE" or f"connection cap ({places})" not in str(e):
+                    sys.exit(f"past the cap: {e.status()} {e}")
+            extra.close()
+            h = http.client.HTTPConnection(spec["cap"]["http"], timeout=10)
+            h.request("GET", f"/v2/models/{model}")
+            got = h.getresponse()
+            if got.status != 503 or b"connection cap" not in got.read():
+                sys.exit(f"an HTTP request past the cap got {got.status}")
+            h.close()
+    clients[0].close()
+    # Its place freed (the server sees the close at once, or within a
+    # moment): a new connection is served.
+    for attempt in range(100):
+        try:
+            again = connect(spec["url"])
+            r = again.infer(model, one(0, 0), sequence_id=998, sequence_start=True, sequence_end=True)
+            same(r.as_numpy(out_name), 0, 0, "a connection in a freed place")
+            again.close()
+            break
+        except InferenceServerException as e:
+            again.close()
+            if attempt == 99:
+                sys.exit(f"a freed place: {e}")
+            time.sleep(0.05)
+    for c in clients[1:]:
+        c.close()
+    print(f"{S} connections at the cap of {places} exact; one more refused UNAVAILABLE, HTTP 503; a freed place served")
+    sys.exit(0)
+
+if "bound" in spec:
+    # One connection's stream holding `bound` sequences; one more refused
+    # naming the bound (an error_message on the stream, RESOURCE_EXHAUSTED's), the others exact; one ended, a
+    # new one taken.
+    bound = spec["bound"]
+    st = Stream(spec["url"])
+    for p in range(P):
+        for s in range(bound):
+            st.send(s, p, s + 1)
+        if p == 0:
+            st.send(bound, 0, bound + 1)
+        got, errors = st.take(bound + (p == 0), within=120.0)
+        if p == 0:
+            if len(errors) != 1 or f"{bound} sequences live on this connection" not in errors[0]:
+                sys.exit(f"one past the bound: {errors[:3]}")
+        elif errors:
+            sys.exit(f"pulse {p}: {errors[:3]}")
+        if len(got) != bound or (bound, 0) in got:
+            sys.exit(f"pulse {p}: {len(got)} answers of {bound}")
+        for (s, q), y in got.items():
+            same(y, s, q, "at the bound")
+    # Every one ended with its last pulse: a new sequence is taken.
+    st.send(bound, 0, bound + 1)
+    got, errors = st.take(1, within=30.0)
+    if errors or (bound, 0) not in got:
+        sys.exit(f"after the others ended: {errors[:3]}")
+    same(got[(bound, 0)], bound, 0, "after the others ended")
+    st.stop()
+    print(f"{bound} sequences on one connection's stream exact; one more refused naming the bound; taken once they ended")
+    sys.exit(0)
+
+# S sequences multiplexed on one stream and S connections of one sequence
+# each (unary), interleaved: every pulse of the stream's sequences sent,
+# then the connections' requests of that pulse, then the stream's answers.
 st = Stream(spec["url"])
+clients = [connect(spec["url"]) for _ in range(S)]
+alone = {}
 for p in range(P):
     for s in range(S):
         st.send(s, p, s + 1 if s % 2 else f"stream-{s}")
-got, errors = st.take(S * P, within=60.0)
-if errors or len(got) != S * P:
-    sys.exit(f"one stream: {len(got)} answers of {S * P}, errors {errors[:3]}")
-for (s, p), y in got.items():
-    same(y, s, p, "one stream")
-st.stop()
-# S connections of one sequence each, unary, interleaved.
-clients = [grpcclient.InferenceServerClient(url=spec["url"]) for _ in range(S)]
-for p in range(P):
     for s in range(S):
         r = clients[s].infer(model, one(s, p), sequence_id=1000 + s, sequence_start=p == 0, sequence_end=p == P - 1)
-        same(r.as_numpy(out_name), s, p, "a connection a sequence")
+        alone[(s, p)] = r.as_numpy(out_name)
+        same(alone[(s, p)], s, p, "a connection a sequence")
+    got, errors = st.take(S, within=60.0)
+    if errors or len(got) != S:
+        sys.exit(f"one stream, pulse {p}: {len(got)} answers of {S}, errors {errors[:3]}")
+    for (s, q), y in got.items():
+        same(y, s, q, "one stream")
+        # The same pulses, on a stream and on a connection: the same bits.
+        if y.tobytes() != alone[(s, q)].tobytes():
+            sys.exit(f"sequence {s} pulse {q}: the stream's answer is not the connection's")
+st.stop()
+for cl in clients:
+    cl.close()
 # Twins: two sequences fed the same pulses get the same bits.
 twins = [[c.infer(model, one(0, p), sequence_id=t, sequence_start=p == 0, sequence_end=p == P - 1).as_numpy(out_name).tobytes()
           for p in range(P)] for t in (5001, 5002)]

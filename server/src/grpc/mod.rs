@@ -17,11 +17,14 @@
 //! prost derives in [`messages`]): no protoc at build time.
 
 pub mod messages;
+mod places;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::http::StatusCode;
@@ -35,8 +38,10 @@ use crate::kserve::{self, Pulse};
 use crate::server::{readiness, Routes};
 use messages::*;
 
-/// Sequences one stream may carry at once.
-pub const MAX_SEQUENCES_PER_STREAM: usize = crate::mux::MAX_STREAMS;
+/// Sequences one connection's streams may carry at once, all its
+/// `ModelStreamInfer` streams together (a sequence of `ModelInfer`
+/// requests is held by the server's table, not by a connection).
+pub const MAX_SEQUENCES_PER_CONNECTION: usize = crate::mux::MAX_STREAMS;
 
 /// Requests of one sequence queued on a stream, not yet served.
 const QUEUED_PER_SEQUENCE: usize = crate::mux::MAX_QUEUED;
@@ -120,7 +125,16 @@ where
             .path()
             .strip_prefix(&format!("/{SERVICE}/"))
             .map(str::to_string);
+        let place = req.extensions().get::<places::Place>().cloned();
+        let over_cap = place.as_ref().and_then(|p| p.over_cap);
+        let held = place.map_or_else(Default::default, |p| p.sequences);
         Box::pin(async move {
+            if let Some(cap) = over_cap {
+                return Ok(Status::unavailable(format!(
+                    "the server's connection cap ({cap}) is reached: retry later or on another replica"
+                ))
+                .into_http());
+            }
             let routes = this.routes.clone();
             let small = 64 << 10;
             Ok(match method.as_deref() {
@@ -184,7 +198,8 @@ where
                 Some("ModelStreamInfer") => {
                     let h = Handler(move |r: Request<Streaming<ModelInferRequest>>| {
                         let routes = routes.clone();
-                        async move { Ok(Response::new(stream_infer(routes, r.into_inner()))) }
+                        let held = held.clone();
+                        async move { Ok(Response::new(stream_infer(routes, held, r.into_inner()))) }
                     });
                     grpc(this.max_request).streaming(h, req).await
                 }
@@ -433,9 +448,19 @@ type ResponseStream = Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse,
 struct Worker {
     requests: tokio::sync::mpsc::Sender<ModelInferRequest>,
     done: tokio::task::JoinHandle<()>,
+    _held: Held,
 }
 
-fn worker(routes: Routes, answers: Answers, after: Option<tokio::task::JoinHandle<()>>) -> Worker {
+/// A sequence counted on its connection while its stream routes to it.
+struct Held(Arc<AtomicUsize>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn worker(routes: Routes, answers: Answers, after: Option<tokio::task::JoinHandle<()>>, held: Held) -> Worker {
     let (requests, mut queue) = tokio::sync::mpsc::channel::<ModelInferRequest>(QUEUED_PER_SEQUENCE);
     let done = tokio::spawn(async move {
         if let Some(previous) = after {
@@ -448,13 +473,18 @@ fn worker(routes: Routes, answers: Answers, after: Option<tokio::task::JoinHandl
             }
         }
     });
-    Worker { requests, done }
+    Worker {
+        requests,
+        done,
+        _held: held,
+    }
 }
 
 /// `ModelStreamInfer`: each request routed to its sequence's worker (a
-/// request of no sequence served on its own); every answer on the
-/// response stream as it is ready.
-fn stream_infer(routes: Routes, mut incoming: Streaming<ModelInferRequest>) -> ResponseStream {
+/// request of no sequence served on its own), at most
+/// [`MAX_SEQUENCES_PER_CONNECTION`] counted in `held` (the connection's
+/// streams together); every answer on the response stream as it is ready.
+fn stream_infer(routes: Routes, held: Arc<AtomicUsize>, mut incoming: Streaming<ModelInferRequest>) -> ResponseStream {
     let (answers, mut out) = tokio::sync::mpsc::channel(QUEUED_PER_SEQUENCE);
     tokio::spawn(async move {
         // Live sequences' workers by model and id; those whose last
@@ -486,15 +516,26 @@ fn stream_infer(routes: Routes, mut incoming: Streaming<ModelInferRequest>) -> R
             };
             let key = (r.model_name.clone(), id);
             ending.retain(|_, done| !done.is_finished());
-            if !workers.contains_key(&key) && workers.len() >= MAX_SEQUENCES_PER_STREAM {
-                let why = format!("{MAX_SEQUENCES_PER_STREAM} sequences live on this stream, the most it takes");
-                let _ = answers.send(on_stream(Err(Status::resource_exhausted(why)))).await;
-                continue;
+            if !workers.contains_key(&key) {
+                let counted = held
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                        (n < MAX_SEQUENCES_PER_CONNECTION).then_some(n + 1)
+                    })
+                    .is_ok();
+                if !counted {
+                    let why = format!(
+                        "sequence {:?}: {MAX_SEQUENCES_PER_CONNECTION} sequences live on this connection's streams, \
+                         the most it takes: end one, or open another connection",
+                        key.1
+                    );
+                    let _ = answers.send(on_stream(Err(Status::resource_exhausted(why)))).await;
+                    continue;
+                }
+                let w = worker(routes.clone(), answers.clone(), ending.remove(&key), Held(held.clone()));
+                workers.insert(key.clone(), w);
             }
             let end = flag(&r, "sequence_end");
-            let w = workers
-                .entry(key.clone())
-                .or_insert_with(|| worker(routes.clone(), answers.clone(), ending.remove(&key)));
+            let Some(w) = workers.get(&key) else { continue };
             if w.requests.send(r).await.is_err() {
                 break;
             }
@@ -519,7 +560,10 @@ pub(crate) async fn listen(
         .await
         .map_err(|e| format!("binding the gRPC address {at}: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    // Counted under the server's cap with its live sessions (`places`).
+    let lanes = routes.endpoints.iter().map(|e| e.runner.total_lanes()).sum();
+    let cap = routes.shared.limits.connection_cap(lanes);
+    let incoming = places::incoming(listener, routes.shared.clone(), cap);
     let service = Inference::new(routes);
     let task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()

@@ -5,8 +5,8 @@
 //! and a helper thread serves what callers leave queued). Each owns its
 //! start, serving, tending, draining and closing, over the part both share
 //! (`shared`: the inbox, the engine's lock, the live settings, the turn
-//! policy's wait, the wakes kept), which they depend on one way; `holder`
-//! says who holds the engine on this thread. The shard matches its flavor
+//! policy's wait, the wakes kept), which they depend on one way; the
+//! crate's `context` says who holds the engine on this thread. The shard matches its flavor
 //! once per operation and delegates. A runner holds several shards (one
 //! unless asked, one per core to use them all); each is whole on its own.
 //!
@@ -17,7 +17,6 @@
 //! then 8 to 10 ([`Shard::close`]), each mode doing 6, 8 and 9 its own way.
 
 mod combining;
-mod holder;
 mod shared;
 mod worker;
 
@@ -25,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::{Mode, Resolved};
+use crate::context;
 use crate::engine::Parts;
 use crate::err::NewRunnerError;
 use crate::protocol::Request;
@@ -91,7 +91,7 @@ impl Shard {
         // A runner thread (running a waker that called back) waiting on
         // another shard: in short slices, taking its own shard's requests
         // in between (see `Shared::serve_meanwhile`).
-        if let Some(home) = holder::home::<Shared>().filter(|home| !Arc::ptr_eq(home, &self.shared)) {
+        if let Some(home) = context::home::<Shared>().filter(|home| !Arc::ptr_eq(home, &self.shared)) {
             loop {
                 let slice = Instant::now() + Duration::from_millis(1);
                 let until = deadline.map_or(slice, |d| d.min(slice));
@@ -134,7 +134,7 @@ impl Shard {
     /// as a calling thread does while it waits (a task does it in its
     /// `poll`), in combining mode; in worker mode only the worker's own
     /// waker does. A waker calling back into the shard whose engine its
-    /// thread holds is served with it (see `holder`).
+    /// thread holds is served with it (see `context`).
     pub fn serve(&self, done: &dyn Fn() -> bool) {
         if done() || self.shared.serve_lent(done) {
             return;

@@ -18,7 +18,7 @@ use crate::sync::{lock, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::wake::Deferred;
 use arc_swap::ArcSwap;
 
-use super::holder;
+use crate::context;
 
 pub(super) struct Shared {
     /// Who may touch it: any thread pushes (handles, spawns, drops); the
@@ -28,7 +28,7 @@ pub(super) struct Shared {
     /// only the worker thread (and a waker it runs, lent the engine); in
     /// combining mode whichever caller or the helper wins `try_lock`, and
     /// the closing thread. `None` only while its holder lends it to the
-    /// wakes it runs (see [`holder`]): the lock stays held meanwhile.
+    /// wakes it runs (see [`context`]): the lock stays held meanwhile.
     engine: Mutex<Option<Box<Engine>>>,
     /// The policy and `max_seats`: written by `set_policy` (any thread),
     /// loaded once per decision by whoever runs the turn, which runs with
@@ -67,7 +67,7 @@ impl std::ops::DerefMut for Held<'_> {
 
 impl Held<'_> {
     /// The engine itself, taken out of the lock (which stays held) to be
-    /// lent: see [`holder::lend`].
+    /// lent: see [`context::lend`].
     pub(super) fn slot(&mut self) -> &mut Option<Box<Engine>> {
         &mut self.0
     }
@@ -128,7 +128,7 @@ impl Shared {
                 let mut request = Some(request);
                 // A waker of this shard's holder letting a stream go: the
                 // engine is this thread's already.
-                let lent = holder::with_lent(self, |engine| {
+                let lent = context::with_lent(self, |engine: &mut Engine| {
                     engine.accept_batch(request.take().into_iter().collect(), Instant::now())
                 });
                 if lent.is_none() {
@@ -154,7 +154,7 @@ impl Shared {
             // shard is closed at once (`Shard::close_all`), so two workers
             // may wait on each other's answers. The engine is the worker's
             // to close: it does so here.
-            if holder::is_worker_of(self) {
+            if context::is_worker_of(self) {
                 self.close_here();
             }
             return None;
@@ -261,19 +261,19 @@ impl Shared {
     /// Run the tasks' wakes this thread kept while holding the engine, now,
     /// without letting the engine's lock go (between turns, before
     /// sleeping). A waker calling back into this shard meanwhile finds the
-    /// engine lent to it (see [`holder`]).
+    /// engine lent to it (see [`context`]).
     pub(super) fn wake_kept(self: &Arc<Self>, engine: &mut Held<'_>) {
         if !crate::wake::any_kept() {
             return;
         }
-        holder::lend(self, engine.slot(), crate::wake::run_kept);
+        context::lend(self, engine.slot(), crate::wake::run_kept);
     }
 
     /// Serve with the engine this thread holds further up and lent to its
     /// wakers, if it is this shard's: see [`Shared::serve_here`]. False
     /// when this thread holds no engine of this shard's.
     pub(super) fn serve_lent(self: &Arc<Self>, done: &dyn Fn() -> bool) -> bool {
-        holder::with_lent(self, |engine| self.serve_here(engine, done)).is_some()
+        context::with_lent(self, |engine: &mut Engine| self.serve_here(engine, done)).is_some()
     }
 
     /// A waker calling back into a shard this thread serves: serve the
@@ -295,7 +295,7 @@ impl Shared {
     /// (a spawn from the other shard's waker, say), so that two runner
     /// threads waiting on each other never both wait for good.
     pub(super) fn serve_meanwhile(self: &Arc<Self>) {
-        if holder::with_lent(self, |engine| self.take_inbox(engine)).is_some() {
+        if context::with_lent(self, |engine: &mut Engine| self.take_inbox(engine)).is_some() {
             return;
         }
         // Taking the state takes the inbox in (or, closed, a worker closes

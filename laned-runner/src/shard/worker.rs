@@ -10,7 +10,7 @@ use crate::err::NewRunnerError;
 use crate::sync::{AtomicBool, Condvar, Ordering};
 use crate::wake::Deferred;
 
-use super::holder;
+use crate::context;
 use super::shared::Shared;
 
 /// Worker mode: the shard's shared part, and the worker's own.
@@ -111,7 +111,7 @@ impl Worker {
     /// the state here, on a live thread.
     fn work(&self) {
         let shared = &self.shared;
-        holder::set_worker(shared);
+        context::set_worker(shared);
         let mut gauge = SpinGauge::default();
         // Pushes already taken into the engine (read under the inbox lock).
         let mut taken = 0;
@@ -196,7 +196,7 @@ impl Worker {
     /// would run the turn it waits for). Any other thread leaves it to the
     /// worker.
     pub(super) fn serve(&self, done: &dyn Fn() -> bool) {
-        if holder::is_worker_of(&*self.shared) {
+        if context::is_worker_of(&*self.shared) {
             // Closed meanwhile, `hold` closes the engine (see there).
             if let Some(mut engine) = self.shared.hold() {
                 self.shared.serve_here(&mut engine, done);

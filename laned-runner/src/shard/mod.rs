@@ -124,9 +124,8 @@ impl Shard {
     /// call on, without running anyone's turn (combining mode; the worker
     /// does it by itself).
     pub fn tend(&self) {
-        match &self.flavor {
-            Flavor::Worker(worker) => worker.tend(),
-            Flavor::Combining(combining) => combining.tend(),
+        if let Flavor::Combining(combining) = &self.flavor {
+            combining.tend();
         }
     }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::Resolved;
 use crate::engine::Engine;
-use crate::inbox::Inbox;
+use crate::inbox::{Inbox, Inner};
 use crate::life::Life;
 use crate::policy::Decision;
 use crate::protocol::{Live, Request};
@@ -43,6 +43,54 @@ pub(super) struct Shared {
     /// Callers blocked in `Shard::wait` right now (any thread, relaxed: a
     /// hint for whether to spin, and for the helper whether a thread waits).
     pub(super) waiters: AtomicUsize,
+}
+
+/// The inbox's lock, held.
+pub(super) type InboxGuard<'a> = MutexGuard<'a, Inner<Request>>;
+
+/// How a [`Shared::step`] decides whether the turn runs.
+#[derive(Clone, Copy)]
+pub(super) enum Pace<'a> {
+    /// Wait as the turn policy says, asleep on the inbox meanwhile (the
+    /// worker, the helper: threads with no call of their own).
+    Policy,
+    /// Only a turn the policy says is due now, and not once `done` (a
+    /// caller serving while it waits: it never sleeps holding the state,
+    /// where its own cancel or deadline could not reach it).
+    DueNow(&'a dyn Fn() -> bool),
+    /// Whatever the policy says, while `done` is false (a waker calling
+    /// back into the shard its thread holds, a drain).
+    AtOnce(&'a dyn Fn() -> bool),
+}
+
+/// What a [`Shared::step`] did.
+pub(super) enum Stepped {
+    /// Nothing was queued once the inbox was taken in.
+    Idle,
+    /// Seats are queued, but no turn ran: not due yet, the caller done,
+    /// or the shard closed while the policy waited.
+    Held,
+    /// A turn ran.
+    Ran,
+}
+
+/// An engine held by this thread, as a step runs turns on it: through its
+/// lock ([`Held`]) or lent to a waker calling back (`&mut Engine`).
+pub(super) trait Holding: std::ops::DerefMut<Target = Engine> {
+    /// Run the wakes this thread kept, before a turn.
+    fn wake_kept(&mut self, shared: &Arc<Shared>);
+}
+
+impl Holding for Held<'_> {
+    fn wake_kept(&mut self, shared: &Arc<Shared>) {
+        shared.wake_kept(self);
+    }
+}
+
+/// A lent engine (or one a worker's own waker holds with no scope open):
+/// its wakes stay kept for its lender, which runs them.
+impl Holding for &mut Engine {
+    fn wake_kept(&mut self, _: &Arc<Shared>) {}
 }
 
 /// The engine, held: the engine's lock, taken. Derefs to the engine.
@@ -140,13 +188,14 @@ impl Shared {
         }
     }
 
-    /// The state, if it is free and the shard open, with the inbox taken in
-    /// and idle streams evicted. `None` when busy: whoever holds it looks at
-    /// the inbox after letting go (a combiner hands queued seats to its
-    /// helper; the worker serves them). `None` once closed: the closing
-    /// thread answers everyone, stay out of its way. Taken by combiners,
-    /// by a worker's own waker between its rounds, and by a runner thread
-    /// taking its own shard's requests in while it waits on another.
+    /// The state, if it is free and the shard open (its holder's first
+    /// [`Shared::step`] takes the inbox in). `None` when busy: whoever holds
+    /// it looks at the inbox after letting go (a combiner hands queued seats
+    /// to its helper; the worker serves them). `None` once closed: the
+    /// closing thread answers everyone, stay out of its way. Taken by
+    /// combiners, by a worker's own waker between its rounds, and by a
+    /// runner thread taking its own shard's requests in while it waits on
+    /// another.
     pub(super) fn hold(&self) -> Option<Held<'_>> {
         if self.is_closed() {
             // A worker's own waker (run between its rounds, or while it
@@ -159,33 +208,80 @@ impl Shared {
             }
             return None;
         }
-        let mut engine = self.try_lock()?;
+        let engine = self.try_lock()?;
         // A close between the look above and the lock: the engine is closed
         // (its state gone), and the closing thread answers everyone.
         if engine.is_closed() {
             return None;
         }
-        // Taking the inbox in evicts idle streams, as of the take: a stream
-        // whose call waits there is not idle, however long the last turn.
-        self.take_inbox(&mut engine);
         Some(engine)
     }
 
     /// Move every request of the inbox into the engine, which refuses new
     /// calls once the runner drains (step 6 of the runner's life: it reads
     /// the runner's life as it takes each in). Idle streams are evicted as
-    /// of the take (see `Engine::accept_batch`).
-    pub(super) fn take_inbox(&self, engine: &mut Engine) -> bool {
+    /// of the take (see `Engine::accept_batch`): a stream whose call waits
+    /// there is not idle, however long the last turn. With `locked`, the
+    /// inbox's lock its caller holds already (a worker woken on it).
+    pub(super) fn take_inbox(&self, engine: &mut Engine, locked: Option<InboxGuard<'_>>) {
         let (requests, taken_at) = {
-            let mut inbox = self.inbox.lock();
+            let mut inbox = locked.unwrap_or_else(|| self.inbox.lock());
             // The engine reads the draining step (5) itself as it takes
             // each request in: every request taken in after it finds the
             // engine draining.
             (self.inbox.take(&mut inbox), Instant::now())
         };
-        let any = !requests.is_empty();
         engine.accept_batch(requests, taken_at);
-        any
+    }
+
+    /// One step of whoever holds the engine, the one turn loop's body for
+    /// every holder (the worker, the helper, a combining caller, a drain, a
+    /// waker calling back into the shard its thread holds):
+    ///
+    /// 1. take the inbox in (with `locked`, the lock its caller woke with);
+    /// 2. nothing queued: [`Stepped::Idle`], the holder decides whether to
+    ///    wait for more (its own business);
+    /// 3. decide as `pace` says: wait out the turn policy, or run only a
+    ///    turn due now, or run at once; and not once `pace`'s `done` is true
+    ///    ([`Stepped::Held`]);
+    /// 4. wake the tasks what the take answered (grants, statuses, cancels)
+    ///    woke, before the turn rather than after it (a lent engine's wakes
+    ///    stay kept for its lender, see [`Holding`]);
+    /// 5. run the turn with the live settings it was decided with.
+    ///
+    /// The turn's own answers wake when the holder says: when it lets the
+    /// engine go (its `Deferred` scope closes), or at once when it serves
+    /// turn after turn (the combining helper).
+    #[inline]
+    pub(super) fn step<E: Holding>(
+        self: &Arc<Self>,
+        engine: &mut E,
+        pace: Pace<'_>,
+        locked: Option<InboxGuard<'_>>,
+    ) -> Stepped {
+        self.take_inbox(engine, locked);
+        if !engine.has_queue() {
+            return Stepped::Idle;
+        }
+        let live = match pace {
+            Pace::Policy => self.wait_for_turn(engine),
+            Pace::DueNow(done) => self.turn_is_due(engine).filter(|_| !done()),
+            Pace::AtOnce(done) => (!done()).then(|| self.live()),
+        };
+        let Some(live) = live else {
+            return Stepped::Held;
+        };
+        engine.wake_kept(self);
+        engine.turn(&live);
+        Stepped::Ran
+    }
+
+    /// Run turns at once while `done` is false and seats are queued, the
+    /// policy's waits skipped (a waker calling back into the shard its
+    /// thread holds: waiting out a policy here would wait on this very
+    /// thread; a drain).
+    pub(super) fn serve_at_once<E: Holding>(self: &Arc<Self>, engine: &mut E, done: &dyn Fn() -> bool) {
+        while let Stepped::Ran = self.step(engine, Pace::AtOnce(done), None) {}
     }
 
     /// The live settings, loaded once for a decision and the turn it
@@ -194,25 +290,24 @@ impl Shared {
         **self.live.load()
     }
 
-    /// Whether the turn policy says to run a turn now (after taking the
-    /// inbox in), without waiting: the live settings it decided with, which
-    /// the turn then runs with, or `None`.
-    pub(super) fn turn_is_due(&self, engine: &mut Engine) -> Option<Live> {
-        self.take_inbox(engine);
+    /// Whether the turn policy says to run a turn now, without waiting: the
+    /// live settings it decided with, which the turn then runs with, or
+    /// `None`.
+    fn turn_is_due(&self, engine: &mut Engine) -> Option<Live> {
         let live = self.live();
         matches!(engine.decide(&live, Instant::now()), None | Some((Decision::RunNow, _))).then_some(live)
     }
 
-    /// Wait as the turn policy says before the next turn, taking requests
-    /// in meanwhile. Returns the live settings the turn was decided with
-    /// (loaded once per decision, and the turn runs with the same: a
-    /// `set_policy` meanwhile never decides with one setting and fills with
-    /// another), or `None` when the shard closed meanwhile: the turn must
-    /// not run, its seats are answered by the close.
-    pub(super) fn wait_for_turn(self: &Arc<Self>, engine: &mut Held<'_>) -> Option<Live> {
+    /// Wait as the turn policy says before the next turn (the inbox just
+    /// taken in), taking requests in meanwhile. Returns the live settings
+    /// the turn was decided with (loaded once per decision, and the turn
+    /// runs with the same: a `set_policy` meanwhile never decides with one
+    /// setting and fills with another), or `None` when the shard closed
+    /// meanwhile: the turn must not run, its seats are answered by the
+    /// close.
+    fn wait_for_turn<E: Holding>(self: &Arc<Self>, engine: &mut E) -> Option<Live> {
         let mut waited: Option<Instant> = None;
         loop {
-            self.take_inbox(engine);
             let live = self.live();
             let now = Instant::now();
             let Some((decision, recheck)) = engine.decide(&live, now) else {
@@ -245,16 +340,17 @@ impl Shared {
                         // so far run first (the inbox let go meanwhile).
                         if crate::wake::any_kept() {
                             drop(inbox);
-                            self.wake_kept(engine);
-                            continue;
+                            engine.wake_kept(self);
+                        } else {
+                            drop(
+                                self.inbox
+                                    .sleep(inbox, recheck, Some(until.saturating_duration_since(now))),
+                            );
                         }
-                        drop(
-                            self.inbox
-                                .sleep(inbox, recheck, Some(until.saturating_duration_since(now))),
-                        );
                     }
                 }
             }
+            self.take_inbox(engine, None);
         }
     }
 
@@ -270,24 +366,12 @@ impl Shared {
     }
 
     /// Serve with the engine this thread holds further up and lent to its
-    /// wakers, if it is this shard's: see [`Shared::serve_here`]. False
-    /// when this thread holds no engine of this shard's.
+    /// wakers, if it is this shard's (a waker calling back into the shard
+    /// its thread holds), running the turns it needs at once: see
+    /// [`Shared::serve_at_once`]. False when this thread holds no engine of
+    /// this shard's.
     pub(super) fn serve_lent(self: &Arc<Self>, done: &dyn Fn() -> bool) -> bool {
-        context::with_lent(self, |engine: &mut Engine| self.serve_here(engine, done)).is_some()
-    }
-
-    /// A waker calling back into a shard this thread serves: serve the
-    /// request here, with the engine lent or free, running the turns it
-    /// needs at once (waiting out a policy here would wait on this very
-    /// thread).
-    pub(super) fn serve_here(&self, engine: &mut Engine, done: &dyn Fn() -> bool) {
-        loop {
-            self.take_inbox(engine);
-            if done() || !engine.has_queue() {
-                return;
-            }
-            engine.turn(&self.live());
-        }
+        context::with_lent(self, |mut engine: &mut Engine| self.serve_at_once(&mut engine, done)).is_some()
     }
 
     /// A runner thread running tasks' wakes waits for another shard's
@@ -295,12 +379,13 @@ impl Shared {
     /// (a spawn from the other shard's waker, say), so that two runner
     /// threads waiting on each other never both wait for good.
     pub(super) fn serve_meanwhile(self: &Arc<Self>) {
-        if context::with_lent(self, |engine: &mut Engine| self.take_inbox(engine)).is_some() {
+        if context::with_lent(self, |engine: &mut Engine| self.take_inbox(engine, None)).is_some() {
             return;
         }
-        // Taking the state takes the inbox in (or, closed, a worker closes
-        // its engine: see `hold`).
-        drop(self.hold());
+        // Closed, a worker closes its engine (see `hold`).
+        if let Some(mut engine) = self.hold() {
+            self.take_inbox(&mut engine, None);
+        }
     }
 
     /// Steps 9 and 10 on the worker's own thread, early, while it runs
@@ -311,7 +396,7 @@ impl Shared {
     fn close_here(&self) {
         if let Some(mut engine) = self.try_lock() {
             engine.close();
-            self.take_inbox(&mut engine);
+            self.take_inbox(&mut engine, None);
         }
     }
 

@@ -2,13 +2,15 @@
 //! are sibling types behind this one interface, as crossbeam-channel's
 //! flavors are: [`Worker`] (a thread owns the state and runs every turn)
 //! and [`Combining`] (whichever caller finds the state free runs the turn,
-//! and a helper thread serves what callers leave queued). Each owns its
-//! start, serving, tending, draining and closing, over the part both share
-//! (`shared`: the inbox, the engine's lock, the live settings, the turn
-//! policy's wait, the wakes kept), which they depend on one way; the
-//! crate's `context` says who holds the engine on this thread. The shard matches its flavor
-//! once per operation and delegates. A runner holds several shards (one
-//! unless asked, one per core to use them all); each is whole on its own.
+//! and a helper thread serves what callers leave queued). The turn loop's
+//! body is written once, in the part both share (`shared`: the inbox, the
+//! engine's lock, the live settings, the wakes kept, and `Shared::step`:
+//! take the inbox in, decide, wake, run the turn); each mode owns only its
+//! thread, when it sleeps and wakes, and its draining and closing, and
+//! depends on `shared` one way. Who holds the engine on this thread is the
+//! crate's `context`. The shard matches its flavor once per operation and
+//! delegates. A runner holds several shards (one unless asked, one per
+//! core to use them all); each is whole on its own.
 //!
 //! # Draining and closing
 //!
@@ -121,8 +123,8 @@ impl Shard {
 
     /// Hold the state a moment, if it is free, to take in what is pending
     /// (a dropped handle's release), evict idle streams and hand any queued
-    /// call on, without running anyone's turn (combining mode; the worker
-    /// does it by itself).
+    /// call on, without running anyone's turn: combining mode only, the
+    /// worker wakes for what is pushed and evicts by itself.
     pub fn tend(&self) {
         if let Flavor::Combining(combining) = &self.flavor {
             combining.tend();

@@ -1,7 +1,8 @@
 //! The part of a shard both modes share, and depend on one way: the inbox,
-//! the engine's lock, the live settings, the turn policy's wait, taking the
-//! inbox in, holding a free state, and the wakes kept while it is held. The
-//! modes (`worker`, `combining`) decide *who* runs the turns; everything
+//! the engine's lock, the live settings, holding a free state, the wakes
+//! kept while it is held, and the turn loop's body, [`Shared::step`], that
+//! every holder of the engine runs. The modes (`worker`, `combining`)
+//! decide *who* holds the engine and when it sleeps and wakes; everything
 //! here is how a turn is waited for and run, whoever runs it.
 
 use std::sync::{Arc, TryLockError};

@@ -189,14 +189,13 @@ impl Shared {
         }
     }
 
-    /// The state, if it is free and the shard open (its holder's first
-    /// [`Shared::step`] takes the inbox in). `None` when busy: whoever holds
-    /// it looks at the inbox after letting go (a combiner hands queued seats
-    /// to its helper; the worker serves them). `None` once closed: the
-    /// closing thread answers everyone, stay out of its way. Taken by
-    /// combiners, by a worker's own waker between its rounds, and by a
-    /// runner thread taking its own shard's requests in while it waits on
-    /// another.
+    /// The state, if it is free and the shard open, with the inbox taken in
+    /// and idle streams evicted. `None` when busy: whoever holds it looks at
+    /// the inbox after letting go (a combiner hands queued seats to its
+    /// helper; the worker serves them). `None` once closed: the closing
+    /// thread answers everyone, stay out of its way. Taken by combiners,
+    /// by a worker's own waker between its rounds, and by a runner thread
+    /// taking its own shard's requests in while it waits on another.
     pub(super) fn hold(&self) -> Option<Held<'_>> {
         if self.is_closed() {
             // A worker's own waker (run between its rounds, or while it
@@ -209,12 +208,15 @@ impl Shared {
             }
             return None;
         }
-        let engine = self.try_lock()?;
+        let mut engine = self.try_lock()?;
         // A close between the look above and the lock: the engine is closed
         // (its state gone), and the closing thread answers everyone.
         if engine.is_closed() {
             return None;
         }
+        // Taking the inbox in evicts idle streams, as of the take: a stream
+        // whose call waits there is not idle, however long the last turn.
+        self.take_inbox(&mut engine, None);
         Some(engine)
     }
 
@@ -244,7 +246,11 @@ impl Shared {
     ///    wait for more (its own business);
     /// 3. decide as `pace` says: wait out the turn policy, or run only a
     ///    turn due now, or run at once; and not once `pace`'s `done` is true
-    ///    ([`Stepped::Held`]);
+    ///    ([`Stepped::Held`]). The policy's decision takes the inbox in
+    ///    once more right before it decides: the calls pushed while the
+    ///    first take was accepted (a closed loop's callers, back within
+    ///    microseconds) join this turn, and the turns' widths, which the
+    ///    learned width is measured on, depend on it;
     /// 4. wake the tasks what the take answered (grants, statuses, cancels)
     ///    woke, before the turn rather than after it (a lent engine's wakes
     ///    stay kept for its lender, see [`Holding`]);
@@ -291,16 +297,17 @@ impl Shared {
         **self.live.load()
     }
 
-    /// Whether the turn policy says to run a turn now, without waiting: the
-    /// live settings it decided with, which the turn then runs with, or
-    /// `None`.
+    /// Whether the turn policy says to run a turn now (after taking the
+    /// inbox in once more), without waiting: the live settings it decided
+    /// with, which the turn then runs with, or `None`.
     fn turn_is_due(&self, engine: &mut Engine) -> Option<Live> {
+        self.take_inbox(engine, None);
         let live = self.live();
         matches!(engine.decide(&live, Instant::now()), None | Some((Decision::RunNow, _))).then_some(live)
     }
 
-    /// Wait as the turn policy says before the next turn (the inbox just
-    /// taken in), taking requests in meanwhile. Returns the live settings
+    /// Wait as the turn policy says before the next turn, taking requests
+    /// in before each decision and meanwhile. Returns the live settings
     /// the turn was decided with (loaded once per decision, and the turn
     /// runs with the same: a `set_policy` meanwhile never decides with one
     /// setting and fills with another), or `None` when the shard closed
@@ -309,6 +316,7 @@ impl Shared {
     fn wait_for_turn<E: Holding>(self: &Arc<Self>, engine: &mut E) -> Option<Live> {
         let mut waited: Option<Instant> = None;
         loop {
+            self.take_inbox(engine, None);
             let live = self.live();
             let now = Instant::now();
             let Some((decision, recheck)) = engine.decide(&live, now) else {
@@ -342,16 +350,15 @@ impl Shared {
                         if crate::wake::any_kept() {
                             drop(inbox);
                             engine.wake_kept(self);
-                        } else {
-                            drop(
-                                self.inbox
-                                    .sleep(inbox, recheck, Some(until.saturating_duration_since(now))),
-                            );
+                            continue;
                         }
+                        drop(
+                            self.inbox
+                                .sleep(inbox, recheck, Some(until.saturating_duration_since(now))),
+                        );
                     }
                 }
             }
-            self.take_inbox(engine, None);
         }
     }
 
@@ -383,10 +390,9 @@ impl Shared {
         if context::with_lent(self, |engine: &mut Engine| self.take_inbox(engine, None)).is_some() {
             return;
         }
-        // Closed, a worker closes its engine (see `hold`).
-        if let Some(mut engine) = self.hold() {
-            self.take_inbox(&mut engine, None);
-        }
+        // Taking the state takes the inbox in (or, closed, a worker closes
+        // its engine: see `hold`).
+        drop(self.hold());
     }
 
     /// Steps 9 and 10 on the worker's own thread, early, while it runs

@@ -251,8 +251,8 @@ impl Shared {
     ///    first take was accepted (a closed loop's callers, back within
     ///    microseconds) join this turn, and the turns' widths, which the
     ///    learned width is measured on, depend on it;
-    /// 4. wake the tasks what the take answered (grants, statuses, cancels)
-    ///    woke, before the turn rather than after it (a lent engine's wakes
+    /// 4. run the wakes the takes asked for (their grants, statuses,
+    ///    cancels) before the turn, not after it (a lent engine's wakes
     ///    stay kept for its lender, see [`Holding`]);
     /// 5. run the turn with the live settings it was decided with.
     ///

@@ -154,9 +154,10 @@ impl Worker {
                 inbox
             };
             if shared.inbox.life().is_closed() {
-                // Steps 9 and 10, on the worker's way out: the engine
-                // closed first, so what waits in the inbox is answered by
-                // the closed engine.
+                // Steps 9 and 10, on the worker's way out. The inbox is
+                // taken under the lock it woke with (nothing can be pushed
+                // after the close), and the engine closed before it takes
+                // those requests in: they are answered `Closed`, not served.
                 let mut inbox = inbox;
                 let (requests, taken_at) = (shared.inbox.take(&mut inbox), Instant::now());
                 drop(inbox);

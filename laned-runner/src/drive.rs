@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
+use crate::context::{Parker, PARKER};
 use crate::deadline::{Armed, Timer};
 use crate::shard::Shard;
 use crate::slot::{Cancel, Slot, Wake};
@@ -123,33 +124,6 @@ pub(crate) async fn yield_once<T>(shard: &Shard, slot: &Slot<T>) {
         Poll::Pending
     })
     .await
-}
-
-/// Wakes the thread driving a future.
-struct Parker {
-    thread: std::thread::Thread,
-    /// Set by a wake, taken by the driver before it parks: a wake that
-    /// lands between a poll and the park is not lost.
-    woken: AtomicBool,
-}
-
-impl std::task::Wake for Parker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.woken.store(true, Ordering::Release);
-        self.thread.unpark();
-    }
-}
-
-thread_local! {
-    /// This thread's parker, kept between drives so a blocking call
-    /// allocates none; taken while a drive uses it, so a drive nested in
-    /// another (a waker calling back) gets its own and never takes the
-    /// outer one's wake. Who may touch it: this thread only.
-    static PARKER: Cell<Option<Arc<Parker>>> = const { Cell::new(None) };
 }
 
 /// Drive `fut` to completion on this thread, or give up at `deadline`

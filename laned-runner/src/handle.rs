@@ -258,6 +258,7 @@ impl LanedStateHandle {
     /// never fed twice unknowingly, and a `settle` always settles one call,
     /// the last one dropped (see the README's timeout-and-retry pattern).
     pub async fn call_async(&mut self, inputs: TVec<TValue>) -> Result<TVec<TValue>, RunError> {
+        // The one call, in `call.rs`, awaited by this task.
         self.call_op(inputs, None, None, &mut Task).await
     }
 

@@ -44,6 +44,7 @@ mod cancel;
 mod capacity;
 mod common;
 mod config;
+mod context;
 mod deadline;
 mod deploy;
 mod drive;

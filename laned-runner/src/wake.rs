@@ -17,24 +17,14 @@
 //! after turn, a worker lingering for more seats) runs the wakes kept so
 //! far between turns and before it sleeps ([`run_kept`]), so no task is
 //! woken late; a waker calling back into that same shard then is served on
-//! the spot with the engine its holder lent it (`Shared::wake_kept`, `shard/holder.rs`).
+//! the spot with the engine its holder lent it (`Shared::wake_kept`,
+//! `context::lend`).
 
-use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::task::Waker;
 
-thread_local! {
-    /// The wakes kept by the open scope of this thread, if one is open.
-    /// Who may touch it: this thread only.
-    static KEPT: RefCell<Kept> = const { RefCell::new(Kept { open: 0, wakers: Vec::new() }) };
-}
-
-struct Kept {
-    /// Scopes open on this thread (nested scopes run their wakes when the
-    /// outermost closes).
-    open: usize,
-    wakers: Vec<Waker>,
-}
+// The kept wakes are this thread's (`context`'s `KEPT`).
+use crate::context::KEPT;
 
 /// Wake `waker`: at the close of this thread's open [`Deferred`] scope, or
 /// now if none is open; a panic inside it is caught and dropped.
@@ -112,7 +102,7 @@ pub(crate) fn any_kept() -> bool {
 /// Run the wakes kept so far now, the scope staying open: the thread
 /// holding the engine calls it between turns and before it sleeps, so a
 /// task is not woken late by a holder that keeps the engine (see
-/// `Shared::wake_kept`, `shard/holder.rs` for the waker that calls back).
+/// `Shared::wake_kept`, `context::lend` for the waker that calls back).
 pub(crate) fn run_kept() {
     if let Ok(wakers) = KEPT.try_with(|kept| std::mem::take(&mut kept.borrow_mut().wakers)) {
         run(wakers);

@@ -15,7 +15,7 @@ use crate::err::NewRunnerError;
 use crate::sync::{AtomicBool, Condvar, Ordering};
 use crate::wake::Deferred;
 
-use super::shared::Shared;
+use super::shared::{Pace, Shared, Stepped};
 
 /// Combining mode: the shard's shared part, and the helper's own.
 pub(super) struct Combining {
@@ -62,6 +62,10 @@ impl Combining {
     /// Leaving with seats queued, hand them to the helper.
     fn combine(&self, done: &dyn Fn() -> bool, hold_when_empty: Option<Duration>) {
         let shared = &self.shared;
+        let pace = match hold_when_empty {
+            Some(_) => Pace::Policy,
+            None => Pace::DueNow(done),
+        };
         loop {
             // Wakes asked for while holding the state run once it is let go
             // (see `wake`): the scope closes after the guard below drops.
@@ -73,45 +77,38 @@ impl Combining {
             // run by then.
             let mut passed = None;
             loop {
-                shared.take_inbox(&mut engine);
-                if !engine.has_queue() {
-                    // The callers just answered come back soon under load:
-                    // the helper waiting for them keeps their seats in one
-                    // turn, where a caller finding the state free would run
-                    // a narrow one of its own.
-                    // Not while draining: no new call can join, and the
-                    // drain waits for the state.
-                    if !engine.is_draining() && hold_when_empty.is_some() {
-                        // The turn's answers wake their tasks before the
-                        // helper waits for more.
-                        shared.wake_kept(&mut engine);
-                    }
-                    // Only threads wait for the helper's hold: a task whose
-                    // call arrives runs its turn in its own poll.
-                    let hold = hold_when_empty.filter(|_| shared.threads_wait());
-                    if !engine.is_draining() && hold.is_some_and(|hold| self.arrival_within(hold)) {
-                        continue;
-                    }
-                    break;
-                }
-                // Our own call answered, we leave at once: another turn here
-                // would keep this thread from its own stream's next call,
-                // which may be the one the others wait for. The helper
-                // serves what is queued.
                 // A caller (no `hold_when_empty`) runs only a turn that is
                 // due now: waiting out the turn policy is the helper's job,
                 // so that a caller (or a task, in its poll) never sleeps
                 // holding the state where its own cancel or deadline cannot
-                // reach it.
-                let due = match hold_when_empty {
-                    Some(_) => shared.wait_for_turn(&mut engine),
-                    None => shared.turn_is_due(&mut engine),
-                };
-                let Some(live) = due.filter(|_| !done()) else {
-                    break;
-                };
-                shared.wake_kept(&mut engine);
-                engine.turn(&live);
+                // reach it. Our own call answered, we leave at once (`done`):
+                // another turn here would keep this thread from its own
+                // stream's next call, which may be the one the others wait
+                // for. The helper serves what is queued.
+                match shared.step(&mut engine, pace, None) {
+                    Stepped::Held => break,
+                    Stepped::Idle => {
+                        // The callers just answered come back soon under
+                        // load: the helper waiting for them keeps their
+                        // seats in one turn, where a caller finding the
+                        // state free would run a narrow one of its own.
+                        // Not while draining: no new call can join, and the
+                        // drain waits for the state.
+                        if !engine.is_draining() && hold_when_empty.is_some() {
+                            // The turn's answers wake their tasks before the
+                            // helper waits for more.
+                            shared.wake_kept(&mut engine);
+                        }
+                        // Only threads wait for the helper's hold: a task
+                        // whose call arrives runs its turn in its own poll.
+                        let hold = hold_when_empty.filter(|_| shared.threads_wait());
+                        if !engine.is_draining() && hold.is_some_and(|hold| self.arrival_within(hold)) {
+                            continue;
+                        }
+                        break;
+                    }
+                    Stepped::Ran => (),
+                }
                 // Serving turn after turn: each turn's answers wake their
                 // tasks now, not when the state is let go.
                 shared.wake_kept(&mut engine);
@@ -270,15 +267,7 @@ impl Combining {
     pub(super) fn drain(&self) {
         let shared = &self.shared;
         let _wakes = Deferred::open();
-        let mut engine = shared.lock();
-        loop {
-            shared.take_inbox(&mut engine);
-            if !engine.has_queue() {
-                break;
-            }
-            shared.wake_kept(&mut engine);
-            engine.turn(&shared.live());
-        }
+        shared.serve_at_once(&mut shared.lock(), &|| false);
     }
 
     /// Step 7, the mode's part: the helper is woken to see the close.

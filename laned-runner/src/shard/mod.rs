@@ -2,13 +2,15 @@
 //! are sibling types behind this one interface, as crossbeam-channel's
 //! flavors are: [`Worker`] (a thread owns the state and runs every turn)
 //! and [`Combining`] (whichever caller finds the state free runs the turn,
-//! and a helper thread serves what callers leave queued). Each owns its
-//! start, serving, tending, draining and closing, over the part both share
-//! (`shared`: the inbox, the engine's lock, the live settings, the turn
-//! policy's wait, the wakes kept), which they depend on one way; `holder`
-//! says who holds the engine on this thread. The shard matches its flavor
-//! once per operation and delegates. A runner holds several shards (one
-//! unless asked, one per core to use them all); each is whole on its own.
+//! and a helper thread serves what callers leave queued). The turn loop's
+//! body is written once, in the part both share (`shared`: the inbox, the
+//! engine's lock, the live settings, the wakes kept, and `Shared::step`:
+//! take the inbox in, decide, wake, run the turn); each mode owns only its
+//! thread, when it sleeps and wakes, and its draining and closing, and
+//! depends on `shared` one way. Who holds the engine on this thread is the
+//! crate's `context`. The shard matches its flavor once per operation and
+//! delegates. A runner holds several shards (one unless asked, one per
+//! core to use them all); each is whole on its own.
 //!
 //! # Draining and closing
 //!
@@ -17,7 +19,6 @@
 //! then 8 to 10 ([`Shard::close`]), each mode doing 6, 8 and 9 its own way.
 
 mod combining;
-mod holder;
 mod shared;
 mod worker;
 
@@ -25,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::{Mode, Resolved};
+use crate::context;
 use crate::engine::Parts;
 use crate::err::NewRunnerError;
 use crate::protocol::Request;
@@ -91,7 +93,7 @@ impl Shard {
         // A runner thread (running a waker that called back) waiting on
         // another shard: in short slices, taking its own shard's requests
         // in between (see `Shared::serve_meanwhile`).
-        if let Some(home) = holder::home::<Shared>().filter(|home| !Arc::ptr_eq(home, &self.shared)) {
+        if let Some(home) = context::home::<Shared>().filter(|home| !Arc::ptr_eq(home, &self.shared)) {
             loop {
                 let slice = Instant::now() + Duration::from_millis(1);
                 let until = deadline.map_or(slice, |d| d.min(slice));
@@ -121,12 +123,11 @@ impl Shard {
 
     /// Hold the state a moment, if it is free, to take in what is pending
     /// (a dropped handle's release), evict idle streams and hand any queued
-    /// call on, without running anyone's turn (combining mode; the worker
-    /// does it by itself).
+    /// call on, without running anyone's turn: combining mode only, the
+    /// worker wakes for what is pushed and evicts by itself.
     pub fn tend(&self) {
-        match &self.flavor {
-            Flavor::Worker(worker) => worker.tend(),
-            Flavor::Combining(combining) => combining.tend(),
+        if let Flavor::Combining(combining) = &self.flavor {
+            combining.tend();
         }
     }
 
@@ -134,7 +135,7 @@ impl Shard {
     /// as a calling thread does while it waits (a task does it in its
     /// `poll`), in combining mode; in worker mode only the worker's own
     /// waker does. A waker calling back into the shard whose engine its
-    /// thread holds is served with it (see `holder`).
+    /// thread holds is served with it (see `context`).
     pub fn serve(&self, done: &dyn Fn() -> bool) {
         if done() || self.shared.serve_lent(done) {
             return;

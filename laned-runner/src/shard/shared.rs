@@ -1,7 +1,8 @@
 //! The part of a shard both modes share, and depend on one way: the inbox,
-//! the engine's lock, the live settings, the turn policy's wait, taking the
-//! inbox in, holding a free state, and the wakes kept while it is held. The
-//! modes (`worker`, `combining`) decide *who* runs the turns; everything
+//! the engine's lock, the live settings, holding a free state, the wakes
+//! kept while it is held, and the turn loop's body, [`Shared::step`], that
+//! every holder of the engine runs. The modes (`worker`, `combining`)
+//! decide *who* holds the engine and when it sleeps and wakes; everything
 //! here is how a turn is waited for and run, whoever runs it.
 
 use std::sync::{Arc, TryLockError};
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::Resolved;
 use crate::engine::Engine;
-use crate::inbox::Inbox;
+use crate::inbox::{Inbox, Inner};
 use crate::life::Life;
 use crate::policy::Decision;
 use crate::protocol::{Live, Request};
@@ -18,7 +19,7 @@ use crate::sync::{lock, AtomicUsize, Mutex, MutexGuard, Ordering};
 use crate::wake::Deferred;
 use arc_swap::ArcSwap;
 
-use super::holder;
+use crate::context;
 
 pub(super) struct Shared {
     /// Who may touch it: any thread pushes (handles, spawns, drops); the
@@ -28,7 +29,7 @@ pub(super) struct Shared {
     /// only the worker thread (and a waker it runs, lent the engine); in
     /// combining mode whichever caller or the helper wins `try_lock`, and
     /// the closing thread. `None` only while its holder lends it to the
-    /// wakes it runs (see [`holder`]): the lock stays held meanwhile.
+    /// wakes it runs (see [`context`]): the lock stays held meanwhile.
     engine: Mutex<Option<Box<Engine>>>,
     /// The policy and `max_seats`: written by `set_policy` (any thread),
     /// loaded once per decision by whoever runs the turn, which runs with
@@ -43,6 +44,54 @@ pub(super) struct Shared {
     /// Callers blocked in `Shard::wait` right now (any thread, relaxed: a
     /// hint for whether to spin, and for the helper whether a thread waits).
     pub(super) waiters: AtomicUsize,
+}
+
+/// The inbox's lock, held.
+pub(super) type InboxGuard<'a> = MutexGuard<'a, Inner<Request>>;
+
+/// How a [`Shared::step`] decides whether the turn runs.
+#[derive(Clone, Copy)]
+pub(super) enum Pace<'a> {
+    /// Wait as the turn policy says, asleep on the inbox meanwhile (the
+    /// worker, the helper: threads with no call of their own).
+    Policy,
+    /// Only a turn the policy says is due now, and not once `done` (a
+    /// caller serving while it waits: it never sleeps holding the state,
+    /// where its own cancel or deadline could not reach it).
+    DueNow(&'a dyn Fn() -> bool),
+    /// Whatever the policy says, while `done` is false (a waker calling
+    /// back into the shard its thread holds, a drain).
+    AtOnce(&'a dyn Fn() -> bool),
+}
+
+/// What a [`Shared::step`] did.
+pub(super) enum Stepped {
+    /// Nothing was queued once the inbox was taken in.
+    Idle,
+    /// Seats are queued, but no turn ran: not due yet, the caller done,
+    /// or the shard closed while the policy waited.
+    Held,
+    /// A turn ran.
+    Ran,
+}
+
+/// An engine held by this thread, as a step runs turns on it: through its
+/// lock ([`Held`]) or lent to a waker calling back (`&mut Engine`).
+pub(super) trait Holding: std::ops::DerefMut<Target = Engine> {
+    /// Run the wakes this thread kept, before a turn.
+    fn wake_kept(&mut self, shared: &Arc<Shared>);
+}
+
+impl Holding for Held<'_> {
+    fn wake_kept(&mut self, shared: &Arc<Shared>) {
+        shared.wake_kept(self);
+    }
+}
+
+/// A lent engine (or one a worker's own waker holds with no scope open):
+/// its wakes stay kept for its lender, which runs them.
+impl Holding for &mut Engine {
+    fn wake_kept(&mut self, _: &Arc<Shared>) {}
 }
 
 /// The engine, held: the engine's lock, taken. Derefs to the engine.
@@ -67,7 +116,7 @@ impl std::ops::DerefMut for Held<'_> {
 
 impl Held<'_> {
     /// The engine itself, taken out of the lock (which stays held) to be
-    /// lent: see [`holder::lend`].
+    /// lent: see [`context::lend`].
     pub(super) fn slot(&mut self) -> &mut Option<Box<Engine>> {
         &mut self.0
     }
@@ -128,7 +177,7 @@ impl Shared {
                 let mut request = Some(request);
                 // A waker of this shard's holder letting a stream go: the
                 // engine is this thread's already.
-                let lent = holder::with_lent(self, |engine| {
+                let lent = context::with_lent(self, |engine: &mut Engine| {
                     engine.accept_batch(request.take().into_iter().collect(), Instant::now())
                 });
                 if lent.is_none() {
@@ -154,7 +203,7 @@ impl Shared {
             // shard is closed at once (`Shard::close_all`), so two workers
             // may wait on each other's answers. The engine is the worker's
             // to close: it does so here.
-            if holder::is_worker_of(self) {
+            if context::is_worker_of(self) {
                 self.close_here();
             }
             return None;
@@ -167,25 +216,79 @@ impl Shared {
         }
         // Taking the inbox in evicts idle streams, as of the take: a stream
         // whose call waits there is not idle, however long the last turn.
-        self.take_inbox(&mut engine);
+        self.take_inbox(&mut engine, None);
         Some(engine)
     }
 
     /// Move every request of the inbox into the engine, which refuses new
     /// calls once the runner drains (step 6 of the runner's life: it reads
     /// the runner's life as it takes each in). Idle streams are evicted as
-    /// of the take (see `Engine::accept_batch`).
-    pub(super) fn take_inbox(&self, engine: &mut Engine) -> bool {
+    /// of the take (see `Engine::accept_batch`): a stream whose call waits
+    /// there is not idle, however long the last turn. With `locked`, the
+    /// inbox's lock its caller holds already (a worker woken on it).
+    pub(super) fn take_inbox(&self, engine: &mut Engine, locked: Option<InboxGuard<'_>>) {
         let (requests, taken_at) = {
-            let mut inbox = self.inbox.lock();
+            let mut inbox = locked.unwrap_or_else(|| self.inbox.lock());
             // The engine reads the draining step (5) itself as it takes
             // each request in: every request taken in after it finds the
             // engine draining.
             (self.inbox.take(&mut inbox), Instant::now())
         };
-        let any = !requests.is_empty();
         engine.accept_batch(requests, taken_at);
-        any
+    }
+
+    /// One step of whoever holds the engine, the one turn loop's body for
+    /// every holder (the worker, the helper, a combining caller, a drain, a
+    /// waker calling back into the shard its thread holds):
+    ///
+    /// 1. take the inbox in (with `locked`, the lock its caller woke with);
+    /// 2. nothing queued: [`Stepped::Idle`], the holder decides whether to
+    ///    wait for more (its own business);
+    /// 3. decide as `pace` says: wait out the turn policy, or run only a
+    ///    turn due now, or run at once; and not once `pace`'s `done` is true
+    ///    ([`Stepped::Held`]). The policy's decision takes the inbox in
+    ///    once more right before it decides: the calls pushed while the
+    ///    first take was accepted (a closed loop's callers, back within
+    ///    microseconds) join this turn, and the turns' widths, which the
+    ///    learned width is measured on, depend on it;
+    /// 4. run the wakes the takes asked for (their grants, statuses,
+    ///    cancels) before the turn, not after it (a lent engine's wakes
+    ///    stay kept for its lender, see [`Holding`]);
+    /// 5. run the turn with the live settings it was decided with.
+    ///
+    /// The turn's own answers wake when the holder says: when it lets the
+    /// engine go (its `Deferred` scope closes), or at once when it serves
+    /// turn after turn (the combining helper).
+    #[inline]
+    pub(super) fn step<E: Holding>(
+        self: &Arc<Self>,
+        engine: &mut E,
+        pace: Pace<'_>,
+        locked: Option<InboxGuard<'_>>,
+    ) -> Stepped {
+        self.take_inbox(engine, locked);
+        if !engine.has_queue() {
+            return Stepped::Idle;
+        }
+        let live = match pace {
+            Pace::Policy => self.wait_for_turn(engine),
+            Pace::DueNow(done) => self.turn_is_due(engine).filter(|_| !done()),
+            Pace::AtOnce(done) => (!done()).then(|| self.live()),
+        };
+        let Some(live) = live else {
+            return Stepped::Held;
+        };
+        engine.wake_kept(self);
+        engine.turn(&live);
+        Stepped::Ran
+    }
+
+    /// Run turns at once while `done` is false and seats are queued, the
+    /// policy's waits skipped (a waker calling back into the shard its
+    /// thread holds: waiting out a policy here would wait on this very
+    /// thread; a drain).
+    pub(super) fn serve_at_once<E: Holding>(self: &Arc<Self>, engine: &mut E, done: &dyn Fn() -> bool) {
+        while let Stepped::Ran = self.step(engine, Pace::AtOnce(done), None) {}
     }
 
     /// The live settings, loaded once for a decision and the turn it
@@ -195,24 +298,25 @@ impl Shared {
     }
 
     /// Whether the turn policy says to run a turn now (after taking the
-    /// inbox in), without waiting: the live settings it decided with, which
-    /// the turn then runs with, or `None`.
-    pub(super) fn turn_is_due(&self, engine: &mut Engine) -> Option<Live> {
-        self.take_inbox(engine);
+    /// inbox in once more), without waiting: the live settings it decided
+    /// with, which the turn then runs with, or `None`.
+    fn turn_is_due(&self, engine: &mut Engine) -> Option<Live> {
+        self.take_inbox(engine, None);
         let live = self.live();
         matches!(engine.decide(&live, Instant::now()), None | Some((Decision::RunNow, _))).then_some(live)
     }
 
     /// Wait as the turn policy says before the next turn, taking requests
-    /// in meanwhile. Returns the live settings the turn was decided with
-    /// (loaded once per decision, and the turn runs with the same: a
-    /// `set_policy` meanwhile never decides with one setting and fills with
-    /// another), or `None` when the shard closed meanwhile: the turn must
-    /// not run, its seats are answered by the close.
-    pub(super) fn wait_for_turn(self: &Arc<Self>, engine: &mut Held<'_>) -> Option<Live> {
+    /// in before each decision and meanwhile. Returns the live settings
+    /// the turn was decided with (loaded once per decision, and the turn
+    /// runs with the same: a `set_policy` meanwhile never decides with one
+    /// setting and fills with another), or `None` when the shard closed
+    /// meanwhile: the turn must not run, its seats are answered by the
+    /// close.
+    fn wait_for_turn<E: Holding>(self: &Arc<Self>, engine: &mut E) -> Option<Live> {
         let mut waited: Option<Instant> = None;
         loop {
-            self.take_inbox(engine);
+            self.take_inbox(engine, None);
             let live = self.live();
             let now = Instant::now();
             let Some((decision, recheck)) = engine.decide(&live, now) else {
@@ -245,7 +349,7 @@ impl Shared {
                         // so far run first (the inbox let go meanwhile).
                         if crate::wake::any_kept() {
                             drop(inbox);
-                            self.wake_kept(engine);
+                            engine.wake_kept(self);
                             continue;
                         }
                         drop(
@@ -261,33 +365,21 @@ impl Shared {
     /// Run the tasks' wakes this thread kept while holding the engine, now,
     /// without letting the engine's lock go (between turns, before
     /// sleeping). A waker calling back into this shard meanwhile finds the
-    /// engine lent to it (see [`holder`]).
+    /// engine lent to it (see [`context`]).
     pub(super) fn wake_kept(self: &Arc<Self>, engine: &mut Held<'_>) {
         if !crate::wake::any_kept() {
             return;
         }
-        holder::lend(self, engine.slot(), crate::wake::run_kept);
+        context::lend(self, engine.slot(), crate::wake::run_kept);
     }
 
     /// Serve with the engine this thread holds further up and lent to its
-    /// wakers, if it is this shard's: see [`Shared::serve_here`]. False
-    /// when this thread holds no engine of this shard's.
+    /// wakers, if it is this shard's (a waker calling back into the shard
+    /// its thread holds), running the turns it needs at once: see
+    /// [`Shared::serve_at_once`]. False when this thread holds no engine of
+    /// this shard's.
     pub(super) fn serve_lent(self: &Arc<Self>, done: &dyn Fn() -> bool) -> bool {
-        holder::with_lent(self, |engine| self.serve_here(engine, done)).is_some()
-    }
-
-    /// A waker calling back into a shard this thread serves: serve the
-    /// request here, with the engine lent or free, running the turns it
-    /// needs at once (waiting out a policy here would wait on this very
-    /// thread).
-    pub(super) fn serve_here(&self, engine: &mut Engine, done: &dyn Fn() -> bool) {
-        loop {
-            self.take_inbox(engine);
-            if done() || !engine.has_queue() {
-                return;
-            }
-            engine.turn(&self.live());
-        }
+        context::with_lent(self, |mut engine: &mut Engine| self.serve_at_once(&mut engine, done)).is_some()
     }
 
     /// A runner thread running tasks' wakes waits for another shard's
@@ -295,7 +387,7 @@ impl Shared {
     /// (a spawn from the other shard's waker, say), so that two runner
     /// threads waiting on each other never both wait for good.
     pub(super) fn serve_meanwhile(self: &Arc<Self>) {
-        if holder::with_lent(self, |engine| self.take_inbox(engine)).is_some() {
+        if context::with_lent(self, |engine: &mut Engine| self.take_inbox(engine, None)).is_some() {
             return;
         }
         // Taking the state takes the inbox in (or, closed, a worker closes
@@ -311,7 +403,7 @@ impl Shared {
     fn close_here(&self) {
         if let Some(mut engine) = self.try_lock() {
             engine.close();
-            self.take_inbox(&mut engine);
+            self.take_inbox(&mut engine, None);
         }
     }
 

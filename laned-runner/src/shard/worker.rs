@@ -10,8 +10,8 @@ use crate::err::NewRunnerError;
 use crate::sync::{AtomicBool, Condvar, Ordering};
 use crate::wake::Deferred;
 
-use super::holder;
-use super::shared::Shared;
+use super::shared::{Pace, Shared};
+use crate::context;
 
 /// Worker mode: the shard's shared part, and the worker's own.
 pub(super) struct Worker {
@@ -111,7 +111,7 @@ impl Worker {
     /// the state here, on a live thread.
     fn work(&self) {
         let shared = &self.shared;
-        holder::set_worker(shared);
+        context::set_worker(shared);
         let mut gauge = SpinGauge::default();
         // Pushes already taken into the engine (read under the inbox lock).
         let mut taken = 0;
@@ -133,7 +133,7 @@ impl Worker {
                 let hit = self.spin_for_push(taken);
                 gauge.record(hit);
             }
-            let (requests, closed, taken_at) = {
+            let inbox = {
                 let mut inbox = shared.inbox.lock();
                 let life = shared.inbox.life();
                 while inbox.requests.is_empty() && !life.is_closed() && !engine.has_queue() {
@@ -151,26 +151,26 @@ impl Worker {
                     inbox = shared.inbox.sleep(inbox, 1, timeout);
                 }
                 taken = shared.inbox.pushed();
-                (shared.inbox.take(&mut inbox), life.is_closed(), Instant::now())
+                inbox
             };
-            if closed {
+            if shared.inbox.life().is_closed() {
+                // Steps 9 and 10, on the worker's way out. The inbox is
+                // taken under the lock it woke with (nothing can be pushed
+                // after the close), and the engine closed before it takes
+                // those requests in: they are answered `Closed`, not served.
+                let mut inbox = inbox;
+                let (requests, taken_at) = (shared.inbox.take(&mut inbox), Instant::now());
+                drop(inbox);
                 engine.close();
-            }
-            // Evicts idle streams as of the take, before the spawns in the
-            // batch look for a lane: a stream whose call waited in the
-            // inbox through a long turn is not idle.
-            engine.accept_batch(requests, taken_at);
-            if closed {
+                engine.accept_batch(requests, taken_at);
                 return;
             }
-            if engine.has_queue() {
-                if let Some(live) = shared.wait_for_turn(&mut engine) {
-                    // What taking the inbox in answered (grants, statuses,
-                    // cancels) wakes its tasks before the turn, not after it.
-                    shared.wake_kept(&mut engine);
-                    engine.turn(&live);
-                }
-            }
+            // The round's step, with the inbox's lock it woke with: the
+            // take evicts idle streams as of that moment, before the spawns
+            // it brings look for a lane (a stream whose call waited in the
+            // inbox through a long turn is not idle); then the turn the
+            // policy waits for, what the take answered woken before it.
+            shared.step(&mut engine, Pace::Policy, Some(inbox));
         }
     }
 
@@ -196,17 +196,14 @@ impl Worker {
     /// would run the turn it waits for). Any other thread leaves it to the
     /// worker.
     pub(super) fn serve(&self, done: &dyn Fn() -> bool) {
-        if holder::is_worker_of(&*self.shared) {
+        if context::is_worker_of(&*self.shared) {
             // Closed meanwhile, `hold` closes the engine (see there).
             if let Some(mut engine) = self.shared.hold() {
-                self.shared.serve_here(&mut engine, done);
+                // No scope open, nothing kept: the wakes run as they come.
+                self.shared.serve_at_once(&mut &mut *engine, done);
             }
         }
     }
-
-    /// Nothing to tend: the worker takes in what is pending and evicts
-    /// idle streams by itself.
-    pub(super) fn tend(&self) {}
 
     /// Callers sleep on their answers; only the worker runs turns.
     pub(super) fn may_run_turns(&self) -> bool {

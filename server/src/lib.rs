@@ -22,7 +22,9 @@
 //! routes, the listeners, the drain), [`kserve`] and `v2` (the KServe v2
 //! REST front's messages and routes, Triton's sequences a laned stream
 //! each), `grpc` (the same over gRPC, with Triton's streams), [`web`]
-//! (`laned serve --web`'s microphone page).
+//! (`laned serve --web`'s microphone page), [`close`] (the close codes by
+//! name); `testing` (hidden: the fixtures this crate's and the `laned`
+//! tool's tests share).
 
 mod accept;
 pub mod audio;
@@ -36,6 +38,8 @@ mod server;
 mod session;
 pub mod settings;
 pub mod tensor;
+#[doc(hidden)]
+pub mod testing;
 mod v2;
 pub mod web;
 

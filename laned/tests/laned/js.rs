@@ -19,7 +19,8 @@ use laned_models::sound::{self, Sound};
 use laned_models::spec::{AudioFraming, Spec};
 use laned_testkit::fixtures;
 
-use super::serve::{checked_spec, noise_pulses, serve, solo, Redis};
+use laned_server::testing::Redis;
+use super::serve::{checked_spec, noise_pulses, serve, solo};
 use super::{save, text};
 
 /// This checkout's JavaScript client.

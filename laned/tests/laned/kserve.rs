@@ -10,7 +10,8 @@ use std::process::Command;
 
 use laned_testkit::fixtures;
 
-use super::serve::{checked_spec, noise_pulses, serve, solo, Redis, Serving};
+use laned_server::testing::Redis;
+use super::serve::{checked_spec, noise_pulses, serve, solo, Serving};
 use super::{free_port, save};
 
 /// A venv with `tritonclient[http,grpc]` and numpy, made once under the

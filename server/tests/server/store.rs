@@ -6,13 +6,13 @@
 //! numbered them.
 
 use crate::common::*;
-use crate::handover::Redis;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use laned_models::silero::CHUNK;
+use laned_server::testing::Redis;
 use laned_server::Settings;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
@@ -157,7 +157,7 @@ async fn donor_record(addr: SocketAddr, redis: &Redis) -> serde_json::Value {
 fn silero_a_record_refused_for_any_reason_starts_fresh() {
     let Some(plan) = plan() else { return };
     bounded(180, async {
-        let Some(redis) = Redis::start().await else { return };
+        let Some(redis) = Redis::start() else { return };
         let settings = Settings {
             lanes: 4,
             store: Some(redis.url()),
@@ -233,7 +233,7 @@ fn silero_a_record_refused_for_any_reason_starts_fresh() {
 fn silero_a_live_stream_id_cannot_be_taken() {
     let Some(plan) = plan() else { return };
     bounded(120, async {
-        let Some(redis) = Redis::start().await else { return };
+        let Some(redis) = Redis::start() else { return };
         let settings = Settings {
             lanes: 4,
             store: Some(redis.url()),

@@ -93,7 +93,10 @@ impl Stacker {
             written += 1;
         }
         // An iterator shorter than it said would leave rows unwritten.
-        ensure!(written == count, "input {slot}: {written} rows stacked, {count} announced");
+        ensure!(
+            written == count,
+            "input {slot}: {written} rows stacked, {count} announced"
+        );
         Ok(TValue::from_const(buffer.clone()))
     }
 

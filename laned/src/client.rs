@@ -297,7 +297,11 @@ async fn stream(args: &Args) -> Exit {
         };
         let (exit, why, resumable) = match ending {
             Ending::Done => break Exit::Done,
-            Ending::Closed(code, why) => (Exit::of_close(code), format!("closed {code}: {why}"), code == close::RESTART),
+            Ending::Closed(code, why) => (
+                Exit::of_close(code),
+                format!("closed {code}: {why}"),
+                code == close::RESTART,
+            ),
             Ending::Dropped(why) => (Exit::Transport, why, true),
         };
         // The window starts over at each interruption the stream got past.

@@ -87,7 +87,9 @@ impl Redis {
 
     /// Sends it `signal` (as `kill` spells it: `-STOP`, `-KILL`).
     pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status();
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status();
         assert!(status.is_ok_and(|s| s.success()), "kill {signal} redis-server");
     }
 }

@@ -638,7 +638,6 @@ fn the_python_client_says_busy_refused_and_unreachable_in_one_line() {
     );
 }
 
-
 /// Streams that have had [`GOING`] answers on one connection.
 pub type Going = std::sync::Arc<std::sync::atomic::AtomicUsize>;
 

@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use laned_server::testing::{free_port, Redis};
 use futures_util::{SinkExt, StreamExt};
 use laned_models::silero::CHUNK;
+use laned_server::testing::{free_port, Redis};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;

@@ -57,7 +57,7 @@ pub struct Server {
 }
 
 /// `vad-server`: builds the runner on `plan` (Silero) and serves it on
-/// `settings.listen` (port 0: any) at `/v1/vad`. Install the Prometheus
+/// `settings.limits.listen` (port 0: any) at `/v1/vad`. Install the Prometheus
 /// recorder before calling this: the runner binds its metrics handles when
 /// it is built.
 pub async fn start(
@@ -73,11 +73,11 @@ pub async fn start(
         runner,
         protocol: Arc::new(crate::audio::Vad),
         key_prefix: handover::KEY_PREFIX.into(),
-        max_frame_bytes: settings.max_frame_bytes,
+        max_frame_bytes: settings.limits.max_frame_bytes,
     };
     let cap = settings.connection_cap();
     listen(
-        settings.limits(),
+        settings.limits,
         cap,
         vec![endpoint],
         prometheus,

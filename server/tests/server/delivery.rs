@@ -87,7 +87,10 @@ fn silero_a_1009_reaches_a_client_still_sending() {
     bounded(120, async {
         let settings = Settings {
             lanes: 2,
-            max_frame_bytes: 16 * 1024,
+            limits: laned_server::Limits {
+                max_frame_bytes: 16 * 1024,
+                ..laned_server::Limits::default()
+            },
             ..Settings::default()
         };
         let server = server_with(&plan, settings).await;

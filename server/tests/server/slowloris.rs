@@ -167,7 +167,10 @@ fn silero_replies_untaken_close_the_stream() {
     bounded(120, async {
         let settings = Settings {
             lanes: 2,
-            idle_ms: 1000,
+            limits: laned_server::Limits {
+                idle_ms: 1000,
+                ..laned_server::Limits::default()
+            },
             ..Settings::default()
         };
         let server = server_with(&plan, settings).await;
@@ -217,9 +220,12 @@ fn silero_a_flood_of_idle_connections_locks_nobody_out() {
     bounded(120, async {
         let settings = Settings {
             lanes: 4,
-            max_connections: Some(8),
-            header_timeout_ms: 60_000,
-            probe_listen: Some("127.0.0.1:0".parse().unwrap()),
+            limits: laned_server::Limits {
+                max_connections: Some(8),
+                header_timeout_ms: 60_000,
+                probe_listen: Some("127.0.0.1:0".parse().unwrap()),
+                ..laned_server::Limits::default()
+            },
             ..Settings::default()
         };
         let server = server_with(&plan, settings).await;

@@ -79,9 +79,12 @@ fn silero_a_hung_store_stalls_no_stream() {
         let (store, _hung) = hung_store().await;
         let settings = Settings {
             lanes: 2,
-            store: Some(format!("redis://{store}/")),
-            checkpoint_every: 1,
-            store_timeout_ms: 1500,
+            limits: laned_server::Limits {
+                store: Some(format!("redis://{store}/")),
+                checkpoint_every: 1,
+                store_timeout_ms: 1500,
+                ..laned_server::Limits::default()
+            },
             ..Settings::default()
         };
         let server = server_with(&plan, settings).await;
@@ -160,8 +163,11 @@ fn silero_a_record_refused_for_any_reason_starts_fresh() {
         let Some(redis) = Redis::start() else { return };
         let settings = Settings {
             lanes: 4,
-            store: Some(redis.url()),
-            checkpoint_every: 4,
+            limits: laned_server::Limits {
+                store: Some(redis.url()),
+                checkpoint_every: 4,
+                ..laned_server::Limits::default()
+            },
             ..Settings::default()
         };
         let server = server_with(&plan, settings).await;
@@ -236,8 +242,11 @@ fn silero_a_live_stream_id_cannot_be_taken() {
         let Some(redis) = Redis::start() else { return };
         let settings = Settings {
             lanes: 4,
-            store: Some(redis.url()),
-            checkpoint_every: 2,
+            limits: laned_server::Limits {
+                store: Some(redis.url()),
+                checkpoint_every: 2,
+                ..laned_server::Limits::default()
+            },
             ..Settings::default()
         };
         let server = server_with(&plan, settings).await;

@@ -65,7 +65,7 @@
 //!     ever pushed gets exactly one answer.
 //!
 //! Each step has its test, named after it, in the runner's
-//! `tests/runner/life.rs`.
+//! `tests/runner/runner_life.rs`.
 
 use std::fmt;
 use std::sync::Arc;

@@ -55,16 +55,27 @@ impl Stacker {
         let buffer = self
             .buffers
             .get_or_try_build(&slot, &shape, &(), |shape, _| -> TractResult<Arc<Tensor>> {
+                // SAFETY: `dt` is a plain-data type (`is_copy`, checked
+                // above), so its bytes need no drop and no constructor; and
+                // no byte of the buffer is read before it is written: the
+                // loop below writes `count` rows of `row` bytes (the whole
+                // tensor, its shape being a row's with `count` on axis 0),
+                // and the buffer is handed out only after every seat is
+                // written (the check after the loop).
                 Ok(Arc::new(unsafe { Tensor::uninitialized_dt(dt, shape)? }))
             })?;
         if Arc::get_mut(buffer).is_none() {
             // The previous turn's value of this shape is still held somewhere:
             // never write under it; take a fresh buffer instead.
+            // SAFETY: as for the buffer built above: a plain-data type, and
+            // every byte written by the loop below before the buffer is
+            // handed out.
             *buffer = Arc::new(unsafe { Tensor::uninitialized_dt(dt, &shape)? });
         }
         let tensor = Arc::get_mut(buffer).expect("unique");
         let row = first.len() * dt.size_of();
         let bytes = tensor.as_bytes_mut();
+        let mut written = 0;
         for (seat, t) in rows.enumerate() {
             ensure!(
                 t.datum_type() == dt,
@@ -79,7 +90,13 @@ impl Stacker {
             );
             let src = t.as_bytes();
             bytes[seat * row..(seat + 1) * row].copy_from_slice(src);
+            written += 1;
         }
+        // An iterator shorter than it said would leave rows unwritten.
+        ensure!(
+            written == count,
+            "input {slot}: {written} rows stacked, {count} announced"
+        );
         Ok(TValue::from_const(buffer.clone()))
     }
 

@@ -19,6 +19,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
+use laned_server::close;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -67,10 +68,10 @@ pub enum Exit {
 impl Exit {
     fn of_close(code: u16) -> Exit {
         match code {
-            1000 => Exit::Done,
-            1013 => Exit::Busy,
-            1001 | 1012 => Exit::GoingAway,
-            1003 | 1008 | 1009 => Exit::Refused,
+            close::NORMAL => Exit::Done,
+            close::TRY_AGAIN_LATER => Exit::Busy,
+            close::GOING_AWAY | close::RESTART => Exit::GoingAway,
+            close::UNSUPPORTED | close::IDLE | close::TOO_BIG => Exit::Refused,
             _ => Exit::ServerError,
         }
     }
@@ -296,7 +297,11 @@ async fn stream(args: &Args) -> Exit {
         };
         let (exit, why, resumable) = match ending {
             Ending::Done => break Exit::Done,
-            Ending::Closed(code, why) => (Exit::of_close(code), format!("closed {code}: {why}"), code == 1012),
+            Ending::Closed(code, why) => (
+                Exit::of_close(code),
+                format!("closed {code}: {why}"),
+                code == close::RESTART,
+            ),
             Ending::Dropped(why) => (Exit::Transport, why, true),
         };
         // The window starts over at each interruption the stream got past.

@@ -10,7 +10,7 @@ use laned_models::silero::{Context, CHUNK, CONTEXT};
 use serde_json::{Map, Value};
 use tract_core::internal::*;
 
-use crate::protocol::{Conversation, Protocol};
+use crate::protocol::{query_value, Conversation, Protocol};
 
 /// Speech starts at a probability at or above this.
 pub const START_THRESHOLD: f32 = 0.5;
@@ -58,23 +58,6 @@ impl Format {
             ),
         }
     }
-}
-
-/// The value of `key` in a query string, refused when given twice, so that
-/// every bad query is a 1003 close after the upgrade rather than a bare
-/// HTTP 400.
-pub(crate) fn query_value<'q>(query: Option<&'q str>, key: &str) -> Result<Option<&'q str>, String> {
-    let mut values = query
-        .unwrap_or("")
-        .split('&')
-        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
-        .filter(|(k, _)| *k == key)
-        .map(|(_, value)| value);
-    let first = values.next();
-    if values.next().is_some() {
-        return Err(format!("{key} given more than once: give it once"));
-    }
-    Ok(first)
 }
 
 /// The sample format a query string asks for (`format=`).

@@ -22,10 +22,13 @@
 //! routes, the listeners, the drain), [`kserve`] and `v2` (the KServe v2
 //! REST front's messages and routes, Triton's sequences a laned stream
 //! each), `grpc` (the same over gRPC, with Triton's streams), [`web`]
-//! (`laned serve --web`'s microphone page).
+//! (`laned serve --web`'s microphone page), [`close`] (the close codes by
+//! name); `testing` (hidden: the fixtures this crate's and the `laned`
+//! tool's tests share).
 
 mod accept;
 pub mod audio;
+pub mod close;
 pub mod grpc;
 pub mod handover;
 pub mod kserve;
@@ -35,6 +38,8 @@ mod server;
 mod session;
 pub mod settings;
 pub mod tensor;
+#[doc(hidden)]
+pub mod testing;
 mod v2;
 pub mod web;
 
@@ -43,30 +48,6 @@ pub use audio::{Event, Format, Hysteresis, END_THRESHOLD, MIN_SILENCE_MS, START_
 pub use server::{check_name, install_prometheus, start, start_models, start_models_with, Extras, Served, Server};
 pub use session::{CONTROL_BURST, CONTROL_PER_SEC};
 pub use settings::{load_plan, model_file, parse_policy, Limits, Settings};
-
-/// Close codes the server uses (RFC 6455).
-pub mod close {
-    /// The server is going away (SIGTERM, past the drain deadline).
-    pub const GOING_AWAY: u16 = 1001;
-    /// The server restarts: the stream's state is handed over, reconnect
-    /// with the same stream id (to any replica) and resend from the chunk
-    /// the reason names.
-    pub const RESTART: u16 = 1012;
-    /// A text frame, a frame that is not whole samples (or not one
-    /// pulse), an unknown format.
-    pub const UNSUPPORTED: u16 = 1003;
-    /// A frame over the maximum size.
-    pub const TOO_BIG: u16 = 1009;
-    /// No lane freed up within the admission wait: try again later.
-    pub const TRY_AGAIN_LATER: u16 = 1013;
-    /// The runner failed the stream.
-    pub const INTERNAL: u16 = 1011;
-    /// The client sent no audio (pings, pongs and empty frames do not
-    /// count), or took no reply, for `idle_ms` (silent, stalled or gone
-    /// without a word): its lane goes to others. Also a bad or live stream
-    /// id, and a flood of frames without audio.
-    pub const IDLE: u16 = 1008;
-}
 
 /// Bytes of frames read ahead while a call is in flight: the reading
 /// waits once this much is held (so at most this plus one frame).

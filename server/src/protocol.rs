@@ -63,3 +63,20 @@ pub trait Conversation: Send + Sync {
     /// range.
     fn restore(&mut self, saved: &serde_json::Map<String, serde_json::Value>, at: u64) -> Result<(), String>;
 }
+
+/// The value of `key` in a query string, refused when given twice, so that
+/// every bad query is a 1003 close after the upgrade rather than a bare
+/// HTTP 400.
+pub(crate) fn query_value<'q>(query: Option<&'q str>, key: &str) -> Result<Option<&'q str>, String> {
+    let mut values = query
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+        .filter(|(k, _)| *k == key)
+        .map(|(_, value)| value);
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(format!("{key} given more than once: give it once"));
+    }
+    Ok(first)
+}

@@ -1,7 +1,9 @@
-//! A running server: its routes, its listeners and its drain. One server
-//! serves one model (`vad-server`: [`start`]) or several (`laned serve`:
-//! [`start_models`]), each model its own runner and protocol, all of them
-//! sharing the limits, the connection cap, the probes and the store.
+//! A running server: its routes, its listeners and its drain. Every
+//! server starts one way (`serve`): `vad-server` ([`start`]) is a preset
+//! of it, Silero VAD as the one model at `/v1/vad`, and `laned serve`
+//! ([`start_models`]) serves several, each model its own runner and
+//! protocol, all of them sharing the limits, the connection cap, the
+//! probes and the store.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -56,8 +58,9 @@ pub struct Server {
     who: &'static str,
 }
 
-/// `vad-server`: builds the runner on `plan` (Silero) and serves it on
-/// `settings.listen` (port 0: any) at `/v1/vad`. Install the Prometheus
+/// `vad-server`, a preset of the one start: builds the runner on `plan`
+/// (Silero) and serves it, with the VAD protocol, on
+/// `settings.limits.listen` (port 0: any) at `/v1/vad`. Install the Prometheus
 /// recorder before calling this: the runner binds its metrics handles when
 /// it is built.
 pub async fn start(
@@ -67,19 +70,16 @@ pub async fn start(
 ) -> Result<Server, String> {
     settings.validate()?;
     let runner = LanedRunner::new(plan, settings.runner_config()?).map_err(|e| e.to_string())?;
-    let endpoint = Endpoint {
+    let cap = settings.connection_cap();
+    let vad = Served {
         name: "vad".into(),
-        who: "vad-server".into(),
         runner,
         protocol: Arc::new(crate::audio::Vad),
-        key_prefix: handover::KEY_PREFIX.into(),
-        max_frame_bytes: settings.max_frame_bytes,
     };
-    let cap = settings.connection_cap();
-    listen(
-        settings.limits(),
-        cap,
-        vec![endpoint],
+    serve(
+        vec![vad],
+        settings.limits,
+        Some(cap),
         prometheus,
         Paths::Vad,
         Extras::default(),
@@ -111,6 +111,22 @@ pub async fn start_models_with(
     prometheus: Option<PrometheusHandle>,
     extras: Extras,
 ) -> Result<Server, String> {
+    serve(models, limits, None, prometheus, Paths::Models, extras).await
+}
+
+/// The one way a server starts, `vad-server`'s preset ([`start`]) and
+/// `laned serve`'s ([`start_models_with`]) alike: every model of `models`
+/// checked and made an endpoint, served at `paths`' routes on
+/// `limits.listen`, `cap` connections at once (`None`: every model's
+/// lanes plus [`crate::CONNECTION_MARGIN`]).
+async fn serve(
+    models: Vec<Served>,
+    limits: Limits,
+    cap: Option<usize>,
+    prometheus: Option<PrometheusHandle>,
+    paths: Paths,
+    extras: Extras,
+) -> Result<Server, String> {
     limits.validate()?;
     if models.is_empty() {
         return Err("no model to serve: name at least one".into());
@@ -136,7 +152,7 @@ pub async fn start_models_with(
             Some(pulse) => pulse,
             None => limits.max_frame_bytes,
         };
-        if limits.store.is_some() && !m.runner.state_travels() {
+        if paths == Paths::Models && limits.store.is_some() && !m.runner.state_travels() {
             let stays: Vec<String> = m
                 .runner
                 .implicit_state()
@@ -152,15 +168,15 @@ pub async fn start_models_with(
         }
         endpoints.push(Endpoint {
             max_frame_bytes,
-            key_prefix: handover::key_prefix(&m.name),
-            who: format!("laned serve: model {}", m.name),
+            key_prefix: paths.key_prefix(&m.name),
+            who: paths.who_of(&m.name),
             name: m.name,
             runner: m.runner,
             protocol: m.protocol,
         });
     }
-    let cap = limits.connection_cap(endpoints.iter().map(|e| e.runner.total_lanes()).sum());
-    listen(limits, cap, endpoints, prometheus, Paths::Models, extras).await
+    let cap = cap.unwrap_or_else(|| limits.connection_cap(endpoints.iter().map(|e| e.runner.total_lanes()).sum()));
+    listen(limits, cap, endpoints, prometheus, paths, extras).await
 }
 
 /// A model's name, checked: 1 to 64 ASCII letters, digits, `-`, `_`, `.`.
@@ -179,10 +195,11 @@ pub fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
-/// Where a server's streams are.
+/// Where a server's streams are: the preset's part of a server's start.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Paths {
-    /// `vad-server`'s one model at `/v1/vad`.
+    /// `vad-server`'s one model at `/v1/vad` (and no other route but the
+    /// probes), its records under [`handover::KEY_PREFIX`].
     Vad,
     /// Each model at `/v1/models/{name}/stream`, listed at `/v1/models`.
     Models,
@@ -194,6 +211,23 @@ impl Paths {
         match self {
             Paths::Vad => "vad-server",
             Paths::Models => "laned serve",
+        }
+    }
+
+    /// Who a model's log lines say they come from.
+    fn who_of(self, name: &str) -> String {
+        match self {
+            Paths::Vad => "vad-server".into(),
+            Paths::Models => format!("laned serve: model {name}"),
+        }
+    }
+
+    /// The prefix of the keys of model `name`'s records in the store
+    /// (`vad-server`'s its own, as it always was).
+    fn key_prefix(self, name: &str) -> String {
+        match self {
+            Paths::Vad => handover::KEY_PREFIX.into(),
+            Paths::Models => handover::key_prefix(name),
         }
     }
 }

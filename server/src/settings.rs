@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use laned_models::silero;
 use laned_runner::{Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
+use serde::de::value::{MapAccessDeserializer, StringDeserializer};
+use serde::de::{DeserializeSeed, Deserializer, Error as _, IntoDeserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use tract_core::internal::*;
 
@@ -16,11 +18,13 @@ use crate::CONNECTION_MARGIN;
 
 /// The server's settings, from a TOML file, the environment and flags
 /// (flags and environment over the file, the file over the defaults).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// The file is one flat table: [`Limits`]' keys (but `grpc_listen`, which
+/// is `laned serve`'s alone) beside the model's and the runner's.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
-    /// Where to listen.
-    pub listen: SocketAddr,
+    /// Where to listen, the limits a client meets, the drain and the
+    /// hand-over store: what every served model's sessions share.
+    pub limits: Limits,
     /// The Silero ONNX file; `None`: fetched (`laned_models::silero::fetch`).
     pub model: Option<PathBuf>,
     /// Lanes per shard.
@@ -31,42 +35,6 @@ pub struct Settings {
     pub mode: Mode,
     /// `immediate`, `linger:<us>`, `budget:<us>` or `tick:<us>`.
     pub policy: String,
-    /// How long live streams may go on after SIGTERM, in milliseconds.
-    pub drain_deadline_ms: u64,
-    /// How long a new connection waits for a lane, in milliseconds.
-    pub admission_wait_ms: u64,
-    /// The largest binary frame accepted, in bytes.
-    pub max_frame_bytes: usize,
-    /// How long a connection may send no audio (pings, pongs, empty
-    /// frames do not count), or leave a reply untaken, before it is closed (1008) and its lane freed, in
-    /// milliseconds: a client silent, stalled mid-frame, not reading, or
-    /// gone without a FIN holds a lane no longer.
-    pub idle_ms: u64,
-    /// Connections served at once (those reading their request and the
-    /// live sessions); `None`: [`Settings::connection_cap`]'s default, the
-    /// lanes plus a margin. Past it only probes are answered.
-    pub max_connections: Option<usize>,
-    /// How long a new connection may take to send its request head, in
-    /// milliseconds: idle TCP and slowloris requests are closed then.
-    pub header_timeout_ms: u64,
-    /// A second address answering only the probes (`/live`, `/ready`,
-    /// `/metrics`), with places of its own ([`crate::PROBE_PLACES`]): what an
-    /// orchestrator's probes should ask, so that no flood of the main
-    /// address can fail them. `None`: none (the main address's reserve
-    /// answers them).
-    pub probe_listen: Option<SocketAddr>,
-    /// The hand-over store, a Redis URL (`redis://127.0.0.1:6379/`);
-    /// `None`: no hand-over (a drained stream is closed 1001, a stream
-    /// always starts fresh). See [`crate::handover`].
-    pub store: Option<String>,
-    /// How long a stream's record lives in the store, in seconds.
-    pub handover_ttl_s: u64,
-    /// A checkpoint of each stream (with an id) every this many chunks, so
-    /// that a replica killed outright loses at most that many; 0: none.
-    pub checkpoint_every: u64,
-    /// How long one store operation may take (connecting included), in
-    /// milliseconds: past it, it is given up (a log line, a counter).
-    pub store_timeout_ms: u64,
     /// Where a fetched model is cached; `None`: `LANED_CACHE_DIR`, else the
     /// user's cache directory (laned-models' rule), read at run time.
     pub cache_dir: Option<PathBuf>,
@@ -79,23 +47,12 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Settings {
         Settings {
-            listen: "127.0.0.1:8080".parse().unwrap(),
+            limits: Limits::default(),
             model: None,
             lanes: 32,
             shards: 1,
             mode: Mode::Combining,
             policy: "immediate".into(),
-            drain_deadline_ms: 10_000,
-            admission_wait_ms: 1_000,
-            max_frame_bytes: 1 << 20,
-            idle_ms: 30_000,
-            max_connections: None,
-            header_timeout_ms: 5_000,
-            probe_listen: None,
-            store: None,
-            handover_ttl_s: 600,
-            checkpoint_every: 0,
-            store_timeout_ms: 500,
             cache_dir: None,
             model_sha256: None,
         }
@@ -119,7 +76,7 @@ impl Settings {
         if self.shards == 0 {
             return Err("shards is 0: there would be no state to serve on (at least 1)".into());
         }
-        self.limits().validate()?;
+        self.limits.validate()?;
         if let Some(sha) = self
             .model_sha256
             .as_deref()
@@ -130,30 +87,11 @@ impl Settings {
         self.turn_policy().map(|_| ())
     }
 
-    /// The limits every session of the server shares.
-    pub fn limits(&self) -> Limits {
-        Limits {
-            listen: self.listen,
-            drain_deadline_ms: self.drain_deadline_ms,
-            admission_wait_ms: self.admission_wait_ms,
-            max_frame_bytes: self.max_frame_bytes,
-            idle_ms: self.idle_ms,
-            max_connections: self.max_connections,
-            header_timeout_ms: self.header_timeout_ms,
-            probe_listen: self.probe_listen,
-            store: self.store.clone(),
-            handover_ttl_s: self.handover_ttl_s,
-            checkpoint_every: self.checkpoint_every,
-            store_timeout_ms: self.store_timeout_ms,
-            grpc_listen: None,
-        }
-    }
-
     /// Connections served at once: `max_connections`, else every lane
     /// (lanes × shards) plus [`CONNECTION_MARGIN`] (clients waiting for a
     /// lane, probes, scrapes).
     pub fn connection_cap(&self) -> usize {
-        self.limits().connection_cap(self.lanes.saturating_mul(self.shards))
+        self.limits.connection_cap(self.lanes.saturating_mul(self.shards))
     }
 
     /// The turn policy `policy` names.
@@ -191,21 +129,21 @@ impl std::fmt::Display for Settings {
              drain deadline {} ms\nadmission wait {} ms\nmax frame {} bytes\nidle {} ms\n\
              connections {} at most\nheader timeout {} ms\nstore {}\ncheckpoint every {} chunks\n\
              handover ttl {} s\nstore timeout {} ms",
-            self.listen,
+            self.limits.listen,
             self.lanes,
             self.shards,
             self.mode,
             self.policy,
-            self.drain_deadline_ms,
-            self.admission_wait_ms,
-            self.max_frame_bytes,
-            self.idle_ms,
+            self.limits.drain_deadline_ms,
+            self.limits.admission_wait_ms,
+            self.limits.max_frame_bytes,
+            self.limits.idle_ms,
             self.connection_cap(),
-            self.header_timeout_ms,
-            self.store.as_deref().unwrap_or("none (no hand-over)"),
-            self.checkpoint_every,
-            self.handover_ttl_s,
-            self.store_timeout_ms
+            self.limits.header_timeout_ms,
+            self.limits.store.as_deref().unwrap_or("none (no hand-over)"),
+            self.limits.checkpoint_every,
+            self.limits.handover_ttl_s,
+            self.limits.store_timeout_ms
         )
     }
 }
@@ -249,25 +187,49 @@ pub fn load_plan(model: Option<&Path>) -> Result<Arc<dyn Runnable>, String> {
 }
 
 /// What every served model's sessions share: where to listen, the limits
-/// a client meets, the drain and the hand-over store. Field by field as
-/// [`Settings`]' fields of the same names, with the same defaults;
-/// `max_connections`' default is every model's lanes plus
-/// [`CONNECTION_MARGIN`].
+/// a client meets, the drain and the hand-over store. `vad-server`'s
+/// [`Settings`] hold one; `laned serve` reads it from its config's
+/// `[server]` table.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-#[allow(missing_docs)]
 pub struct Limits {
+    /// Where to listen.
     pub listen: SocketAddr,
+    /// How long live streams may go on after SIGTERM, in milliseconds.
     pub drain_deadline_ms: u64,
+    /// How long a new connection waits for a lane, in milliseconds.
     pub admission_wait_ms: u64,
+    /// The largest binary frame accepted, in bytes.
     pub max_frame_bytes: usize,
+    /// How long a connection may send no audio (pings, pongs, empty
+    /// frames do not count), or leave a reply untaken, before it is closed (1008) and its lane freed, in
+    /// milliseconds: a client silent, stalled mid-frame, not reading, or
+    /// gone without a FIN holds a lane no longer.
     pub idle_ms: u64,
+    /// Connections served at once (those reading their request and the
+    /// live sessions); `None`: [`Limits::connection_cap`]'s default, the
+    /// lanes plus a margin. Past it only probes are answered.
     pub max_connections: Option<usize>,
+    /// How long a new connection may take to send its request head, in
+    /// milliseconds: idle TCP and slowloris requests are closed then.
     pub header_timeout_ms: u64,
+    /// A second address answering only the probes (`/live`, `/ready`,
+    /// `/metrics`), with places of its own ([`crate::PROBE_PLACES`]): what an
+    /// orchestrator's probes should ask, so that no flood of the main
+    /// address can fail them. `None`: none (the main address's reserve
+    /// answers them).
     pub probe_listen: Option<SocketAddr>,
+    /// The hand-over store, a Redis URL (`redis://127.0.0.1:6379/`);
+    /// `None`: no hand-over (a drained stream is closed 1001, a stream
+    /// always starts fresh). See [`crate::handover`].
     pub store: Option<String>,
+    /// How long a stream's record lives in the store, in seconds.
     pub handover_ttl_s: u64,
+    /// A checkpoint of each stream (with an id) every this many chunks, so
+    /// that a replica killed outright loses at most that many; 0: none.
     pub checkpoint_every: u64,
+    /// How long one store operation may take (connecting included), in
+    /// milliseconds: past it, it is given up (a log line, a counter).
     pub store_timeout_ms: u64,
     /// The KServe v2 gRPC front's address (`laned serve` only); none by
     /// default.
@@ -276,7 +238,138 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Limits {
-        Settings::default().limits()
+        Limits {
+            listen: "127.0.0.1:8080".parse().unwrap(),
+            drain_deadline_ms: 10_000,
+            admission_wait_ms: 1_000,
+            max_frame_bytes: 1 << 20,
+            idle_ms: 30_000,
+            max_connections: None,
+            header_timeout_ms: 5_000,
+            probe_listen: None,
+            store: None,
+            handover_ttl_s: 600,
+            checkpoint_every: 0,
+            store_timeout_ms: 500,
+            grpc_listen: None,
+        }
+    }
+}
+
+/// The keys of `vad-server`'s file, in the order its errors list them:
+/// [`Limits`]' but `grpc_listen`, and the model's and the runner's.
+const SETTINGS_KEYS: &[&str] = &[
+    "listen",
+    "model",
+    "lanes",
+    "shards",
+    "mode",
+    "policy",
+    "drain_deadline_ms",
+    "admission_wait_ms",
+    "max_frame_bytes",
+    "idle_ms",
+    "max_connections",
+    "header_timeout_ms",
+    "probe_listen",
+    "store",
+    "handover_ttl_s",
+    "checkpoint_every",
+    "store_timeout_ms",
+    "cache_dir",
+    "model_sha256",
+];
+
+/// `vad-server`'s file is flat: its own keys are read into [`Settings`],
+/// the rest handed to [`Limits`]' own reading (so its defaults and checks
+/// are the limits' own), and a key of neither refused.
+impl<'de> Deserialize<'de> for Settings {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Settings, D::Error> {
+        d.deserialize_struct("Settings", SETTINGS_KEYS, SettingsVisitor)
+    }
+}
+
+struct SettingsVisitor;
+
+impl<'de> Visitor<'de> for SettingsVisitor {
+    type Value = Settings;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("struct Settings")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Settings, A::Error> {
+        let mut own = Settings::default();
+        let limits = Limits::deserialize(MapAccessDeserializer::new(OwnKeys { map, own: &mut own }))?;
+        Ok(Settings { limits, ..own })
+    }
+}
+
+/// The file's map as [`Limits`] reads it: the keys that are [`Settings`]'
+/// own are read into `own` on the way and never reach the limits.
+struct OwnKeys<'a, A> {
+    map: A,
+    own: &'a mut Settings,
+}
+
+/// A key of the file: one of [`Settings`]' own (the seed handed back
+/// unused), or one for [`Limits`] (read by the seed).
+enum Key<K, V> {
+    Own(&'static str, K),
+    Limits(V),
+}
+
+/// Reads a key where the file's deserializer reads it (so that an error
+/// names its place), refusing one that is not the file's.
+struct KeySeed<K>(K);
+
+impl<'de, K: DeserializeSeed<'de>> DeserializeSeed<'de> for KeySeed<K> {
+    type Value = Key<K, K::Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        let key = String::deserialize(d)?;
+        let Some(known) = SETTINGS_KEYS.iter().find(|k| **k == key) else {
+            return Err(D::Error::unknown_field(&key, SETTINGS_KEYS));
+        };
+        match *known {
+            own @ ("model" | "lanes" | "shards" | "mode" | "policy" | "cache_dir" | "model_sha256") => {
+                Ok(Key::Own(own, self.0))
+            }
+            _ => {
+                let key: StringDeserializer<D::Error> = key.into_deserializer();
+                self.0.deserialize(key).map(Key::Limits)
+            }
+        }
+    }
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for OwnKeys<'_, A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, mut seed: K) -> Result<Option<K::Value>, A::Error> {
+        loop {
+            match self.map.next_key_seed(KeySeed(seed))? {
+                None => return Ok(None),
+                Some(Key::Limits(key)) => return Ok(Some(key)),
+                Some(Key::Own(name, unused)) => {
+                    seed = unused;
+                    let own = &mut *self.own;
+                    match name {
+                        "model" => own.model = self.map.next_value()?,
+                        "lanes" => own.lanes = self.map.next_value()?,
+                        "shards" => own.shards = self.map.next_value()?,
+                        "mode" => own.mode = self.map.next_value()?,
+                        "policy" => own.policy = self.map.next_value()?,
+                        "cache_dir" => own.cache_dir = self.map.next_value()?,
+                        _ => own.model_sha256 = self.map.next_value()?,
+                    }
+                }
+            }
+        }
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.map.next_value_seed(seed)
     }
 }
 
@@ -342,7 +435,70 @@ mod tests {
         s.runner_config().unwrap();
         assert!(toml::from_str::<Settings>("lanez = 8").is_err());
         let probes: Settings = toml::from_str("probe_listen = \"0.0.0.0:9001\"\n").unwrap();
-        assert_eq!(probes.probe_listen, Some("0.0.0.0:9001".parse().unwrap()));
+        assert_eq!(probes.limits.probe_listen, Some("0.0.0.0:9001".parse().unwrap()));
+    }
+
+    /// vad-server's file is one flat table: every key lands where it
+    /// belongs (the limits' in `limits`, the rest beside them), a key of
+    /// neither (`grpc_listen` included, `laned serve`'s alone) is refused
+    /// naming it and the keys the file takes, at its place in the file,
+    /// and a value of the wrong type is refused naming its key.
+    #[test]
+    fn the_flat_file_fills_the_limits_and_refuses_other_keys() {
+        let text = "listen = \"127.0.0.1:9000\"\nmodel = \"/m.onnx\"\nlanes = 3\nshards = 2\n\
+                    mode = \"worker\"\npolicy = \"tick:500\"\ndrain_deadline_ms = 11\n\
+                    admission_wait_ms = 12\nmax_frame_bytes = 13\nidle_ms = 14\n\
+                    max_connections = 15\nheader_timeout_ms = 16\nprobe_listen = \"127.0.0.1:9001\"\n\
+                    store = \"redis://127.0.0.1:1/\"\nhandover_ttl_s = 17\ncheckpoint_every = 18\n\
+                    store_timeout_ms = 19\ncache_dir = \"/c\"\nmodel_sha256 = \"ab\"\n";
+        let s: Settings = toml::from_str(text).unwrap();
+        let want = Settings {
+            limits: Limits {
+                listen: "127.0.0.1:9000".parse().unwrap(),
+                drain_deadline_ms: 11,
+                admission_wait_ms: 12,
+                max_frame_bytes: 13,
+                idle_ms: 14,
+                max_connections: Some(15),
+                header_timeout_ms: 16,
+                probe_listen: Some("127.0.0.1:9001".parse().unwrap()),
+                store: Some("redis://127.0.0.1:1/".into()),
+                handover_ttl_s: 17,
+                checkpoint_every: 18,
+                store_timeout_ms: 19,
+                grpc_listen: None,
+            },
+            model: Some("/m.onnx".into()),
+            lanes: 3,
+            shards: 2,
+            mode: Mode::Worker,
+            policy: "tick:500".into(),
+            cache_dir: Some("/c".into()),
+            model_sha256: Some("ab".into()),
+        };
+        assert_eq!(s, want);
+        assert_eq!(toml::from_str::<Settings>("").unwrap(), Settings::default());
+        for key in ["grpc_listen = \"127.0.0.1:9002\"", "lanez = 8"] {
+            let e = toml::from_str::<Settings>(&format!("lanes = 2\n{key}\n"))
+                .unwrap_err()
+                .to_string();
+            let name = key.split(' ').next().unwrap();
+            assert!(e.contains(&format!("unknown field `{name}`")), "{e}");
+            assert!(e.contains("line 2"), "{e}");
+            assert!(
+                e.contains("expected one of `listen`, `model`, `lanes`") && e.contains("`model_sha256`"),
+                "{e}"
+            );
+            assert!(!e.split("expected").nth(1).unwrap().contains("grpc_listen"), "{e}");
+        }
+        let e = toml::from_str::<Settings>("idle_ms = \"soon\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("idle_ms") && e.contains("line 1"), "{e}");
+        let e = toml::from_str::<Settings>("lanes = \"many\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lanes") && e.contains("line 1"), "{e}");
     }
 
     /// The limits' defaults are vad-server's, and a bad one is refused
@@ -351,7 +507,7 @@ mod tests {
     fn limits_default_as_settings_do_and_are_checked() {
         let limits: Limits = toml::from_str("idle_ms = 500\n").unwrap();
         assert_eq!(limits.idle_ms, 500);
-        assert_eq!(limits.max_frame_bytes, Settings::default().max_frame_bytes);
+        assert_eq!(limits.max_frame_bytes, Settings::default().limits.max_frame_bytes);
         assert_eq!(limits.connection_cap(10), 10 + CONNECTION_MARGIN);
         let bad = Limits {
             idle_ms: 0,

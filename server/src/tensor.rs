@@ -34,8 +34,7 @@ use laned_models::spec::Interface;
 use serde_json::{json, Map, Value};
 use tract_core::internal::*;
 
-use crate::audio::query_value;
-use crate::protocol::{Conversation, Protocol};
+use crate::protocol::{query_value, Conversation, Protocol};
 
 /// The version of the protocol the hello announces.
 pub const PROTOCOL_VERSION: u32 = 1;

@@ -16,8 +16,9 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 
-use super::serve::{all_going, client_with_id, noise_pulses, solo, Going, Redis};
+use super::serve::{all_going, client_with_id, noise_pulses, solo, Going};
 use super::{free_port, text};
+use laned_server::testing::Redis;
 
 /// Silero's built-in spec, as the image's own `/etc/laned/vad.toml` says it.
 const SPEC: &str = "[model]\nbuiltin = \"silero\"\n";

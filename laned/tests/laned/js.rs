@@ -19,8 +19,9 @@ use laned_models::sound::{self, Sound};
 use laned_models::spec::{AudioFraming, Spec};
 use laned_testkit::fixtures;
 
-use super::serve::{checked_spec, noise_pulses, serve, solo, Redis};
+use super::serve::{checked_spec, noise_pulses, serve, solo};
 use super::{save, text};
+use laned_server::testing::Redis;
 
 /// This checkout's JavaScript client.
 fn client_dir() -> PathBuf {

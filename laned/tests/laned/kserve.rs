@@ -10,8 +10,9 @@ use std::process::Command;
 
 use laned_testkit::fixtures;
 
-use super::serve::{checked_spec, noise_pulses, serve, solo, Redis, Serving};
+use super::serve::{checked_spec, noise_pulses, serve, solo, Serving};
 use super::{free_port, save};
+use laned_server::testing::Redis;
 
 /// A venv with `tritonclient[http,grpc]` and numpy, made once under the
 /// target's scratch folder; its python, or `None` after saying `SKIPPED`

@@ -13,21 +13,13 @@ mod mux;
 mod serve;
 
 use laned_models::fetch::or_skip;
+use laned_server::testing::free_port;
 use laned_testkit::fixtures::{self, Layout, TdnnConfig};
 use tract_core::internal::*;
 use tract_pulse::internal::tract_nnef;
 
 fn laned(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_laned")).args(args).output().unwrap()
-}
-
-/// A port nobody listens on now (the tests' servers and probes bind it).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn text(out: &Output) -> String {

@@ -11,7 +11,8 @@ use laned_testkit::fixtures::{self, Layout, TdnnConfig};
 use tokio_tungstenite::tungstenite::Message;
 
 use super::save;
-use super::serve::{checked_spec, noise_pulses, serve, solo, Redis};
+use super::serve::{checked_spec, noise_pulses, serve, solo};
+use laned_server::testing::Redis;
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 

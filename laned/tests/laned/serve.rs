@@ -13,6 +13,7 @@ use futures_util::{SinkExt, StreamExt};
 use laned_models::fetch::or_skip;
 use laned_models::spec::{Interface, Spec};
 use laned_runner::{PortRef, StateSpec};
+use laned_server::testing::Redis;
 use laned_testkit::fixtures::{self, Layout, TdnnConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tract_core::internal::*;
@@ -635,70 +636,6 @@ fn the_python_client_says_busy_refused_and_unreachable_in_one_line() {
         "an address that never answered was retried: {:?}",
         started.elapsed()
     );
-}
-
-/// `redis-server` on a free port (no persistence), killed when dropped;
-/// `None` after `SKIPPED` where it is not installed.
-pub struct Redis {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Redis {
-    pub fn start() -> Option<Redis> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = tempfile::tempdir().unwrap();
-        let child = Command::new("redis-server")
-            .args([
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .spawn();
-        let Ok(child) = child else {
-            eprintln!("SKIPPED: redis-server is not installed (Debian's `redis-server`; .ci/run installs it)");
-            return None;
-        };
-        let redis = Redis { child, port, _dir: dir };
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            use std::io::{Read, Write};
-            let pong = std::net::TcpStream::connect(("127.0.0.1", port)).and_then(|mut s| {
-                s.write_all(b"PING\r\n")?;
-                let mut b = [0u8; 5];
-                s.read_exact(&mut b).map(|_| b)
-            });
-            if pong.is_ok_and(|b| &b == b"+PONG") {
-                return Some(redis);
-            }
-            assert!(std::time::Instant::now() < until, "redis-server never answered");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Streams that have had [`GOING`] answers on one connection.

@@ -20,6 +20,7 @@ use std::time::Duration;
 use clap::Parser;
 use futures_util::{SinkExt, StreamExt};
 use laned_models::silero::CHUNK;
+use laned_server::close;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -170,10 +171,10 @@ impl Exit {
     /// The class of a close frame's code (`None`: no code, a normal close).
     fn of_close(code: Option<u16>) -> Exit {
         match code {
-            None | Some(1000) => Exit::Done,
-            Some(1013) => Exit::Busy,
-            Some(1001 | 1012) => Exit::GoingAway,
-            Some(1003 | 1008 | 1009) => Exit::Refused,
+            None | Some(close::NORMAL) => Exit::Done,
+            Some(close::TRY_AGAIN_LATER) => Exit::Busy,
+            Some(close::GOING_AWAY | close::RESTART) => Exit::GoingAway,
+            Some(close::UNSUPPORTED | close::IDLE | close::TOO_BIG) => Exit::Refused,
             Some(_) => Exit::ServerError,
         }
     }
@@ -419,7 +420,7 @@ async fn main() {
         .await;
         chunks_sent = chunks_sent.max(ending.1);
         match ending.0 {
-            Ending::Closed(Some(1012), _) | Ending::Dropped(_)
+            Ending::Closed(Some(close::RESTART), _) | Ending::Dropped(_)
                 if resumable && args.resume_for_ms > 0 && answered < expected =>
             {
                 let until = resume_window(

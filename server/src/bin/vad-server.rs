@@ -91,7 +91,7 @@ fn settings(args: &Args) -> Result<Settings, String> {
         None => Settings::default(),
     };
     if let Some(v) = args.listen {
-        s.listen = v;
+        s.limits.listen = v;
     }
     if let Some(v) = args.model.clone() {
         s.model = Some(v);
@@ -113,37 +113,37 @@ fn settings(args: &Args) -> Result<Settings, String> {
         s.policy = v;
     }
     if let Some(v) = args.drain_deadline_ms {
-        s.drain_deadline_ms = v;
+        s.limits.drain_deadline_ms = v;
     }
     if let Some(v) = args.admission_wait_ms {
-        s.admission_wait_ms = v;
+        s.limits.admission_wait_ms = v;
     }
     if let Some(v) = args.max_frame_bytes {
-        s.max_frame_bytes = v;
+        s.limits.max_frame_bytes = v;
     }
     if let Some(v) = args.idle_ms {
-        s.idle_ms = v;
+        s.limits.idle_ms = v;
     }
     if let Some(v) = args.max_connections {
-        s.max_connections = Some(v);
+        s.limits.max_connections = Some(v);
     }
     if let Some(v) = args.header_timeout_ms {
-        s.header_timeout_ms = v;
+        s.limits.header_timeout_ms = v;
     }
     if let Some(v) = args.probe_listen {
-        s.probe_listen = Some(v);
+        s.limits.probe_listen = Some(v);
     }
     if let Some(v) = args.store.clone() {
-        s.store = Some(v);
+        s.limits.store = Some(v);
     }
     if let Some(v) = args.handover_ttl_s {
-        s.handover_ttl_s = v;
+        s.limits.handover_ttl_s = v;
     }
     if let Some(v) = args.checkpoint_every {
-        s.checkpoint_every = v;
+        s.limits.checkpoint_every = v;
     }
     if let Some(v) = args.store_timeout_ms {
-        s.store_timeout_ms = v;
+        s.limits.store_timeout_ms = v;
     }
     if let Some(v) = args.cache_dir.clone() {
         s.cache_dir = Some(v);

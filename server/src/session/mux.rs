@@ -454,7 +454,7 @@ impl Connection {
             return self.say_closed(tag, close::IDLE, &format!("stream tag {tag} is not open"));
         };
         self.remove_record(s);
-        self.say_closed(tag, 1000, "ended by the client");
+        self.say_closed(tag, close::NORMAL, "ended by the client");
     }
 
     /// The client closed the connection: every stream ended by it.

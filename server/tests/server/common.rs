@@ -66,12 +66,15 @@ pub async fn server_in(
 ) -> Server {
     let settings = Settings {
         mode,
-        listen: "127.0.0.1:0".parse().unwrap(),
         lanes,
         shards,
-        admission_wait_ms,
-        max_frame_bytes: 64 * 1024,
-        drain_deadline_ms: 1_000,
+        limits: laned_server::Limits {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            admission_wait_ms,
+            max_frame_bytes: 64 * 1024,
+            drain_deadline_ms: 1_000,
+            ..laned_server::Limits::default()
+        },
         ..Settings::default()
     };
     start(plan.clone(), settings, None).await.unwrap()
@@ -79,10 +82,8 @@ pub async fn server_in(
 
 /// A server in-process with these settings (on 127.0.0.1:0).
 pub async fn server_with(plan: &Arc<dyn Runnable>, settings: Settings) -> Server {
-    let settings = Settings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        ..settings
-    };
+    let mut settings = settings;
+    settings.limits.listen = "127.0.0.1:0".parse().unwrap();
     start(plan.clone(), settings, None).await.unwrap()
 }
 

@@ -18,87 +18,11 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures_util::{SinkExt, StreamExt};
 use laned_models::silero::CHUNK;
+use laned_server::testing::{free_port, Redis};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
-
-/// A port free a moment ago on 127.0.0.1.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// `redis-server` on a private port and directory (no persistence),
-/// killed when dropped.
-pub(crate) struct Redis {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Redis {
-    /// Started and answering, or `None` after `SKIPPED` where Debian's
-    /// `redis-server` is not installed.
-    pub(crate) async fn start() -> Option<Redis> {
-        if std::process::Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            eprintln!("SKIPPED: redis-server is not installed (Debian's `redis-server`; .ci/run installs it)");
-            return None;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let child = Command::new("redis-server")
-            .args([
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let redis = Redis { child, port, _dir: dir };
-        let until = Instant::now() + Duration::from_secs(10);
-        while redis.connection().is_err() {
-            assert!(Instant::now() < until, "redis-server never answered");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Some(redis)
-    }
-
-    pub(crate) fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    pub(crate) fn connection(&self) -> redis::RedisResult<redis::Connection> {
-        let mut c = redis::Client::open(self.url())?.get_connection()?;
-        redis::cmd("PING").query::<String>(&mut c)?;
-        Ok(c)
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.child.id().unwrap();
-        assert!(std::process::Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()
-            .unwrap()
-            .success());
-    }
-}
 
 /// A vad-server child on `listen`, its stdout and stderr lines kept (and
 /// echoed, prefixed `name`).
@@ -389,7 +313,7 @@ fn silero_handover_a_rolling_restart_of_two_replicas_loses_no_stream() {
     let Some(model) = model_path() else { return };
     let Some(plan) = plan() else { return };
     bounded(240, async move {
-        let Some(redis) = Redis::start().await else { return };
+        let Some(redis) = Redis::start() else { return };
         let url = redis.url();
         let args = ["--lanes", "40", "--drain-deadline-ms", "10000", "--store", &url];
         let listen = [free_port(), free_port()].map(|p| SocketAddr::from(([127, 0, 0, 1], p)));
@@ -515,7 +439,7 @@ fn silero_handover_after_kill_9_resumes_from_the_last_checkpoint() {
     let Some(model) = model_path() else { return };
     let Some(plan) = plan() else { return };
     bounded(180, async move {
-        let Some(redis) = Redis::start().await else { return };
+        let Some(redis) = Redis::start() else { return };
         let url = redis.url();
         let args = ["--lanes", "40", "--checkpoint-every", "8", "--store", &url];
         let listen = [free_port(), free_port()].map(|p| SocketAddr::from(([127, 0, 0, 1], p)));
@@ -598,7 +522,7 @@ fn silero_handover_after_kill_9_resumes_from_the_last_checkpoint() {
 fn silero_handover_with_redis_killed_mid_drain_still_ends_by_the_deadline() {
     let Some(model) = model_path() else { return };
     bounded(120, async move {
-        let Some(redis) = Redis::start().await else { return };
+        let Some(redis) = Redis::start() else { return };
         let url = redis.url();
         let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let deadline_ms = 2500;
@@ -712,7 +636,7 @@ fn silero_handover_refuses_corrupt_and_foreign_records_and_starts_fresh() {
     let Some(model) = model_path() else { return };
     let Some(plan) = plan() else { return };
     bounded(120, async move {
-        let Some(redis) = Redis::start().await else { return };
+        let Some(redis) = Redis::start() else { return };
         let url = redis.url();
         let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let server = Replica::start(
@@ -827,7 +751,7 @@ fn silero_handover_vad_client_resumes_through_a_restart() {
     let Some(model) = model_path() else { return };
     let Some(plan) = plan() else { return };
     bounded(120, async move {
-        let Some(redis) = Redis::start().await else { return };
+        let Some(redis) = Redis::start() else { return };
         let url = redis.url();
         let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let args = ["--lanes", "4", "--store", &url];

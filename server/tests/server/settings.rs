@@ -82,7 +82,10 @@ fn silero_metrics_say_their_exposition_format() {
             .build_recorder()
             .handle();
         let settings = laned_server::Settings {
-            listen: "127.0.0.1:0".parse().unwrap(),
+            limits: laned_server::Limits {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                ..laned_server::Limits::default()
+            },
             ..laned_server::Settings::default()
         };
         let server = laned_server::start(plan.clone(), settings, Some(handle)).await.unwrap();

@@ -1,17 +1,25 @@
-//! vad-server as a child process, under an open-files limit, against
-//! connections that never finish their request: idle TCP (more of it than
-//! the limit allows files) and slowloris requests. Each is closed at the
-//! header timeout or refused at the cap, the probes are answered through
-//! the attack, and a good client afterwards gets its solo run's answers.
+//! Connections that hold the server without using it. vad-server as a
+//! child process, under an open-files limit, against connections that
+//! never finish their request: idle TCP (more of it than the limit allows
+//! files) and slowloris requests. Each is closed at the header timeout or
+//! refused at the cap, the probes are answered through the attack, and a
+//! good client afterwards gets its solo run's answers. In-process: a
+//! client that never reads its replies is closed and its lane freed, and
+//! idle connections reconnecting as they are closed lock nobody out (the
+//! defects as issue 48 numbered them).
 
 use crate::common::*;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use futures_util::{SinkExt, StreamExt};
+use laned_models::silero::CHUNK;
+use laned_server::Settings;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
 
 /// Reads until the server closes the connection (EOF or reset); how long
 /// that took, or `None` if it stayed open past `within`.
@@ -146,5 +154,133 @@ fn silero_idle_tcp_and_slowloris_are_closed_and_probes_stay_served() {
         // And one after the attack.
         assert_eq!(stream(addr, &samples, false, 6).await, want);
         drop(child);
+    });
+}
+
+/// Defect 3 (issue 48): a client that sends audio in real time and never reads is
+/// closed 1008 once a ping of the server's goes unanswered for `idle_ms`,
+/// and its lane is freed (on main: served on for minutes while the kernel's
+/// buffers filled); the close frame waits in its buffer with its replies.
+#[test]
+fn silero_replies_untaken_close_the_stream() {
+    let Some(plan) = plan() else { return };
+    bounded(120, async {
+        let settings = Settings {
+            lanes: 2,
+            limits: laned_server::Limits {
+                idle_ms: 1000,
+                ..laned_server::Limits::default()
+            },
+            ..Settings::default()
+        };
+        let server = server_with(&plan, settings).await;
+        let ws = connect(server.addr, "").await;
+        let (mut tx, mut rx) = ws.split();
+        let samples = audio(3, 400);
+        let started = Instant::now();
+        let mut freed = None;
+        for chunk in samples.chunks_exact(CHUNK) {
+            if tx.send(Message::Binary(encode(chunk, false).into())).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(32)).await;
+            if server.runner().capacity().lanes_free == 2 {
+                freed = Some(started.elapsed());
+                break;
+            }
+        }
+        let freed = freed.expect("the stream was never closed");
+        eprintln!("a client never reading was closed after {freed:?} (idle_ms 1000)");
+        let mut code = None;
+        while let Some(m) = rx.next().await {
+            match m {
+                Ok(Message::Close(Some(f))) => {
+                    code = Some((u16::from(f.code), f.reason.to_string()));
+                    break;
+                }
+                Ok(_) => continue,
+                Err(_) => break,
+            }
+        }
+        let (code, why) = code.expect("a close frame after the replies");
+        assert_eq!(code, 1008, "{why}");
+        assert!(why.contains("untaken"), "{why}");
+    });
+}
+
+/// Defect 4 (issue 48): idle connections holding every place (and the probes'
+/// reserve), reconnecting as they are closed, lock nobody out: every probe
+/// on the probe address is answered (itself flooded), nearly every one on
+/// the main one,
+/// and new streams are served exactly (on main: 503 for every stream, 1
+/// probe in 26 answered, and no probe address).
+#[test]
+fn silero_a_flood_of_idle_connections_locks_nobody_out() {
+    let Some(plan) = plan() else { return };
+    bounded(120, async {
+        let settings = Settings {
+            lanes: 4,
+            limits: laned_server::Limits {
+                max_connections: Some(8),
+                header_timeout_ms: 60_000,
+                probe_listen: Some("127.0.0.1:0".parse().unwrap()),
+                ..laned_server::Limits::default()
+            },
+            ..Settings::default()
+        };
+        let server = server_with(&plan, settings).await;
+        let (addr, probes) = (server.addr, server.probe_addr.unwrap());
+        let holders: Vec<_> = (0..8 + 16 + 16)
+            .map(|_| {
+                tokio::spawn(async move {
+                    loop {
+                        let Ok(mut tcp) = tokio::net::TcpStream::connect(addr).await else {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            continue;
+                        };
+                        let mut byte = [0u8; 1];
+                        let _ = tcp.read(&mut byte).await;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let answered = |at: SocketAddr| async move {
+            let mut answered = 0;
+            for path in ["/live", "/ready", "/metrics"].iter().cycle().take(26) {
+                if let Some((code, _)) = try_http_get(at, path).await {
+                    answered += usize::from(code == 200 || (*path == "/metrics" && code == 404));
+                }
+            }
+            answered
+        };
+        // The probe address is flooded too, past its own places.
+        let mut probe_holders = vec![];
+        for _ in 0..80 {
+            probe_holders.push(tokio::net::TcpStream::connect(probes).await.unwrap());
+        }
+        let (on_probes, on_main) = (answered(probes).await, answered(addr).await);
+        eprintln!("under the flood: {on_probes} of 26 probes answered on the probe address, {on_main} on the main one");
+        assert_eq!(on_probes, 26, "probes answered on the probe address");
+        // On the main address a connection not read yet can still lose its
+        // place to the churn now and then: the probe address is the one
+        // that always answers.
+        assert!(on_main >= 24, "{on_main} of 26 probes answered on the main address");
+        let streams: Vec<_> = (0..3)
+            .map(|s| {
+                let samples = audio(s, 30);
+                let want = solo(&plan, &samples);
+                tokio::spawn(async move { (stream(addr, &samples, false, s as u64).await, want) })
+            })
+            .collect();
+        for s in streams {
+            let (got, want) = s.await.unwrap();
+            assert_eq!(got, want);
+        }
+        for h in holders {
+            h.abort();
+        }
+        drop(probe_holders);
     });
 }

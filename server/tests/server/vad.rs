@@ -304,8 +304,11 @@ fn silero_a_client_gone_mid_call_frees_its_lane_at_once() {
         let settings = laned_server::Settings {
             lanes: 2,
             policy: "linger:60000000".into(),
-            admission_wait_ms: 5_000,
-            drain_deadline_ms: 500,
+            limits: laned_server::Limits {
+                admission_wait_ms: 5_000,
+                drain_deadline_ms: 500,
+                ..laned_server::Limits::default()
+            },
             ..laned_server::Settings::default()
         };
         let server = server_with(&plan, settings).await;
@@ -358,8 +361,11 @@ fn silero_a_silent_client_loses_its_lane_after_the_idle_time() {
     bounded(60, async {
         let settings = laned_server::Settings {
             lanes: 1,
-            admission_wait_ms: 20_000,
-            idle_ms: 1_000,
+            limits: laned_server::Limits {
+                admission_wait_ms: 20_000,
+                idle_ms: 1_000,
+                ..laned_server::Limits::default()
+            },
             ..laned_server::Settings::default()
         };
         let server = server_with(&plan, settings).await;
@@ -385,7 +391,10 @@ fn silero_pings_and_empty_frames_keep_no_lane() {
     bounded(60, async {
         let settings = laned_server::Settings {
             lanes: 2,
-            idle_ms: 500,
+            limits: laned_server::Limits {
+                idle_ms: 500,
+                ..laned_server::Limits::default()
+            },
             ..laned_server::Settings::default()
         };
         let server = server_with(&plan, settings).await;

@@ -3,12 +3,15 @@
 //! test names the defect it guards; every wait is bounded, so a hang fails
 //! the test instead of stalling the suite.
 
+mod async_path;
+mod call_accounting;
 mod churn;
+mod end_reasons;
+mod finish;
 mod fuzz;
 mod knobs;
 mod ops;
-mod promise;
-mod round_four;
+mod policy_config;
 mod state_import;
 mod task_churn;
 

@@ -1,6 +1,8 @@
-//! Defect 7 of issue 30: a stream state from the wire is checked against
-//! the model's per-stream state fact before tract sees it, and a state from
-//! another model (another name, state facts or weights) is refused.
+//! A stream state from elsewhere: checked against the model's per-stream
+//! state fact before tract sees it (defect 7 of issue 30), a state from
+//! another model (another name, state facts or weights, or a graph alike
+//! but for one op: defect 3 of issue 47) or of an older format refused,
+//! and a state handed over by tasks continued exactly.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -142,4 +144,74 @@ fn a_state_handed_over_by_tasks_continues_exactly() {
         b.import_state_async(&state).await.unwrap();
     });
     assert_eq!(feed(&fixture, &mut b, 2), feed(&fixture, &mut a, 2));
+}
+
+/// The GRU cell with its candidate's `tanh` made a `sigmoid`: another graph,
+/// the same name, state facts and weights.
+fn sigmoid_gru(f: &Fixture) -> TypedModel {
+    let mut other = f.model.clone();
+    let n = other
+        .nodes
+        .iter()
+        .position(|n| n.name == "n")
+        .expect("the candidate's tanh");
+    assert!(
+        format!("{:?}", other.nodes[n].op).contains("Tanh"),
+        "{:?}",
+        other.nodes[n].op
+    );
+    other.nodes[n].op = Box::new(tract_core::ops::nn::sigmoid());
+    other
+}
+
+/// Defect 3 (issue 47): two models alike but for one op (`tanh` and `sigmoid`) have
+/// different identities, and each refuses the other's state naming both
+/// (on main each imported the other's); the same model prepared twice
+/// agrees, and its state continues exactly.
+#[test]
+fn another_graphs_state_is_refused_naming_both() {
+    let f = fixtures::gru_cell(5, 4).unwrap();
+    let tanh = state_runner(f.runnable().unwrap());
+    let sigmoid = state_runner(DefaultRuntime.prepare(sigmoid_gru(&f)).unwrap().into());
+    let again = state_runner(f.runnable().unwrap());
+    let (mut a, mut b) = (tanh.try_spawn().unwrap(), sigmoid.try_spawn().unwrap());
+    assert_ne!(feed(&f, &mut a, 1), feed(&f, &mut b, 1), "the graphs compute apart");
+    let (ours, theirs) = (a.export_state().unwrap(), b.export_state().unwrap());
+    assert_ne!(ours.model, theirs.model, "the identities differ");
+    for (to, state, own) in [(&mut b, &ours, &theirs), (&mut a, &theirs, &ours)] {
+        let e = to.import_state(state).expect_err("another graph's state was taken");
+        assert!(matches!(e.kind(), RunErrorKind::State(_)), "{e}");
+        let text = e.to_string();
+        for identity in [&state.model, &own.model] {
+            assert!(
+                text.contains(&format!("{identity:?}")),
+                "{text:?} should name {identity:?}"
+            );
+        }
+    }
+    let mut c = again.try_spawn().unwrap();
+    c.import_state(&ours).unwrap();
+    assert_eq!(
+        feed(&f, &mut c, 2),
+        feed(&f, &mut a, 2),
+        "the same model continues exactly"
+    );
+}
+
+/// Defect 3 (issue 47): a state written before the identity covered the graph
+/// (version 1) is refused by its version, naming both versions.
+#[test]
+fn a_state_of_the_old_format_is_refused_by_version() {
+    let f = fixtures::gru_cell(5, 4).unwrap();
+    let r = state_runner(f.runnable().unwrap());
+    let mut h = r.try_spawn().unwrap();
+    let mut json = serde_json::to_value(h.export_state().unwrap()).unwrap();
+    json["version"] = 1.into();
+    let old: StreamState = serde_json::from_value(json).unwrap();
+    let e = h.import_state(&old).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("version 1") && text.contains(&format!("version {}", laned_runner::STREAM_STATE_VERSION)),
+        "{text}"
+    );
 }

@@ -1,4 +1,4 @@
-//! The promise on the async path (issue 30): hostile wakers, stalled and
+//! The async path under attack (issue 30): hostile wakers, stalled and
 //! dropped futures, bursts, deadlines while combining, and the ends of a
 //! stream told the same way everywhere. Each test names its defect.
 

@@ -1,6 +1,6 @@
 //! A stream's life, in both modes: admission with backpressure, end of
 //! stream, idle eviction, cancellation, and the races between them. The
-//! runner's own life (its drain and close) is `life.rs`'s.
+//! runner's own life (its drain and close) is `runner_life.rs`'s.
 
 use std::sync::{Arc, Mutex};
 use std::thread;

@@ -172,7 +172,15 @@ pub fn model(name: &str, path: &Path) -> Result<(Served, Vec<String>), String> {
         interface.answer_len(),
         ports(&interface.outputs)
     ));
-    let protocol = Arc::new(Tensors::new(name, interface));
+    let protocol: Arc<dyn laned_server::protocol::Protocol> = match spec.model.protocol {
+        laned_models::spec::Protocol::Vad => {
+            facts.push(format!(
+                "protocol: vad (vad-server's: 16 kHz PCM frames of any length at /v1/models/{name}/stream and /v1/vad)"
+            ));
+            Arc::new(laned_server::audio::Vad)
+        }
+        _ => Arc::new(Tensors::new(name, interface)),
+    };
     Ok((
         Served {
             name: name.to_string(),

@@ -109,6 +109,10 @@ impl Hysteresis {
 pub struct Vad;
 
 impl Protocol for Vad {
+    fn name(&self) -> &'static str {
+        "vad"
+    }
+
     fn open(&self, query: Option<&str>) -> Result<Box<dyn Conversation>, String> {
         Ok(Box::new(VadStream {
             format: format_of_query(query)?,

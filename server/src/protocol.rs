@@ -14,6 +14,10 @@ use tract_core::internal::*;
 
 /// A served model's wire protocol.
 pub trait Protocol: Send + Sync + 'static {
+    /// Its name, as a spec names it (`[model] protocol`) and `GET
+    /// /v1/models` lists it: `tensor`, `vad`.
+    fn name(&self) -> &'static str;
+
     /// A connection's conversation, from its query string (`format=`,
     /// say); `Err` is the reason it is refused (closed 1003 after the
     /// upgrade).

@@ -296,6 +296,7 @@ async fn listen(
     let app = match paths {
         Paths::Vad => probes.clone().route("/v1/vad", get(vad)),
         Paths::Models => crate::v2::routes(probes.clone(), &endpoints)
+            .route("/v1/vad", get(vad))
             .route("/v1/models", get(models))
             .route("/v1/models/{name}/stream", get(stream))
             .route("/v1/models/{name}/mux", get(mux_stream)),
@@ -579,6 +580,7 @@ async fn models(State(routes): State<Routes>) -> Response {
                 "name": e.name,
                 "stream": format!("/v1/models/{}/stream", e.name),
                 "protocol": crate::tensor::PROTOCOL_VERSION,
+                "speaks": e.protocol.name(),
                 "inputs": inputs,
                 "outputs": outputs,
                 "lanes": e.runner.total_lanes(),
@@ -596,14 +598,27 @@ async fn models(State(routes): State<Routes>) -> Response {
         .into_response()
 }
 
+/// `/v1/vad`: the first model served with the VAD protocol (`vad-server`'s
+/// one model; on `laned serve`, an alias of the stream route of the model
+/// whose spec says `protocol = "vad"`).
 async fn vad(
-    ws: axum::extract::WebSocketUpgrade,
+    ws: Result<axum::extract::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
     RawQuery(query): RawQuery,
     headers: axum::http::HeaderMap,
     State(routes): State<Routes>,
 ) -> Response {
-    let endpoint = routes.endpoints[0].clone();
-    session::upgrade(ws, query, headers, routes.shared, endpoint).await
+    let Some(endpoint) = routes.endpoints.iter().find(|e| e.protocol.name() == "vad").cloned() else {
+        return (
+            StatusCode::NOT_FOUND,
+            "no model here speaks the VAD protocol: /v1/vad is the stream route of a model whose spec says \
+             protocol = \"vad\" (builtin = \"silero\")\n",
+        )
+            .into_response();
+    };
+    match ws {
+        Ok(ws) => session::upgrade(ws, query, headers, routes.shared, endpoint).await,
+        Err(rejection) => rejection.into_response(),
+    }
 }
 
 async fn stream(

@@ -63,6 +63,10 @@ impl Tensors {
 }
 
 impl Protocol for Tensors {
+    fn name(&self) -> &'static str {
+        "tensor"
+    }
+
     fn open(&self, query: Option<&str>) -> Result<Box<dyn Conversation>, String> {
         let json = match query_value(query, "format")? {
             None | Some("binary") => false,

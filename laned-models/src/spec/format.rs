@@ -135,6 +135,35 @@ pub struct ModelSpec {
     /// and its sample rate checked. A built-in says its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audio: Option<AudioFraming>,
+    /// The wire protocol `laned serve` speaks for it (`protocol = "vad"`:
+    /// the built-in `silero` with `vad-server`'s audio protocol; the
+    /// default, `tensor`, a binary frame a pulse).
+    #[serde(default, skip_serializing_if = "Protocol::is_tensor")]
+    pub protocol: Protocol,
+}
+
+/// The wire protocol a served model speaks (`[model] protocol`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Protocol {
+    /// The model's tensors as they are: a binary frame a pulse, every fed
+    /// input in order, little-endian; an answer a frame (and the
+    /// multiplexed and KServe v2 fronts).
+    #[default]
+    Tensor,
+    /// Silero VAD over PCM, as `vad-server` speaks it: frames of 16 kHz
+    /// samples of any length, cut into chunks with their context, each
+    /// answered with a speech probability and speech events. The built-in
+    /// `silero` only; `laned serve` also answers it at `/v1/vad`.
+    Vad,
+}
+
+impl Protocol {
+    /// Whether it is the default, `tensor`.
+    pub fn is_tensor(&self) -> bool {
+        *self == Protocol::Tensor
+    }
 }
 
 /// How a model's pulses are cut from audio (`[model.audio]`): pulse `k` is
@@ -197,6 +226,7 @@ impl Default for ModelSpec {
             inputs: Vec::new(),
             fills: Vec::new(),
             audio: None,
+            protocol: Protocol::Tensor,
         }
     }
 }

@@ -15,7 +15,7 @@ use tract_pulse::internal::tract_nnef;
 use tract_pulse::model::{PulsedModel, PulsedModelExt};
 
 use super::interface::dtype_of;
-use super::{AudioFraming, Builtin, Fill, InputFact, ModelSpec};
+use super::{AudioFraming, Builtin, Fill, InputFact, ModelSpec, Protocol};
 
 /// A model that could not be loaded: what was being read and why (the
 /// input, the fact, the file).
@@ -168,6 +168,11 @@ impl ModelSpec {
                     fill.index, fill.value
                 )));
             }
+        }
+        if self.protocol == Protocol::Vad && self.builtin != Some(Builtin::Silero) {
+            return Err(LoadError(
+                "protocol = \"vad\" is Silero VAD's audio protocol: it serves builtin = \"silero\" only".into(),
+            ));
         }
         match (&self.file, self.builtin) {
             (Some(_), Some(_)) => Err(LoadError("a model spec names a file and a builtin: name one".into())),
@@ -380,5 +385,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(missing.contains("/nonexistent/gru.onnx"), "{missing}");
+    }
+
+    /// The VAD protocol is refused for any model but the built-in Silero,
+    /// naming what it serves; read from TOML by its name.
+    #[test]
+    fn the_vad_protocol_serves_silero_only() {
+        let file = ModelSpec {
+            protocol: Protocol::Vad,
+            ..ModelSpec::file("/nonexistent/gru.onnx")
+        };
+        let why = file.load_in(None).unwrap_err().to_string();
+        assert!(why.contains("builtin = \"silero\" only"), "{why}");
+        let spec: crate::spec::Spec = toml::from_str("[model]\nbuiltin = \"silero\"\nprotocol = \"vad\"\n").unwrap();
+        assert_eq!(spec.model.protocol, Protocol::Vad);
+        let tensor: crate::spec::Spec = toml::from_str("[model]\nbuiltin = \"silero\"\n").unwrap();
+        assert_eq!(tensor.model.protocol, Protocol::Tensor);
+        assert!(
+            !tensor.to_toml().unwrap().contains("protocol"),
+            "the default is not written"
+        );
+        assert!(toml::from_str::<crate::spec::Spec>("[model]\nbuiltin = \"silero\"\nprotocol = \"audio\"\n").is_err());
     }
 }

@@ -49,6 +49,6 @@ mod format;
 mod interface;
 mod load;
 
-pub use format::{AudioFraming, Builtin, Fill, InputFact, ModelSpec, Spec, SpecError};
+pub use format::{AudioFraming, Builtin, Fill, InputFact, ModelSpec, Protocol, Spec, SpecError};
 pub use interface::{dtype_name, one_stream_shape, Interface, Port};
 pub use load::{symbol_on_axis_0, LoadError, Loaded};

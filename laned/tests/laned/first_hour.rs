@@ -333,3 +333,88 @@ fn the_readme_serve_walkthrough_runs_as_written() {
     assert!(said.contains("20 answers"), "{said}");
     assert_eq!(std::fs::read(dir.path().join("answers.raw")).unwrap().len(), 20 * 4);
 }
+
+/// A spec may name `vad-server`'s protocol for the built-in Silero: `laned
+/// serve` then speaks it at the model's stream route and at `/v1/vad`
+/// (PCM frames of any size, a JSON probability a chunk), each probability
+/// the model's alone on the chunk with its context; `/v1/models` says which
+/// protocol a model speaks; without such a model `/v1/vad` is 404 naming
+/// the spec key, and another model's spec naming it is refused.
+#[test]
+fn a_spec_naming_the_vad_protocol_is_served_as_vad_server_serves_it() {
+    if or_skip("silero-vad", laned_models::silero::fetch()).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tensor = dir.path().join("silero.toml");
+    std::fs::write(&tensor, "[model]\nbuiltin = \"silero\"\n").unwrap();
+    let vad = dir.path().join("vad.toml");
+    std::fs::write(&vad, "[model]\nbuiltin = \"silero\"\nprotocol = \"vad\"\n").unwrap();
+    let samples = laned_models::sound::samples(laned_models::sound::Sound::Noise, 9, 512 * 9);
+    let pulses: Vec<Vec<u8>> = laned_models::silero::AUDIO
+        .pulses(&samples)
+        .iter()
+        .map(|p| p.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
+    let want: Vec<f32> = solo(&tensor, &[(2, 1)], &pulses)
+        .iter()
+        .map(|b| f32::from_le_bytes(b[..4].try_into().unwrap()))
+        .collect();
+    assert_eq!(want.len(), 9);
+    let serving = serve(&[
+        &format!("talk={}", vad.display()),
+        &format!("plain={}", tensor.display()),
+    ])
+    .unwrap();
+    let addr = serving.addr.to_string();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for path in ["/v1/vad", "/v1/models/talk/stream"] {
+        let got: Vec<f32> = runtime.block_on(async {
+            let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}"))
+                .await
+                .unwrap();
+            let bytes: Vec<u8> = samples.iter().flat_map(|x| x.to_le_bytes()).collect();
+            // Frames of a size that is no chunk's: the protocol cuts them.
+            for frame in bytes.chunks(4 * 700) {
+                ws.send(Message::Binary(frame.to_vec().into())).await.unwrap();
+            }
+            let mut got = vec![];
+            while got.len() < 9 {
+                match ws.next().await.unwrap().unwrap() {
+                    Message::Text(t) => {
+                        let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+                        if let Some(p) = v.get("probability") {
+                            assert_eq!(v["chunk"], got.len(), "{t}");
+                            got.push(p.as_f64().unwrap() as f32);
+                        }
+                    }
+                    Message::Ping(_) | Message::Pong(_) => continue,
+                    other => panic!("{path}: {other:?}"),
+                }
+            }
+            got
+        });
+        assert_eq!(got, want, "{path}");
+    }
+    let (status, listed) = get(&addr, "/v1/models");
+    assert_eq!(status, 200, "{listed}");
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let speaks: Vec<(&str, &str)> = listed["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["name"].as_str().unwrap(), m["speaks"].as_str().unwrap()))
+        .collect();
+    assert_eq!(speaks, vec![("plain", "tensor"), ("talk", "vad")]);
+    drop(serving);
+    let plain = serve(&[&format!("plain={}", tensor.display())]).unwrap();
+    let (status, said) = get(&plain.addr.to_string(), "/v1/vad");
+    assert_eq!(status, 404, "{said}");
+    assert!(said.contains("protocol = \"vad\""), "{said}");
+    drop(plain);
+    let gru = save(&fixtures::gru_cell(4, 8).unwrap().model, dir.path(), "gru.nnef.tar");
+    let wrong = dir.path().join("wrong.toml");
+    std::fs::write(&wrong, format!("[model]\nfile = {gru:?}\nprotocol = \"vad\"\n")).unwrap();
+    let refused = serve(&[&format!("gru={}", wrong.display())]).err().expect("refused");
+    assert!(refused.contains("builtin = \"silero\" only"), "{refused}");
+}

@@ -13,6 +13,7 @@ Each client is a connection of its own (a local subchannel pool: gRPC
 would otherwise share one connection between the clients of a process).
 """
 
+import faulthandler
 import json
 import os
 import queue
@@ -23,6 +24,10 @@ import time
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
+
+# A script stuck past its test's time says where (every thread's stack)
+# and exits, instead of being killed without a word.
+faulthandler.dump_traceback_later(200, exit=True)
 
 spec = json.load(open(sys.argv[1]))
 S, P = spec["sequences"], spec["pulses"]

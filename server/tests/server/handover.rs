@@ -663,15 +663,30 @@ fn silero_handover_refuses_corrupt_and_foreign_records_and_starts_fresh() {
                     answered += usize::from(t.contains("probability"));
                 }
             }
-            // The checkpoint is written after the 8th answer is sent.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // The checkpoint is written after the 8th answer is sent: waited
+            // for (a busy machine writes it late), the connection open.
+            let mut c = redis.connection().unwrap();
+            let until = Instant::now() + Duration::from_secs(10);
+            loop {
+                let held: Option<Vec<u8>> = redis::cmd("GET")
+                    .arg(format!("{}donor", laned_server::handover::KEY_PREFIX))
+                    .query(&mut c)
+                    .unwrap();
+                let at = held
+                    .and_then(|b| laned_server::handover::Record::from_bytes(&b).ok())
+                    .map(|r| r.chunk);
+                if at == Some(8) || Instant::now() > until {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             drop(ws);
         }
         let mut c = redis.connection().unwrap();
         let key = |id: &str| format!("{}{id}", laned_server::handover::KEY_PREFIX);
         let good: Vec<u8> = redis::cmd("GET").arg(key("donor")).query(&mut c).unwrap();
         let record = laned_server::handover::Record::from_bytes(&good).unwrap();
-        assert_eq!(record.chunk, 8);
+        assert_eq!(record.chunk, 8, "the checkpoint after 8 chunks");
         let mut foreign = record.clone();
         let (head, digest) = foreign.state.model.rsplit_once("graph ").unwrap();
         let other = u64::from_str_radix(digest, 16).unwrap() ^ 1;

@@ -1,5 +1,5 @@
 //! Fixtures the tests of this crate and of the `laned` tool share, written
-//! once: a free port on 127.0.0.1 and a real Redis (Debian's
+//! once: a free port on 127.0.0.1, SIGTERM for a child server and a real Redis (Debian's
 //! `redis-server`) on a private port and directory. Not part of the API
 //! (hidden from the docs); built on std and this crate's own dependencies
 //! only, so the library pulls in nothing for its tests.
@@ -8,6 +8,13 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// Sends SIGTERM to process `pid` (a child server: it drains, handing its
+/// streams over where a store is configured).
+pub fn sigterm(pid: u32) {
+    let sent = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+    assert!(sent.as_ref().is_ok_and(|s| s.success()), "kill -TERM {pid}: {sent:?}");
+}
 
 /// A port nobody listened on a moment ago, on 127.0.0.1 (the tests'
 /// servers, probes and stores bind it).

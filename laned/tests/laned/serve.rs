@@ -29,8 +29,7 @@ pub struct Serving {
 impl Serving {
     /// SIGTERM: the server drains, handing streams over to the store.
     pub fn terminate(&self) {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        laned_server::testing::sigterm(self.child.id());
     }
 
     /// The server's process id.

@@ -337,14 +337,7 @@ pub async fn child_server_with_files(
     (child, addr)
 }
 
-/// Sends SIGTERM to `pid`.
-pub fn sigterm(pid: u32) {
-    assert!(std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
-}
+pub use laned_server::testing::sigterm;
 
 /// The resident set of process `pid`, in bytes.
 pub fn rss(pid: u32) -> u64 {

@@ -255,11 +255,7 @@ fn silero_replicas_behind_haproxy_stay_sticky_and_drain_without_losing_a_call() 
             )));
         }
         let pid = a.child.id().unwrap();
-        assert!(std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap()
-            .success());
+        laned_server::testing::sigterm(pid);
         wait_status(a.addr, "/ready", 503, Duration::from_secs(10)).await;
         // Until HAProxy's check (every second) has seen A's 503, a new
         // stream of A's ids still reaches A, which turns it away (1001);

@@ -17,7 +17,8 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 use tract_core::internal::*;
 
-use crate::{ANSWER_TIMEOUT, PERIOD};
+use crate::pace::Pace;
+use crate::ANSWER_TIMEOUT;
 
 const STREAM_INFER: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
 
@@ -97,7 +98,6 @@ fn request(model: &str, interface: &Interface, id: i64, start: bool, bytes: &[u8
 /// sequence `s` feeding `frames[s]`. Latencies in microseconds, from the
 /// request's send to its answer's arrival, of the pulses sent from
 /// `counted` on.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
     mut c: Connection,
     (model, interface): (&str, &Interface),
@@ -106,31 +106,20 @@ pub(crate) async fn run(
     (first, counted, end): (Instant, Instant, Instant),
 ) -> TractResult<Vec<u64>> {
     let k = frames.len();
-    let mut due = vec![first; k];
-    let mut sent: Vec<Option<Instant>> = vec![None; k];
+    let mut pace = Pace::new(k, (first, counted, end));
     let mut started = vec![false; k];
-    let mut latencies = Vec::new();
     loop {
-        let now = Instant::now();
-        for s in 0..k {
-            if sent[s].is_none() && due[s] <= now && due[s] < end {
-                sent[s] = Some(now);
-                let r = request(model, interface, first_id + s as i64, !started[s], &frames[s]);
-                started[s] = true;
-                c.requests
-                    .send(r)
-                    .map_err(|_| format_err!("the gRPC stream's sender is gone"))?;
-            }
+        for s in pace.take_due(Instant::now()) {
+            let r = request(model, interface, first_id + s as i64, !started[s], &frames[s]);
+            started[s] = true;
+            c.requests
+                .send(r)
+                .map_err(|_| format_err!("the gRPC stream's sender is gone"))?;
         }
-        let waiting = sent.iter().any(Option::is_some);
-        let next_due = (0..k)
-            .filter(|&s| sent[s].is_none() && due[s] < end)
-            .map(|s| due[s])
-            .min();
-        if !waiting && next_due.is_none() {
+        if pace.done() {
             break;
         }
-        let answer = match next_due {
+        let answer = match pace.next_due() {
             Some(at) => tokio::select! {
                 _ = tokio::time::sleep_until(at.into()) => continue,
                 a = next(&mut c.answers) => a?,
@@ -151,14 +140,9 @@ pub(crate) async fn run(
             .with_context(|| format!("an answer's id {:?}", response.id))?;
         let s = usize::try_from(id - first_id).ok().filter(|s| *s < k);
         let s = s.ok_or_else(|| format_err!("an answer for sequence {id}, not one of this connection's"))?;
-        if let Some(at) = sent[s].take() {
-            if at >= counted {
-                latencies.push(at.elapsed().as_micros() as u64);
-            }
-            due[s] += PERIOD;
-        }
+        pace.answered(s);
     }
-    Ok(latencies)
+    Ok(pace.latencies())
 }
 
 async fn next(answers: &mut tonic::Streaming<ModelStreamInferResponse>) -> TractResult<ModelStreamInferResponse> {

@@ -51,6 +51,7 @@
 
 mod grpc;
 mod mux;
+mod pace;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -13,7 +13,8 @@ use laned_server::mux::{self, ANSWER, CLOSED, OPEN, OPENED, PULSE};
 use tokio_tungstenite::tungstenite::Message;
 use tract_core::internal::*;
 
-use crate::{Ws, ANSWER_TIMEOUT, PERIOD};
+use crate::pace::Pace;
+use crate::{Ws, ANSWER_TIMEOUT};
 
 /// Connects to `url` and opens `streams` streams (tags 0.., no ids: no
 /// hand-over in a bench), waiting until every one is open.
@@ -72,30 +73,19 @@ pub(crate) async fn run(
     end: Instant,
 ) -> TractResult<Vec<u64>> {
     let k = frames.len();
-    let mut due = vec![first; k];
-    let mut sent: Vec<Option<Instant>> = vec![None; k];
-    let mut latencies = Vec::new();
+    let mut pace = Pace::new(k, (first, counted, end));
     loop {
-        let now = Instant::now();
         let mut out = Vec::new();
-        for s in 0..k {
-            if sent[s].is_none() && due[s] <= now && due[s] < end {
-                sent[s] = Some(now);
-                mux::put(&mut out, PULSE, s as u32, &[&frames[s]]);
-            }
+        for s in pace.take_due(Instant::now()) {
+            mux::put(&mut out, PULSE, s as u32, &[&frames[s]]);
         }
         if !out.is_empty() {
             ws.send(Message::Binary(out.into())).await?;
         }
-        let waiting = sent.iter().any(Option::is_some);
-        let next_due = (0..k)
-            .filter(|&s| sent[s].is_none() && due[s] < end)
-            .map(|s| due[s])
-            .min();
-        if !waiting && next_due.is_none() {
+        if pace.done() {
             break;
         }
-        let message = match next_due {
+        let message = match pace.next_due() {
             Some(at) => tokio::select! {
                 _ = tokio::time::sleep_until(at.into()) => continue,
                 m = next(&mut ws) => m?,
@@ -106,19 +96,12 @@ pub(crate) async fn run(
         for r in mux::records(&m).map_err(|e| format_err!("the server's message: {e}"))? {
             let s = r.tag as usize;
             match r.kind {
-                ANSWER if s < k => {
-                    if let Some(at) = sent[s].take() {
-                        if at >= counted {
-                            latencies.push(at.elapsed().as_micros() as u64);
-                        }
-                        due[s] += PERIOD;
-                    }
-                }
+                ANSWER if s < k => pace.answered(s),
                 CLOSED => bail!("stream {s} closed: {}", closed(r.payload)),
                 other => bail!("a record of kind {other:#x} for stream {s}"),
             }
         }
     }
     let _ = ws.close(None).await;
-    Ok(latencies)
+    Ok(pace.latencies())
 }

@@ -252,6 +252,25 @@ pub async fn stream(addr: SocketAddr, samples: &[f32], i16_format: bool, seed: u
     got
 }
 
+/// Streams on `addr` at once, stream `s` (client seed `s`) sending
+/// `chunks` chunks of `audio(sounds[s], chunks)`: each gets its solo
+/// probabilities.
+pub async fn streams_get_their_solo(addr: SocketAddr, plan: &Arc<dyn Runnable>, sounds: &[usize], chunks: usize) {
+    let streams: Vec<_> = sounds
+        .iter()
+        .enumerate()
+        .map(|(s, &sound)| {
+            let samples = audio(sound, chunks);
+            let want = solo(plan, &samples);
+            tokio::spawn(async move { (stream(addr, &samples, false, s as u64).await, want) })
+        })
+        .collect();
+    for s in streams {
+        let (got, want) = s.await.unwrap();
+        assert_eq!(got, want);
+    }
+}
+
 /// `chunks` chunks of generated audio, plus a few samples of a partial chunk.
 pub fn audio(s: usize, chunks: usize) -> Vec<f32> {
     use laned_models::silero::Sound;

@@ -267,17 +267,7 @@ fn silero_a_flood_of_idle_connections_locks_nobody_out() {
         // place to the churn now and then: the probe address is the one
         // that always answers.
         assert!(on_main >= 24, "{on_main} of 26 probes answered on the main address");
-        let streams: Vec<_> = (0..3)
-            .map(|s| {
-                let samples = audio(s, 30);
-                let want = solo(&plan, &samples);
-                tokio::spawn(async move { (stream(addr, &samples, false, s as u64).await, want) })
-            })
-            .collect();
-        for s in streams {
-            let (got, want) = s.await.unwrap();
-            assert_eq!(got, want);
-        }
+        streams_get_their_solo(addr, &plan, &[0, 1, 2], 30).await;
         for h in holders {
             h.abort();
         }

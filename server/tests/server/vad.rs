@@ -76,17 +76,7 @@ fn silero_connections_that_never_send_hold_no_lane() {
             2,
             "a silent connection took a lane"
         );
-        let streams: Vec<_> = (0..2)
-            .map(|s| {
-                let samples = audio(20 + s, 6);
-                let want = solo(&plan, &samples);
-                tokio::spawn(async move { (stream(addr, &samples, false, s as u64).await, want) })
-            })
-            .collect();
-        for s in streams {
-            let (got, want) = s.await.unwrap();
-            assert_eq!(got, want);
-        }
+        streams_get_their_solo(addr, &plan, &[20, 21], 6).await;
         drop(silent);
         server.shutdown().await;
     });

@@ -29,6 +29,22 @@ from tritonclient.utils import InferenceServerException
 # and exits, instead of being killed without a word.
 faulthandler.dump_traceback_later(200, exit=True)
 
+
+def end(status=0):
+    """Ends the script now, a message (a failed check) on stderr with
+    status 1. Not through the interpreter's teardown: tritonclient's clients
+    close their gRPC channels in `__del__`, and one such close waited
+    forever at exit in a full suite's run (the script had printed its
+    success; faulthandler's dump showed the wait in `grpc._channel`'s
+    `_close` under `InferenceServerClient.__del__`)."""
+    if isinstance(status, str):
+        print(status, file=sys.stderr)
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 spec = json.load(open(sys.argv[1]))
 S, P = spec["sequences"], spec["pulses"]
 shape = spec["in_shape"]
@@ -54,7 +70,7 @@ def one(s, p):
 def same(got, s, p, what):
     want = answers[s, p]
     if got.reshape(-1).tobytes() != want.tobytes():
-        sys.exit(f"{what}: sequence {s} pulse {p}: {got.reshape(-1)[:4]} where the model alone gives {want[:4]}")
+        end(f"{what}: sequence {s} pulse {p}: {got.reshape(-1)[:4]} where the model alone gives {want[:4]}")
 
 
 class Stream:
@@ -103,13 +119,13 @@ class Stream:
 
 c = grpcclient.InferenceServerClient(url=spec["url"])
 if not c.is_server_live() or not c.is_model_ready(model):
-    sys.exit("the server or the model is not ready")
+    end("the server or the model is not ready")
 meta = c.get_model_metadata(model, as_json=True)
 if meta["inputs"][0]["datatype"] != "FP32" or int(meta["inputs"][0]["shape"][0]) != -1:
-    sys.exit(f"metadata: {meta}")
+    end(f"metadata: {meta}")
 config = c.get_model_config(model, as_json=True)["config"]
 if config["input"][0]["name"] != in_name:
-    sys.exit(f"config: {config}")
+    end(f"config: {config}")
 
 if "restart" in spec:
     # One round a pulse of every sequence on one stream; A told SIGTERM
@@ -149,13 +165,13 @@ if "restart" in spec:
                 break
             time.sleep(0.1)
         if left:
-            sys.exit(f"pulse {p}: sequences {left} never answered")
+            end(f"pulse {p}: sequences {left} never answered")
     a.stop()
     b.stop()
     if len(on_b) != S:
-        sys.exit(f"{len(on_b)} of {S} sequences moved to B")
+        end(f"{len(on_b)} of {S} sequences moved to B")
     print(f"restart: {S} sequences of {P} pulses on one stream exact, every one resumed on B")
-    sys.exit(0)
+    end(0)
 
 if "cap" in spec:
     # The places filled by gRPC connections, each a sequence; one more
@@ -173,16 +189,16 @@ if "cap" in spec:
             extra = connect(spec["url"])
             try:
                 extra.infer(model, one(0, 0), sequence_id=999, sequence_start=True)
-                sys.exit(f"a connection past the cap of {places} was served")
+                end(f"a connection past the cap of {places} was served")
             except InferenceServerException as e:
                 if e.status() != "StatusCode.UNAVAILABLE" or f"connection cap ({places})" not in str(e):
-                    sys.exit(f"past the cap: {e.status()} {e}")
+                    end(f"past the cap: {e.status()} {e}")
             extra.close()
             h = http.client.HTTPConnection(spec["cap"]["http"], timeout=10)
             h.request("GET", f"/v2/models/{model}")
             got = h.getresponse()
             if got.status != 503 or b"connection cap" not in got.read():
-                sys.exit(f"an HTTP request past the cap got {got.status}")
+                end(f"an HTTP request past the cap got {got.status}")
             h.close()
     clients[0].close()
     # Its place freed (the server sees the close at once, or within a
@@ -197,12 +213,12 @@ if "cap" in spec:
         except InferenceServerException as e:
             again.close()
             if attempt == 99:
-                sys.exit(f"a freed place: {e}")
+                end(f"a freed place: {e}")
             time.sleep(0.05)
     for c in clients[1:]:
         c.close()
     print(f"{S} connections at the cap of {places} exact; one more refused UNAVAILABLE, HTTP 503; a freed place served")
-    sys.exit(0)
+    end(0)
 
 if "bound" in spec:
     # One connection's stream holding `bound` sequences; one more refused
@@ -218,22 +234,22 @@ if "bound" in spec:
         got, errors = st.take(bound + (p == 0), within=120.0)
         if p == 0:
             if len(errors) != 1 or f"{bound} sequences live on this connection" not in errors[0]:
-                sys.exit(f"one past the bound: {errors[:3]}")
+                end(f"one past the bound: {errors[:3]}")
         elif errors:
-            sys.exit(f"pulse {p}: {errors[:3]}")
+            end(f"pulse {p}: {errors[:3]}")
         if len(got) != bound or (bound, 0) in got:
-            sys.exit(f"pulse {p}: {len(got)} answers of {bound}")
+            end(f"pulse {p}: {len(got)} answers of {bound}")
         for (s, q), y in got.items():
             same(y, s, q, "at the bound")
     # Every one ended with its last pulse: a new sequence is taken.
     st.send(bound, 0, bound + 1)
     got, errors = st.take(1, within=30.0)
     if errors or (bound, 0) not in got:
-        sys.exit(f"after the others ended: {errors[:3]}")
+        end(f"after the others ended: {errors[:3]}")
     same(got[(bound, 0)], bound, 0, "after the others ended")
     st.stop()
     print(f"{bound} sequences on one connection's stream exact; one more refused naming the bound; taken once they ended")
-    sys.exit(0)
+    end(0)
 
 # S sequences multiplexed on one stream and S connections of one sequence
 # each (unary), interleaved: every pulse of the stream's sequences sent,
@@ -250,12 +266,12 @@ for p in range(P):
         same(alone[(s, p)], s, p, "a connection a sequence")
     got, errors = st.take(S, within=60.0)
     if errors or len(got) != S:
-        sys.exit(f"one stream, pulse {p}: {len(got)} answers of {S}, errors {errors[:3]}")
+        end(f"one stream, pulse {p}: {len(got)} answers of {S}, errors {errors[:3]}")
     for (s, q), y in got.items():
         same(y, s, q, "one stream")
         # The same pulses, on a stream and on a connection: the same bits.
         if y.tobytes() != alone[(s, q)].tobytes():
-            sys.exit(f"sequence {s} pulse {q}: the stream's answer is not the connection's")
+            end(f"sequence {s} pulse {q}: the stream's answer is not the connection's")
 st.stop()
 for cl in clients:
     cl.close()
@@ -263,7 +279,7 @@ for cl in clients:
 twins = [[c.infer(model, one(0, p), sequence_id=t, sequence_start=p == 0, sequence_end=p == P - 1).as_numpy(out_name).tobytes()
           for p in range(P)] for t in (5001, 5002)]
 if twins[0] != twins[1]:
-    sys.exit("two sequences fed the same pulses differ")
+    end("two sequences fed the same pulses differ")
 # Bad requests, each its error.
 def refused(what, call, *words):
     try:
@@ -271,9 +287,9 @@ def refused(what, call, *words):
     except InferenceServerException as e:
         for w in words:
             if w not in str(e):
-                sys.exit(f"{what}: the error {str(e)!r} does not say {w!r}")
+                end(f"{what}: the error {str(e)!r} does not say {w!r}")
         return
-    sys.exit(f"{what}: not refused")
+    end(f"{what}: not refused")
 def bad(dtype="FP32", shp=None, name=in_name, mdl=model, seq=9999, start=True):
     x = grpcclient.InferInput(name, shp or shape, dtype)
     x.set_data_from_numpy(np.zeros(shp or shape, "<f8" if dtype == "FP64" else "<f4"))
@@ -284,3 +300,4 @@ refused("an unknown input", lambda: bad(name="nope"), "nope")
 refused("an unknown model", lambda: bad(mdl="nope"), "nope")
 refused("no sequence_start", lambda: bad(seq=4242, start=False), "never started")
 print(f"{S} sequences of {P} pulses exact on one stream and on {S} connections, twins equal, 5 bad requests refused")
+end(0)

@@ -9,7 +9,15 @@
 //!
 //! A load average above [`QUIET`] is not a quiet machine (builds beside a
 //! bench move its figures). Each such section also names the record its
-//! figures come from, in `BENCHMARKS.md`, by its heading:
+//! figures come from: a record file of `bench/records/` (the whole file is
+//! the record), written bare or as a link,
+//!
+//! ```text
+//! Record: bench/records/2026-12-04-small-models-pay.md.
+//! Record: [bench/records/2026-12-04-small-models-pay.md](bench/records/2026-12-04-small-models-pay.md).
+//! ```
+//!
+//! or, the older form, a section of `BENCHMARKS.md` by its heading:
 //!
 //! ```text
 //! Record: BENCHMARKS.md, "2026-12-04: small models pay".
@@ -19,9 +27,9 @@
 //! word (the model, the system the figure is of, the figures): a row whose
 //! figures or system were changed on the front page alone, or a figure
 //! written in prose, fails. The unit tests run this on the workspace's
-//! README and BENCHMARKS.md (CI runs them with the rest of the suite) and
-//! on pinned bad cases, so a figure pasted without its stamp or its record
-//! fails CI.
+//! README and the records it names (CI runs them with the rest of the
+//! suite) and on pinned bad cases, so a figure pasted without its stamp or
+//! its record fails CI.
 
 /// The most load average a front-page figure may have been measured at.
 pub const QUIET: f64 = 1.0;
@@ -121,10 +129,38 @@ pub fn unstamped(readme: &str) -> Vec<String> {
     problems
 }
 
-/// The record a line names: `Record: BENCHMARKS.md, "HEADING"`.
-pub fn record(line: &str) -> Option<&str> {
-    let rest = line.trim().strip_prefix("Record: BENCHMARKS.md, \"")?;
-    Some(&rest[..rest.find('"')?])
+/// The record a `Record:` line names.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Record<'a> {
+    /// `Record: BENCHMARKS.md, "HEADING"`: that `##` section of BENCHMARKS.md.
+    Heading(&'a str),
+    /// `Record: bench/records/NAME.md` (or a link to it): that whole file.
+    File(&'a str),
+}
+
+/// Where the record files live, from the workspace root.
+pub const RECORDS: &str = "bench/records/";
+
+/// The record a line names: `Record: BENCHMARKS.md, "HEADING"`, or
+/// `Record: bench/records/NAME.md`, bare or as a markdown link
+/// `[text](bench/records/NAME.md)`, a full stop or comma after it allowed.
+/// A file outside `bench/records/`, not `.md`, or climbing out with `..`
+/// is no record.
+pub fn record(line: &str) -> Option<Record<'_>> {
+    let rest = line.trim().strip_prefix("Record: ")?;
+    if let Some(heading) = rest.strip_prefix("BENCHMARKS.md, \"") {
+        return Some(Record::Heading(&heading[..heading.find('"')?]));
+    }
+    let path = match rest.strip_prefix('[') {
+        Some(link) => {
+            let target = &link[link.find("](")? + 2..];
+            &target[..target.find(')')?]
+        }
+        None => rest.split_whitespace().next()?.trim_end_matches(['.', ',', ';']),
+    };
+    let name = path.strip_prefix(RECORDS)?;
+    (name.ends_with(".md") && !name.contains('/') && !name.contains("..") && name.len() > 3)
+        .then_some(Record::File(path))
 }
 
 /// The lines of `benchmarks` under `## heading`, to the next `## `.
@@ -135,16 +171,18 @@ fn record_section<'a>(benchmarks: &'a str, heading: &str) -> Option<Vec<&'a str>
     Some(lines.take_while(|l| !l.starts_with("## ")).collect())
 }
 
-/// What ties `readme`'s figures to `benchmarks` fails to, a line each:
+/// What ties `readme`'s figures to their records fails to, a line each:
 /// a section with figures and no record named, a record not found, a
-/// figure outside a table row, a row the record does not hold.
-pub fn untied(readme: &str, benchmarks: &str) -> Vec<String> {
+/// figure outside a table row, a row the record does not hold. `read`
+/// gives a file's text by its path from the workspace root
+/// (`BENCHMARKS.md`, `bench/records/NAME.md`), `None` where there is none.
+pub fn untied(readme: &str, read: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
     let mut problems = vec![];
     for (heading, lines) in sections(readme) {
         let figured: Vec<&str> = lines
             .iter()
             .copied()
-            .filter(|l| stamp(l).is_none())
+            .filter(|l| stamp(l).is_none() && record(l).is_none())
             .filter(|l| {
                 l.split(|c: char| c.is_whitespace() || c == '|' || c == '/')
                     .any(is_figure)
@@ -153,17 +191,36 @@ pub fn untied(readme: &str, benchmarks: &str) -> Vec<String> {
         if figured.is_empty() {
             continue;
         }
-        let Some(name) = lines.iter().find_map(|l| record(l)) else {
+        let Some(named) = lines.iter().find_map(|l| record(l)) else {
             problems.push(format!(
-                "{heading}: figures without a line \"Record: BENCHMARKS.md, \\\"HEADING\\\"\""
+                "{heading}: figures without a line \"Record: bench/records/NAME.md\" (or \"Record: BENCHMARKS.md, \\\"HEADING\\\"\")"
             ));
             continue;
         };
-        let Some(held) = record_section(benchmarks, name) else {
-            problems.push(format!(
-                "{heading}: the record it names is not a heading of BENCHMARKS.md"
-            ));
-            continue;
+        let text;
+        let held: Vec<&str> = match named {
+            Record::Heading(name) => {
+                text = read("BENCHMARKS.md").unwrap_or_default();
+                match record_section(&text, name) {
+                    Some(held) => held,
+                    None => {
+                        problems.push(format!(
+                            "{heading}: the record it names is not a heading of BENCHMARKS.md"
+                        ));
+                        continue;
+                    }
+                }
+            }
+            Record::File(path) => match read(path) {
+                Some(file) => {
+                    text = file;
+                    text.lines().collect()
+                }
+                None => {
+                    problems.push(format!("{heading}: the record it names, {path}, is not a file"));
+                    continue;
+                }
+            },
         };
         for line in figured {
             if !line.trim_start().starts_with('|') {
@@ -193,10 +250,12 @@ mod tests {
         let readme = include_str!("../../README.md");
         let problems = unstamped(readme);
         assert!(problems.is_empty(), "README.md:\n{}", problems.join("\n"));
-        let problems = untied(readme, include_str!("../../BENCHMARKS.md"));
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let read = |path: &str| std::fs::read_to_string(root.join(path)).ok();
+        let problems = untied(readme, &read);
         assert!(
             problems.is_empty(),
-            "README.md against BENCHMARKS.md:\n{}",
+            "README.md against its records:\n{}",
             problems.join("\n")
         );
         let shallow = std::process::Command::new("git")
@@ -222,6 +281,8 @@ mod tests {
     #[test]
     fn figures_must_be_rows_of_their_record() {
         let benchmarks = "# B\n\n## 2026-12-04: run\n\n| model | system | 1 |\n| gru | ours (tasks, combining) | 0.97x |\n\n## older\n\n| gru | ours (threads, worker) | 0.50x |\n";
+        let benchmarks = |path: &str| (path == "BENCHMARKS.md").then(|| benchmarks.to_string());
+        let benchmarks = &benchmarks;
         let page = |row: &str, record: &str| {
             format!("## Where\n\nMeasured 2026-12-04 at commit 1a2b3c4, load average 0.2 at its start.\n{record}\n\n| model | system | 1 |\n|---|---|---|\n{row}\n")
         };
@@ -265,6 +326,68 @@ mod tests {
             missing.len() == 1 && missing[0].contains("not a heading"),
             "{missing:?}"
         );
+    }
+
+    /// Pinned cases of the record-file form: a row its file holds, bare or
+    /// linked; a row only another file holds; a figure changed; a file
+    /// that is not there; and paths that are no record file.
+    #[test]
+    fn figures_must_be_rows_of_their_record_file() {
+        let files = |path: &str| match path {
+            "bench/records/2026-12-04-run.md" => Some(
+                "## 2026-12-04: run\n\n| model | system | 1 |\n| gru | ours (tasks, combining) | 0.97x |\n".to_string(),
+            ),
+            "bench/records/2026-12-03-older.md" => {
+                Some("## 2026-12-03: older\n\n| gru | ours (threads, worker) | 0.50x |\n".to_string())
+            }
+            // The old form's file holds the row too: it must not count.
+            "BENCHMARKS.md" => Some("## 2026-12-04: run\n\n| gru | ours (threads, worker) | 0.97x |\n".to_string()),
+            _ => None,
+        };
+        let page = |row: &str, record: &str| {
+            format!("## Where\n\nMeasured 2026-12-04 at commit 1a2b3c4, load average 0.2 at its start.\n{record}\n\n| model | system | 1 |\n|---|---|---|\n{row}\n")
+        };
+        let bare = "Record: bench/records/2026-12-04-run.md.";
+        let linked = "Record: [bench/records/2026-12-04-run.md](bench/records/2026-12-04-run.md).";
+        let row = "| gru | ours (tasks, combining) | 0.97x |";
+        assert_eq!(untied(&page(row, bare), &files), Vec::<String>::new());
+        assert_eq!(untied(&page(row, linked), &files), Vec::<String>::new());
+        let elsewhere = untied(&page("| gru | ours (threads, worker) | 0.50x |", bare), &files);
+        assert!(
+            elsewhere.len() == 1 && elsewhere[0].contains("does not hold"),
+            "{elsewhere:?}"
+        );
+        let relabelled = untied(&page("| gru | ours (threads, worker) | 0.97x |", linked), &files);
+        assert!(
+            relabelled.len() == 1 && relabelled[0].contains("does not hold"),
+            "{relabelled:?}"
+        );
+        let changed = untied(&page("| gru | ours (tasks, combining) | 0.99x |", bare), &files);
+        assert_eq!(changed.len(), 1, "{changed:?}");
+        let missing = untied(&page(row, "Record: bench/records/2026-12-05-nowhere.md."), &files);
+        assert!(
+            missing.len() == 1 && missing[0].contains("is not a file"),
+            "{missing:?}"
+        );
+        for not_a_record in [
+            "Record: bench/records/../../README.md",
+            "Record: bench/records/sub/x.md",
+            "Record: bench/records/x.txt",
+            "Record: docs/x.md",
+            "Record: [x](bench/records/x.txt)",
+        ] {
+            assert_eq!(record(not_a_record), None, "{not_a_record}");
+            let unnamed = untied(&page(row, not_a_record), &files);
+            assert!(
+                unnamed.len() == 1 && unnamed[0].contains("without a line"),
+                "{not_a_record}: {unnamed:?}"
+            );
+        }
+        assert_eq!(
+            record("Record: BENCHMARKS.md, \"2026-12-04: run\"."),
+            Some(Record::Heading("2026-12-04: run"))
+        );
+        assert_eq!(record(linked), Some(Record::File("bench/records/2026-12-04-run.md")));
     }
 
     /// Pinned cases: a figure without a stamp, a stamp from a loaded

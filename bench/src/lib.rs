@@ -27,3 +27,9 @@ pub mod searches;
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct WorkspaceReadme;
+
+/// The library guide's examples (`docs/library.md`), compiled and run as
+/// doc tests here, as the README's are.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/library.md")]
+struct LibraryGuide;

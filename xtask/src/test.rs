@@ -350,6 +350,30 @@ SKIPPED: DTLN is unavailable here: pip failed
         assert!(skips("all good\n").is_empty());
     }
 
+    /// The README's set-up table names every package this task installs,
+    /// and `cargo-nextest`: a tool added here without the README fails.
+    #[test]
+    fn the_readme_set_up_table_lists_every_tool() {
+        let readme = include_str!("../../README.md");
+        let section: String = readme
+            .lines()
+            .skip_while(|l| l.trim() != "## Set up")
+            .skip(1)
+            .take_while(|l| !l.starts_with("## "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(!section.is_empty(), "README.md has no \"## Set up\" section");
+        let words: Vec<&str> = section
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .collect();
+        for package in TOOLS.iter().filter_map(|t| t.package).chain(["cargo-nextest"]) {
+            assert!(
+                words.contains(&package),
+                "README.md's set-up table does not name {package}"
+            );
+        }
+    }
+
     /// Every tool names what needs it and how to get it.
     #[test]
     fn every_tool_says_why_and_how() {

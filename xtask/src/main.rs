@@ -6,6 +6,7 @@
 #[cfg(test)]
 mod codemap;
 mod cpus;
+mod links;
 #[cfg(test)]
 mod readme;
 mod test;
@@ -56,6 +57,8 @@ tasks:
   ci                       what CI runs, in short: fmt check, clippy, the test suite, doc
                            tests, cargo doc warning-free, the loom model checks
                            (.ci/run adds cargo deny, packaging, MSRV, downstream smoke)
+  links                    every relative link and #anchor of the workspace's markdown
+                           resolves (xtask/src/links.rs; CI runs it)
   loom                     model-check the answer slot and the inbox's sleeper rule
                            with loom (laned-runner built with --cfg loom, in
                            target/loom so the main build is left alone)
@@ -83,6 +86,7 @@ fn main() {
         "fuzz" => fuzz(rest),
         "ci" => ci(),
         "loom" => loom(),
+        "links" => links::task(rest),
         "device" => device(rest),
         "help" | "--help" | "-h" => {
             print!("{TASKS}");

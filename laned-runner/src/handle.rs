@@ -94,28 +94,46 @@ impl LanedStateHandle {
         crate::drive::value(w, shard, &slot).await
     }
 
-    async fn snapshot<W: Wait>(&self, w: &mut W) -> Result<TVec<Tensor>, RunError> {
+    /// The stream's state and the pulses it fed, read together.
+    async fn read<W: Wait>(&self, w: &mut W) -> Result<(TVec<Tensor>, u64), RunError> {
         let stream = self.stream.grant;
         self.ask(w, |slot| Request::ReadState { stream, slot })
             .await
             .map_err(|e| self.stream.core.told(e))
     }
 
-    async fn restore<W: Wait>(&mut self, state: TVec<Tensor>, w: &mut W) -> Result<(), RunError> {
+    async fn snapshot<W: Wait>(&self, w: &mut W) -> Result<TVec<Tensor>, RunError> {
+        Ok(self.read(w).await?.0)
+    }
+
+    /// Overwrite the stream's state; with `pulses`, the count it fed too.
+    async fn write<W: Wait>(&mut self, state: TVec<Tensor>, pulses: Option<u64>, w: &mut W) -> Result<(), RunError> {
         let stream = self.stream.grant;
-        self.ask(w, |slot| Request::WriteState { stream, state, slot })
-            .await
-            .map_err(|e| self.stream.core.told(e))
+        self.ask(w, |slot| Request::WriteState {
+            stream,
+            state,
+            pulses,
+            slot,
+        })
+        .await
+        .map_err(|e| self.stream.core.told(e))
+    }
+
+    async fn restore<W: Wait>(&mut self, state: TVec<Tensor>, w: &mut W) -> Result<(), RunError> {
+        self.write(state, None, w).await
     }
 
     async fn export<W: Wait>(&self, w: &mut W) -> Result<StreamState, RunError> {
-        let tensors = self.snapshot(w).await?;
-        self.stream.core.wire.export(&tensors)
+        let (tensors, pulses) = self.read(w).await?;
+        self.stream.core.wire.export(&tensors, pulses)
     }
 
+    /// The state checked whole (version, model, each tensor, each position
+    /// against the pulses it says the stream fed) before anything is
+    /// written; then the state and the count, in one write.
     async fn import<W: Wait>(&mut self, state: &StreamState, w: &mut W) -> Result<(), RunError> {
-        let tensors = self.stream.core.wire.import(state)?;
-        self.restore(tensors, w).await
+        let (tensors, pulses) = self.stream.core.wire.import(state)?;
+        self.write(tensors, Some(pulses), w).await
     }
 
     /// This stream's explicit state (a tensor per state pair, the batch

@@ -28,6 +28,9 @@ pub(crate) struct Interface {
     /// State the model carries as an input and returns as an output, kept
     /// per lane by the runner.
     pub state: Vec<StateIo>,
+    /// State the runner's own ops keep per lane in place (the implicit
+    /// state of a Delay or a PulsePad), after `state` on the wire.
+    pub kept: Vec<crate::implicit::KeptAt>,
     /// How a stream of a pulsed model ends, from tract-pulse's properties.
     pub pulse: Option<PulseInfo>,
     /// Whether a batched input has a free dim besides the batch: then seats
@@ -474,6 +477,7 @@ impl Interface {
             batched_inputs,
             shared_inputs,
             state,
+            kept: vec![],
             pulse,
             free_dims,
         })

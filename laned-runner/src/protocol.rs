@@ -86,10 +86,11 @@ pub(crate) enum Request {
     Release(Grant),
     /// The call answering into this slot was cancelled: drop its queued seats.
     Cancel(Arc<Slot<CallResult>>),
-    /// A stream reads its explicit state.
+    /// A stream reads its state, with the pulses it fed (read together,
+    /// between the same two turns).
     ReadState {
         stream: Grant,
-        slot: Arc<Slot<Result<TVec<Tensor>, RunError>>>,
+        slot: Arc<Slot<Result<(TVec<Tensor>, u64), RunError>>>,
     },
     /// Whether a stream can still be served, and why not (`None`: it can).
     Status {
@@ -102,10 +103,12 @@ pub(crate) enum Request {
         stream: Grant,
         slot: Arc<Slot<Result<u64, RunError>>>,
     },
-    /// A stream overwrites its explicit state.
+    /// A stream overwrites its state, and with an imported one (`pulses`
+    /// given) the pulses it fed.
     WriteState {
         stream: Grant,
         state: TVec<Tensor>,
+        pulses: Option<u64>,
         slot: Arc<Slot<Result<(), RunError>>>,
     },
 }

@@ -168,7 +168,9 @@ impl LanedRunner {
         let given = inner.clone();
         let lifted = crate::implicit::lift(inner).map_err(|e| NewRunnerError::Model(format!("{e:#}")))?;
         let inner = lifted.runnable;
-        let iface = Arc::new(Interface::of(&*inner, &state_spec, &lifted.pairs)?);
+        let mut iface = Interface::of(&*inner, &state_spec, &lifted.pairs)?;
+        iface.kept = lifted.kept;
+        let iface = Arc::new(iface);
         let left: Vec<(String, String)> = lifted
             .report
             .iter()
@@ -576,11 +578,14 @@ impl LanedRunner {
     }
 
     /// What a turn runs: the plan as given with its ops' implicit state
-    /// lifted into explicit pairs, and every state the runner keeps per
-    /// lane (the caller's pairs and the lifted ones), in input order. For
-    /// a loop that batches the same model by hand (a bench's ideal loop):
-    /// it feeds each kept state, a row per lane from its initial value,
-    /// and feeds each next value back.
+    /// lifted into explicit pairs (a Scan's) or kept in the runner's own
+    /// ops (a Delay's, a PulsePad's), and every explicit state the runner
+    /// keeps per lane (the caller's pairs and the lifted ones), in input
+    /// order. For a loop that batches the same plan by hand: it feeds each
+    /// explicit state, a row per lane from its initial value, and feeds
+    /// each next value back; on a plain state (no seating), the kept ops
+    /// keep a lane per row. Not a ceiling: a bench's ideal loop runs the
+    /// model as the user gave it.
     pub fn served(&self) -> (Arc<dyn Runnable>, Vec<KeptState>) {
         let kept = self
             .core

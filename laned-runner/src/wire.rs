@@ -14,7 +14,7 @@
 //!
 //! ```
 //! # use laned_runner::{StreamState, STREAM_STATE_VERSION};
-//! let json = r#"{"version":3,"model":"rnn|state F32 1,B,6|weights 6c62272e07bb0142|graph 0d6a3f0c2e5b1a97","tensors":[]}"#;
+//! let json = r#"{"version":3,"model":"rnn|state F32 1,B,6|weights 6c62272e07bb0142|graph 0d6a3f0c2e5b1a97","pulses":12,"tensors":[]}"#;
 //! let state: StreamState = serde_json::from_str(json).unwrap();
 //! assert_eq!(state.version, STREAM_STATE_VERSION);
 //! ```
@@ -28,8 +28,12 @@ use crate::iface::{one_stream_shape, shape_text, Interface};
 /// The version [`StreamState`]s are written in, and the only one read.
 ///
 /// Version 3: the tensors hold every piece of a stream's state, its ops'
-/// implicit state lifted out of them (`implicit`) after the model's own
-/// explicit pairs; a version-2 state, which held only the latter, is
+/// implicit state (`implicit`) after the model's own explicit pairs: first
+/// what is lifted into pairs (a Scan's, a GruSeq's), then what the
+/// runner's own ops keep in place (a Delay's frames, a PulsePad's
+/// position), each in the model's node order; and the pulses the stream
+/// fed ([`StreamState::pulses`]), without which a state is refused at
+/// import. A version-2 state, which held only the explicit pairs, is
 /// refused by its version, naming both. (Version 2: the model's identity
 /// covers its graph, not only its weights.)
 pub const STREAM_STATE_VERSION: u32 = 3;
@@ -46,6 +50,13 @@ pub struct StreamState {
     /// a digest of its weights and one of its graph (its ops and their
     /// parameters). A runner refuses another model's state, naming both.
     pub model: String,
+    /// The pulses the stream fed before this state (every clone's calls):
+    /// the stream's length so far, for its end and for the positions its
+    /// state keeps. Every export writes it; a state without it (written
+    /// before it travelled) is refused at import, since the stream would
+    /// end at the wrong length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pulses: Option<u64>,
     /// One tensor per state pair, in the model's order, batch extent 1.
     pub tensors: Vec<StateTensor>,
 }
@@ -98,20 +109,20 @@ impl StateTensor {
     }
 
     /// The tensor, checked first against `dt` and `shape`, what one stream's
-    /// state takes at model input `input` (tensor `index` of the state): a
-    /// shape from outside reaches tract only if it is the model's (a
-    /// zero-element shape whose dims overflow passes the byte count, then
-    /// overflows tract's strides).
+    /// state takes at `place` (`state input 3`; tensor `index` of the
+    /// state): a shape from outside reaches tract only if it is the model's
+    /// (a zero-element shape whose dims overflow passes the byte count,
+    /// then overflows tract's strides).
     pub(crate) fn to_tensor_as(
         &self,
         index: usize,
-        input: usize,
+        place: &str,
         dt: DatumType,
         shape: &[usize],
     ) -> Result<Tensor, String> {
         if self.datum_type != format!("{dt:?}") || self.shape[..] != shape[..] {
             return Err(format!(
-                "state tensor {index} is {:?} {:?}, state input {input} takes {dt:?} {shape:?} per stream",
+                "state tensor {index} is {:?} {:?}, {place} takes {dt:?} {shape:?} per stream",
                 self.datum_type, self.shape
             ));
         }
@@ -179,12 +190,16 @@ pub(crate) struct Wire {
 /// What one state tensor must be to be imported.
 #[derive(Debug)]
 struct Pair {
-    /// The model input the state feeds.
-    input: usize,
+    /// Where the state goes, for errors: `state input 3` (the model input
+    /// it feeds), or the op keeping it in place.
+    place: String,
     datum_type: DatumType,
     /// One stream's shape (1 on the batch axis), or why there is none (a
     /// symbolic dim besides the batch).
     shape: Result<TVec<usize>, String>,
+    /// For a stream position: how far it moves a pulse (it must then be
+    /// the stream's pulses times this).
+    step: Option<i64>,
 }
 
 impl Wire {
@@ -199,7 +214,8 @@ impl Wire {
             .state
             .iter()
             .map(|io| Pair {
-                input: io.input,
+                place: format!("state input {}", io.input),
+                step: None,
                 datum_type: io.fact.datum_type,
                 shape: one_stream_shape(&io.fact, Some(io.axis)).ok_or_else(|| {
                     format!(
@@ -209,6 +225,12 @@ impl Wire {
                     )
                 }),
             })
+            .chain(iface.kept.iter().map(|k| Pair {
+                place: format!("the state {:?} keeps", k.kept.node),
+                datum_type: k.kept.datum_type,
+                shape: Ok(k.kept.lane_shape.clone()),
+                step: k.kept.step,
+            }))
             .collect();
         Wire {
             identity: crate::identity::state_identity(model, &iface.inputs, &iface.state),
@@ -247,8 +269,8 @@ impl Wire {
     }
 
     /// A stream's state tensors (one per pair, batch extent 1) as they
-    /// travel, with the model's identity.
-    pub(crate) fn export(&self, tensors: &[Tensor]) -> Result<StreamState, RunError> {
+    /// travel, with the model's identity and the pulses it fed.
+    pub(crate) fn export(&self, tensors: &[Tensor], pulses: u64) -> Result<StreamState, RunError> {
         if let Some(why) = self.stays() {
             return Err(RunError::new(RunErrorKind::State(why)));
         }
@@ -260,6 +282,7 @@ impl Wire {
         Ok(StreamState {
             version: STREAM_STATE_VERSION,
             model: self.identity.clone(),
+            pulses: Some(pulses),
             tensors,
         })
     }
@@ -268,14 +291,15 @@ impl Wire {
     /// version and model and each tensor fits its state input's fact for
     /// one stream (datum type and shape): what an import checks before
     /// anything of tract's sees the state.
-    pub(crate) fn import(&self, state: &StreamState) -> Result<TVec<Tensor>, RunError> {
+    /// With the tensors, the pulses the stream fed.
+    pub(crate) fn import(&self, state: &StreamState) -> Result<(TVec<Tensor>, u64), RunError> {
         self.checked(state)
             .map_err(|why| RunError::new(RunErrorKind::State(why)))
     }
 
     /// [`Wire::import`]'s checks, in order: version, model, tensor count,
-    /// then each tensor.
-    fn checked(&self, state: &StreamState) -> Result<TVec<Tensor>, String> {
+    /// the pulse count, then each tensor (a position against the count).
+    fn checked(&self, state: &StreamState) -> Result<(TVec<Tensor>, u64), String> {
         if let Some(why) = self.stays() {
             return Err(why);
         }
@@ -299,14 +323,42 @@ impl Wire {
                 state.tensors.len()
             ));
         }
-        self.pairs
+        let Some(pulses) = state.pulses else {
+            return Err(
+                "the stream state carries no pulse count (it was written before the count travelled): the stream would end at the wrong length".into(),
+            );
+        };
+        let tensors = self
+            .pairs
             .iter()
             .zip(&state.tensors)
             .enumerate()
             .map(|(index, (pair, t))| {
                 let shape = pair.shape.as_ref().map_err(Clone::clone)?;
-                t.to_tensor_as(index, pair.input, pair.datum_type, shape)
+                let tensor = t.to_tensor_as(index, &pair.place, pair.datum_type, shape)?;
+                if let Some(step) = pair.step {
+                    reachable(&tensor, step, pulses, index, &pair.place)?;
+                }
+                Ok(tensor)
             })
-            .collect()
+            .collect::<Result<_, String>>()?;
+        Ok((tensors, pulses))
     }
+}
+
+/// Whether `position` (one `I64`) is where a stream stands after `pulses`
+/// pulses of `step` frames: the only value a runner could have exported.
+fn reachable(position: &Tensor, step: i64, pulses: u64, index: usize, place: &str) -> Result<(), String> {
+    let value = position
+        .try_as_plain_ram()
+        .and_then(|t| t.as_slice::<i64>().map(|s| s.to_vec()))
+        .map_err(|e| format!("{e:#}"))?;
+    let expected = i64::try_from(pulses).ok().and_then(|p| p.checked_mul(step));
+    if value.len() != 1 || Some(value[0]) != expected {
+        return Err(format!(
+            "state tensor {index} is the stream position {value:?} of {place}; a stream that fed {pulses} pulses stands at {}",
+            expected.map_or_else(|| "no position this runner can hold".into(), |e| e.to_string())
+        ));
+    }
+    Ok(())
 }

@@ -54,7 +54,7 @@ pub fn implicit_facts(implicit: &[laned_runner::ImplicitState]) -> Vec<String> {
     let stays = implicit.iter().filter(|s| !s.travels()).count();
     facts.push(if stays == 0 {
         format!(
-            "hand-over: every op's state travels ({} lifted to explicit state, exported with a stream)",
+            "hand-over: every op's state travels ({} read out per stream, exported with it)",
             implicit.len()
         )
     } else {

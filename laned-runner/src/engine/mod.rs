@@ -184,6 +184,7 @@ impl Engine {
                 let read = self.streams.own(stream).and_then(|lane| {
                     self.model
                         .read(lane)
+                        .map(|state| (state, self.streams.pulses(lane)))
                         .map_err(|e| RunError::new(RunErrorKind::Output(format!("reading the state: {e:#}"))))
                 });
                 slot.fill(read);
@@ -205,11 +206,20 @@ impl Engine {
             Request::Pulses { stream, slot } => {
                 slot.fill(self.streams.own(stream).map(|lane| self.streams.pulses(lane)));
             }
-            Request::WriteState { stream, state, slot } => {
+            Request::WriteState {
+                stream,
+                state,
+                pulses,
+                slot,
+            } => {
                 let written = self.streams.own(stream).and_then(|lane| {
                     self.model
                         .write(lane, &state)
-                        .map_err(|why| RunError::new(RunErrorKind::State(why)))
+                        .map_err(|why| RunError::new(RunErrorKind::State(why)))?;
+                    if let Some(pulses) = pulses {
+                        self.streams.set_pulses(LaneId(lane), pulses);
+                    }
+                    Ok(())
                 });
                 slot.fill(written);
             }

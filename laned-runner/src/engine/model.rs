@@ -188,14 +188,65 @@ impl Model {
         self.explicit.reset(&[lane.0]).map_err(|e| format!("{e:#}"))
     }
 
-    /// `lane`'s explicit state.
+    /// `lane`'s state as it travels: its explicit state, then what the
+    /// runner's own ops keep of it in place.
     pub(super) fn read(&self, lane: usize) -> TractResult<TVec<Tensor>> {
-        self.explicit.read(lane)
+        let mut tensors = self.explicit.read(lane)?;
+        if !self.iface.kept.is_empty() {
+            let state = self.simple_state().context("the laned state is closed")?;
+            for kept in &self.iface.kept {
+                tensors.push(kept.read(state, lane)?);
+            }
+        }
+        Ok(tensors)
     }
 
-    /// Overwrite `lane`'s explicit state.
+    /// Overwrite `lane`'s state, as [`Model::read`] gives it. Every tensor
+    /// is checked before any is written, so a refused write leaves the
+    /// lane as it was.
     pub(super) fn write(&mut self, lane: usize, state: &[Tensor]) -> Result<(), String> {
-        self.explicit.write(lane, state)
+        let explicit = self.iface.state.len();
+        let expected = explicit + self.iface.kept.len();
+        if state.len() != expected {
+            return Err(format!(
+                "the model carries {expected} state tensors, {} were given",
+                state.len()
+            ));
+        }
+        let (ours, kept) = state.split_at(explicit);
+        for (kept, t) in self.iface.kept.iter().zip(kept) {
+            if t.datum_type() != kept.kept.datum_type || t.shape() != &*kept.kept.lane_shape {
+                return Err(format!(
+                    "the state of {:?} takes {:?} {:?} per stream, got {:?} {:?}",
+                    kept.kept.node,
+                    kept.kept.datum_type,
+                    kept.kept.lane_shape,
+                    t.datum_type(),
+                    t.shape()
+                ));
+            }
+        }
+        self.explicit.write(lane, ours)?;
+        let lanes = self.lanes;
+        let iface = self.iface.clone();
+        if iface.kept.is_empty() {
+            return Ok(());
+        }
+        let state = self.simple_state_mut().ok_or("the laned state is closed")?;
+        for (kept, t) in iface.kept.iter().zip(kept) {
+            kept.write(state, lane, lanes, t).map_err(|e| format!("{e:#}"))?;
+        }
+        Ok(())
+    }
+
+    /// The state as tract's plain state, where the runner's own ops keep
+    /// their lanes (`None` once closed).
+    fn simple_state(&self) -> Option<&TypedSimpleState> {
+        self.state.as_ref()?.downcast_ref::<TypedSimpleState>()
+    }
+
+    fn simple_state_mut(&mut self) -> Option<&mut TypedSimpleState> {
+        self.state.as_mut()?.downcast_mut::<TypedSimpleState>()
     }
 
     /// A fresh state in place of the current one, every lane reset: false

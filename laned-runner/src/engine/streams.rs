@@ -156,6 +156,12 @@ impl Streams {
         self.pulses[lane.0] += 1;
     }
 
+    /// `lane`'s stream continues a stream that fed `pulses` (an imported
+    /// state).
+    pub(super) fn set_pulses(&mut self, lane: LaneId, pulses: u64) {
+        self.pulses[lane.0] = pulses;
+    }
+
     /// The pulses `lane`'s stream fed so far, every clone's calls counted.
     pub(super) fn pulses(&self, lane: usize) -> u64 {
         self.pulses[lane]

@@ -1,59 +1,251 @@
-//! tract-pulse's Delay lifted: its buffer (`delay + overlap` frames of the
-//! stream before this pulse, zeros before the stream starts) becomes a state
-//! input `buffer`, and the op becomes
+//! tract-pulse's Delay kept in place: [`LaneDelay`] replaces the op, and its
+//! state holds, per lane, the `delay + overlap` frames of the stream before
+//! the coming pulse (zeros before the stream starts), in stream order.
+//!
+//! A seat's pulse of `p` frames is the tail of the sequence
 //!
 //! ```text
-//! joined = concat(buffer, pulse)           // along the delayed axis
-//! out    = joined[0 .. pulse + overlap]    // what Delay outputs
-//! next   = joined[pulse .. pulse + buffered] // the buffer for the next pulse
+//! joined = buffer ++ pulse                  // along the delayed axis
+//! out    = joined[0 .. p + overlap]         // what Delay outputs
+//! buffer = joined[p .. p + buffered]        // what the next pulse finds
 //! ```
 //!
-//! Delay's ring keeps the same frames (the last `buffered` of the stream)
-//! and writes out the same ones: its output is the buffered frames in
-//! stream order followed by the pulse's first `pulse - delay`, or, for a
-//! pulse shorter than the delay, the buffer's first `pulse + overlap`. Both
-//! are `joined`'s prefix; only copies, so the bits are the op's.
+//! which is what tract's ring computes (the last `buffered` frames of the
+//! stream, then the pulse's first `p - delay`): only copies, so the bits
+//! are the op's. The lane's frames are copied where tract's own laned
+//! Delay copies them (into the output, the new tail back into the lane),
+//! and nowhere else: no state input or output, nothing gathered or
+//! scattered by the runner around a turn. Export and import read and
+//! write one lane's frames on demand ([`LaneDelayState::read_lane`],
+//! [`LaneDelayState::write_lane`]).
 
 use tract_core::internal::*;
-use tract_core::ops::array::{Slice, TypedConcat};
+use tract_core::plan::LaneId as TractLane;
 use tract_pulse_opl::ops::Delay;
 
-use super::{add_output, add_pair, reroute, LiftedPair, Rewrite};
+use super::{lane_of, one_lane_shape, reroute, seats, Kept, Rewrite};
 
 pub(super) fn lift(model: &mut TypedModel, node: &TypedNode) -> TractResult<Rewrite> {
     let Some(op) = node.op_as::<Delay>() else {
         return Ok(Rewrite::NotMine);
     };
+    if op.axis == 0 {
+        return Ok(Rewrite::Left("it delays axis 0, the lanes' axis".into()));
+    }
     let input = node.inputs[0];
     let fact = model.outlet_fact(input)?.without_value();
     let axis = op.axis;
-    let pulse = fact.shape[axis]
+    fact.shape[axis]
         .to_usize()
         .with_context(|| format!("the pulse of {:?} has no concrete length on axis {axis}", node.name))?;
     let buffered = op.delay + op.overlap;
-    let mut buffer_fact = fact.clone();
-    buffer_fact.shape.set(axis, buffered.to_dim());
-    let (buffer, state_input) = add_pair(model, &node.name, buffer_fact)?;
-    let joined = model.wire_node(
-        format!("{}.laned.joined", node.name),
-        TypedConcat::new(axis),
-        &[buffer, input],
-    )?[0];
-    let out = model.wire_node(
-        format!("{}.laned.out", node.name),
-        Slice::new(axis, 0, pulse + op.overlap),
-        &[joined],
-    )?[0];
-    let next = model.wire_node(
-        format!("{}.laned.next", node.name),
-        Slice::new(axis, pulse, pulse + buffered),
-        &[joined],
-    )?[0];
+    let Some(mut lane_shape) = one_lane_shape(&fact) else {
+        return Ok(Rewrite::Left(format!(
+            "its input {:?} has a symbolic dim besides the batch",
+            fact.shape
+        )));
+    };
+    lane_shape[axis] = buffered;
+    let name = format!("{}.laned", node.name);
+    let lane_delay = LaneDelay {
+        axis,
+        delay: op.delay,
+        overlap: op.overlap,
+        lane_shape: lane_shape.clone(),
+    };
+    let out = model.wire_node(&name, lane_delay, &[input])?[0];
     reroute(model, node.id.into(), out)?;
-    let output = add_output(model, next)?;
-    Ok(Rewrite::Lifted(LiftedPair {
-        input: state_input,
-        output,
-        initial: None,
+    Ok(Rewrite::Kept(Kept {
+        node: name,
+        datum_type: fact.datum_type,
+        lane_shape,
+        step: None,
     }))
+}
+
+/// Delay with its buffer kept per lane in its own state, readable and
+/// writable one lane at a time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LaneDelay {
+    axis: usize,
+    delay: usize,
+    overlap: usize,
+    /// One lane's buffer shape (1 on axis 0, `delay + overlap` on `axis`).
+    lane_shape: TVec<usize>,
+}
+
+impl LaneDelay {
+    fn buffered(&self) -> usize {
+        self.delay + self.overlap
+    }
+}
+
+impl Op for LaneDelay {
+    fn name(&self) -> StaticName {
+        "LaneDelay".into()
+    }
+
+    fn info(&self) -> TractResult<Vec<String>> {
+        Ok(vec![format!(
+            "axis: {} delay: {} overlap: {} (Delay, its buffer kept per lane)",
+            self.axis, self.delay, self.overlap
+        )])
+    }
+
+    op_as_typed_op!();
+}
+
+impl EvalOp for LaneDelay {
+    not_out_of_plan!();
+
+    fn state(&self, _ctx: &EvalContext) -> TractResult<Option<Box<dyn OpState>>> {
+        Ok(Some(Box::new(LaneDelayState {
+            op: self.clone(),
+            buffer: None,
+            heads: vec![],
+        })))
+    }
+}
+
+impl TypedOp for LaneDelay {
+    fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
+        let mut fact = inputs[0].without_value();
+        fact.uniform = None;
+        let pulse = fact.shape[self.axis].clone();
+        fact.shape.set(self.axis, pulse + self.overlap);
+        Ok(tvec!(fact))
+    }
+
+    as_op!();
+}
+
+/// Every lane's frames, `[lanes, .., delay + overlap, ..]`, allocated
+/// (zeros) at the first turn or write, when the state's width is known; each
+/// lane a ring whose oldest frame sits at its `heads` entry, so a turn
+/// overwrites the frames it retires instead of moving the others.
+#[derive(Debug, Clone)]
+pub struct LaneDelayState {
+    op: LaneDelay,
+    buffer: Option<Tensor>,
+    heads: Vec<usize>,
+}
+
+/// The runs of a ring of `len` frames holding `count` frames from ring
+/// index `start`: each with its offset among the `count`.
+fn runs(start: usize, count: usize, len: usize) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> {
+    let first = count.min(len - start);
+    [(0, start..start + first), (first, 0..count - first)]
+        .into_iter()
+        .filter(|(_, r)| !r.is_empty())
+}
+
+impl LaneDelayState {
+    /// The buffer for `lanes` lanes of `dt`, allocated if it was not.
+    fn buffer(&mut self, dt: DatumType, lanes: usize) -> TractResult<(&mut Tensor, &mut Vec<usize>)> {
+        if self.buffer.is_none() {
+            let mut shape = self.op.lane_shape.clone();
+            shape[0] = lanes;
+            self.buffer = Some(Tensor::zero_dt(dt, &shape)?);
+            self.heads = vec![0; lanes];
+        }
+        let buffer = self.buffer.as_mut().unwrap();
+        ensure!(
+            buffer.shape()[0] == lanes && buffer.datum_type() == dt,
+            "LaneDelay holds {} lanes of {:?}, asked for {lanes} of {dt:?}",
+            buffer.shape()[0],
+            buffer.datum_type()
+        );
+        Ok((buffer, &mut self.heads))
+    }
+
+    /// One lane's frames in stream order (`[1, .., delay + overlap, ..]`);
+    /// zeros for a state not run yet.
+    pub(crate) fn read_lane(&self, lane: usize, dt: DatumType) -> TractResult<Tensor> {
+        let mut frames = Tensor::zero_dt(dt, &self.op.lane_shape)?;
+        if let Some(buffer) = &self.buffer {
+            let axis = self.op.axis;
+            let len = self.op.buffered();
+            for (at, run) in runs(self.heads[lane], len, len) {
+                let n = run.len();
+                frames.assign_slice_at_prefix(&[0], at..at + n, buffer, &[lane], run, axis)?;
+            }
+        }
+        Ok(frames)
+    }
+
+    /// Overwrite one lane's frames (shaped as [`LaneDelayState::read_lane`]
+    /// gives them) in a state of `lanes` lanes.
+    pub(crate) fn write_lane(&mut self, lane: usize, lanes: usize, frames: &Tensor) -> TractResult<()> {
+        ensure!(
+            frames.shape() == &*self.op.lane_shape,
+            "LaneDelay takes {:?} a lane, got {:?}",
+            self.op.lane_shape,
+            frames.shape()
+        );
+        let (buffer, heads) = self.buffer(frames.datum_type(), lanes)?;
+        buffer.assign_slice(lane..lane + 1, frames, 0..1, 0)?;
+        heads[lane] = 0;
+        Ok(())
+    }
+}
+
+impl OpState for LaneDelayState {
+    fn eval(&mut self, ctx: &EvalContext, _op: &dyn Op, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        let input = args_1!(inputs);
+        let (axis, overlap, len) = (self.op.axis, self.op.overlap, self.op.buffered());
+        let dt = input.datum_type();
+        let (seats, width) = seats(ctx.seating, input.shape()[0], "LaneDelay")?;
+        if len == 0 {
+            return Ok(tvec!(input));
+        }
+        let pulse = input.shape()[axis];
+        let out_len = pulse + overlap;
+        let mut out_shape: TVec<usize> = input.shape().into();
+        out_shape[axis] = out_len;
+        // SAFETY: every frame of every seat is written below: `from_lane`
+        // frames from the lane's ring, the other `out_len - from_lane` from
+        // the pulse.
+        let mut output = unsafe { Tensor::uninitialized_dt(dt, &out_shape)? };
+        let (buffer, heads) = self.buffer(dt, width)?;
+        let from_lane = len.min(out_len);
+        let fresh = pulse.min(len);
+        for ix in 0..seats {
+            let lane = lane_of(ctx.seating, ix);
+            let head = heads[lane];
+            // The output: the lane's frames, oldest first, then the pulse's
+            // first ones.
+            for (at, run) in runs(head, from_lane, len) {
+                let n = run.len();
+                output.assign_slice_at_prefix(&[ix], at..at + n, buffer, &[lane], run, axis)?;
+            }
+            output.assign_slice_at_prefix(&[ix], from_lane..out_len, &input, &[ix], 0..out_len - from_lane, axis)?;
+            // The pulse's frames take the places of the oldest ones: only
+            // its last `fresh` survive, written where they land.
+            for (at, run) in runs((head + pulse - fresh) % len, fresh, len) {
+                let n = run.len();
+                let from = pulse - fresh + at;
+                buffer.assign_slice_at_prefix(&[lane], run, &input, &[ix], from..from + n, axis)?;
+            }
+            heads[lane] = (head + pulse) % len;
+        }
+        Ok(tvec!(output.into_tvalue()))
+    }
+
+    fn reset_lanes(&mut self, lanes: &[TractLane]) -> TractResult<()> {
+        let Some(buffer) = self.buffer.as_mut() else {
+            return Ok(());
+        };
+        let width = buffer.shape()[0];
+        ensure!(
+            lanes.iter().all(|l| l.0 < width),
+            "LaneDelay holds {width} lanes, asked to reset {lanes:?}"
+        );
+        let stride = buffer.len() / width * buffer.datum_type().size_of();
+        let bytes = buffer.as_bytes_mut();
+        for lane in lanes {
+            bytes[lane.0 * stride..(lane.0 + 1) * stride].fill(0);
+            self.heads[lane.0] = 0;
+        }
+        Ok(())
+    }
 }

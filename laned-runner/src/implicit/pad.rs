@@ -1,16 +1,21 @@
-//! tract-pulse's PulsePad lifted: the op pads the frames of a pulse that
-//! fall before the stream's start (or past its end, once the stream's
+//! tract-pulse's PulsePad kept in place: the op pads the frames of a pulse
+//! that fall before the stream's start (or past its end, once the stream's
 //! length is known), and keeps, per lane, where in its stream the next
 //! pulse starts. [`LanePad`] pads the same frames with the same constant,
-//! and reads that position from a state input (`I64`, one per seat), and
-//! returns the next one as a state output. Edge padding also keeps the
-//! last valid frame; it is left in place.
+//! and keeps that position per lane in its own state, where export and
+//! import read and write one lane's (`I64`, shape `[1]`) on demand. The
+//! position moves by the same step every pulse, so a position imported for
+//! a stream that fed `n` pulses must be `n` steps: anything else is a
+//! record no stream could have written. Edge padding also keeps the last
+//! valid frame; it is left to tract.
 
 use tract_core::internal::*;
 use tract_core::ops::array::PadMode;
 use tract_pulse_opl::ops::PulsePad;
 
-use super::{add_output, add_pair, reroute, LiftedPair, Rewrite};
+use tract_core::plan::LaneId as TractLane;
+
+use super::{lane_of, reroute, seats, Kept, Rewrite};
 
 pub(super) fn lift(model: &mut TypedModel, node: &TypedNode) -> TractResult<Rewrite> {
     let Some(op) = node.op_as::<PulsePad>() else {
@@ -27,8 +32,11 @@ pub(super) fn lift(model: &mut TypedModel, node: &TypedNode) -> TractResult<Rewr
     }
     let input = node.inputs[0];
     let fact = model.outlet_fact(input)?.without_value();
-    let position = i64::fact([fact.shape[0].clone()]);
-    let (position, state_input) = add_pair(model, &node.name, position)?;
+    let Some(pulse) = fact.shape[op.axis].to_usize().ok() else {
+        return Ok(Rewrite::Left(format!("its pulse on axis {} is not concrete", op.axis)));
+    };
+    let step = pulse.checked_sub(op.overlap).context("PulsePad: an overlap longer than its pulse")?;
+    let name = format!("{}.laned", node.name);
     let lane_pad = LanePad {
         axis: op.axis,
         before: op.before,
@@ -38,19 +46,18 @@ pub(super) fn lift(model: &mut TypedModel, node: &TypedNode) -> TractResult<Rewr
         value: value.clone(),
         overlap: op.overlap,
     };
-    let outs = model.wire_node(format!("{}.laned", node.name), lane_pad, &[input, position])?;
-    reroute(model, node.id.into(), outs[0])?;
-    let output = add_output(model, outs[1])?;
-    Ok(Rewrite::Lifted(LiftedPair {
-        input: state_input,
-        output,
-        initial: None,
+    let out = model.wire_node(&name, lane_pad, &[input])?[0];
+    reroute(model, node.id.into(), out)?;
+    Ok(Rewrite::Kept(Kept {
+        node: name,
+        datum_type: DatumType::I64,
+        lane_shape: tvec![1],
+        step: Some(step as i64),
     }))
 }
 
-/// PulsePad with its per-lane position as an input and an output: inputs
-/// the pulse `[B, .., P, ..]` and each seat's stream position `[B]` (`I64`),
-/// outputs the padded pulse and each seat's next position.
+/// PulsePad with its per-lane position kept in its own state
+/// ([`LanePadState`]): the pulse `[B, .., P, ..]` in, the padded pulse out.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LanePad {
     axis: usize,
@@ -80,36 +87,105 @@ impl Op for LanePad {
 impl EvalOp for LanePad {
     not_out_of_plan!();
 
-    fn eval(&self, ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        let (input, positions) = args_2!(inputs);
+    fn state(&self, _ctx: &EvalContext) -> TractResult<Option<Box<dyn OpState>>> {
+        Ok(Some(Box::new(LanePadState { positions: vec![] })))
+    }
+}
+
+/// Per lane, where in its stream the lane's next pulse starts (0 for a
+/// fresh lane); sized at the first turn or write, when the state's width is
+/// known.
+#[derive(Debug, Clone)]
+pub struct LanePadState {
+    positions: Vec<i64>,
+}
+
+impl LanePadState {
+    fn sized(&mut self, lanes: usize) -> TractResult<&mut Vec<i64>> {
+        if self.positions.is_empty() {
+            self.positions = vec![0; lanes];
+        }
+        ensure!(
+            self.positions.len() == lanes,
+            "LanePad holds {} lanes, asked for {lanes}",
+            self.positions.len()
+        );
+        Ok(&mut self.positions)
+    }
+
+    /// One lane's position, `[1]` (`I64`).
+    pub(crate) fn read_lane(&self, lane: usize) -> Tensor {
+        tensor1(&[self.positions.get(lane).copied().unwrap_or(0)])
+    }
+
+    /// Overwrite one lane's position in a state of `lanes` lanes (checked
+    /// by the caller against what the stream could have reached).
+    pub(crate) fn write_lane(&mut self, lane: usize, lanes: usize, position: &Tensor) -> TractResult<()> {
+        let value = position.try_as_plain_ram()?.as_slice::<i64>()?;
+        ensure!(value.len() == 1, "LanePad takes one position a lane, got {}", value.len());
+        ensure!(value[0] >= 0, "LanePad: a negative stream position {}", value[0]);
+        self.sized(lanes)?[lane] = value[0];
+        Ok(())
+    }
+}
+
+impl OpState for LanePadState {
+    fn eval(&mut self, ctx: &EvalContext, op: &dyn Op, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        let op = op.downcast_ref::<LanePad>().context("LanePadState runs LanePad")?;
+        let input = args_1!(inputs);
+        let (seats, width) = seats(ctx.seating, input.shape()[0], "LanePad")?;
+        let lanes: TVec<usize> = (0..seats).map(|ix| lane_of(ctx.seating, ix)).collect();
+        let positions = self.sized(width)?;
+        let begins: TVec<i64> = lanes.iter().map(|l| positions[*l]).collect();
+        let (output, next) = op.pad(ctx, input, &begins)?;
+        for (lane, next) in lanes.iter().zip(next) {
+            positions[*lane] = next;
+        }
+        Ok(tvec!(output))
+    }
+
+    fn reset_lanes(&mut self, lanes: &[TractLane]) -> TractResult<()> {
+        if self.positions.is_empty() {
+            return Ok(());
+        }
+        let width = self.positions.len();
+        ensure!(
+            lanes.iter().all(|l| l.0 < width),
+            "LanePad holds {width} lanes, asked to reset {lanes:?}"
+        );
+        for lane in lanes {
+            self.positions[lane.0] = 0;
+        }
+        Ok(())
+    }
+}
+
+impl LanePad {
+    /// Pad a turn's pulse whose seats start at stream positions `positions`;
+    /// the padded pulse and each seat's next position.
+    fn pad(&self, ctx: &EvalContext, input: TValue, positions: &[i64]) -> TractResult<(TValue, TVec<i64>)> {
         let dt = input.datum_type();
         // As PulsePad resolves them: a limit the turn's symbols do not pin
         // (the stream's length, before its last pulse) is infinitely far.
         let end_input = self.end_input.eval(ctx.symbols).to_usize().unwrap_or(usize::MAX);
         let after = self.after.eval(ctx.symbols).to_usize().unwrap_or(usize::MAX);
         let pulse = input.shape()[self.axis];
-        let positions = positions.try_as_plain_ram()?.as_slice::<i64>()?.to_vec();
-        ensure!(
-            positions.len() == input.shape()[0],
-            "LanePad: {} positions for a pulse of {} seats",
-            positions.len(),
-            input.shape()[0]
-        );
-        let mut next = Vec::with_capacity(positions.len());
+        let mut next = TVec::with_capacity(positions.len());
         let mut to_pad = tvec!();
         for (seat, &begin) in positions.iter().enumerate() {
             let begin = usize::try_from(begin).context("LanePad: a negative stream position")?;
-            let end = begin + pulse;
-            next.push((begin + pulse - self.overlap) as i64);
+            let end = begin
+                .checked_add(pulse)
+                .context("LanePad: a stream position past any stream's length")?;
+            next.push((end - self.overlap) as i64);
             let valid = begin >= self.begin_input && end <= end_input;
             let outside = end <= self.begin_input - self.before || begin >= end_input.saturating_add(after);
             if !valid && !outside {
                 to_pad.push((seat, begin));
             }
         }
-        let next = tensor1(&next).into_tvalue();
         if to_pad.is_empty() {
-            return Ok(tvec!(input, next));
+            return Ok((input, next));
         }
         let value = self.value.cast_to_dt(dt)?;
         let mut output = input.into_tensor();
@@ -123,7 +199,7 @@ impl EvalOp for LanePad {
                 output.fill_slice_at_prefix(&[seat], from..pulse, &value, self.axis)?;
             }
         }
-        Ok(tvec!(output.into_tvalue(), next))
+        Ok((output.into_tvalue(), next))
     }
 }
 
@@ -131,7 +207,7 @@ impl TypedOp for LanePad {
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
         let mut fact = inputs[0].without_value();
         fact.uniform = None;
-        Ok(tvec!(fact, inputs[1].without_value()))
+        Ok(tvec!(fact))
     }
 
     as_op!();

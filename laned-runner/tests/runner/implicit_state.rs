@@ -169,15 +169,17 @@ fn a_stream_resumed_without_its_state_differs() {
 }
 
 /// `served` is what a turn runs: three streams batched by hand on a plain
-/// state of the served plan (each kept state fed a row per stream from its
-/// initial value, its next value fed back) get what three streams of the
-/// runner get; without the kept state fed back, they would not.
+/// state of the served plan (each explicit state fed a row per stream from
+/// its initial value, its next value fed back; a Delay's or a PulsePad's
+/// kept in the runner's own ops, a row a lane) get what three streams of
+/// the runner get; without the state carried, they would not.
 #[test]
 fn the_served_plan_batched_by_hand_is_what_the_runner_serves() {
     for f in [fixtures::small_tdnn(), fixtures::gru_scan(6, 5, 2).unwrap()] {
         let r = runner(&f, Mode::Worker, 1, 4);
         let (plan, kept) = r.served();
-        assert!(!kept.is_empty(), "{}: the lift kept nothing", f.name);
+        let kept_in_ops = r.implicit_state().iter().any(|s| matches!(s.laned, Laned::Kept));
+        assert!(!kept.is_empty() || kept_in_ops, "{}: the lift kept nothing", f.name);
         let mut state = plan.spawn().unwrap();
         let mut values: Vec<TValue> = kept
             .iter()
@@ -231,5 +233,111 @@ fn the_served_plan_batched_by_hand_is_what_the_runner_serves() {
             "{}: no state carried",
             f.name
         );
+    }
+}
+
+/// Run `pulses` pulses of stream `seed` on `h`, then end it with a last
+/// pulse of one real frame: every output, the end's included.
+fn run_and_finish(fixture: &Fixture, h: &mut LanedStateHandle, seed: u64, from: usize, to: usize) -> Vec<Vec<Tensor>> {
+    (from..to).map(|c| data(h.run(pulse(fixture, seed, c)).unwrap())).collect()
+}
+
+/// A stream moved mid-stream (3 pulses on one runner, its state through
+/// JSON to another, 2 more there) ends at its own length on the second:
+/// the state carries the pulses it fed, so `finish` pads its end where the
+/// same stream finished unmoved does (issue 67's first defect).
+#[test]
+fn a_stream_moved_mid_stream_ends_at_its_own_length() {
+    let fixture = fixtures::end_padded().unwrap();
+    for mode in MODES {
+        let fixture = fixture.clone();
+        bounded("finishing a moved stream", move || {
+            let seed = 11;
+            let unmoved = runner(&fixture, mode, 1, 4);
+            let mut h = unmoved.try_spawn().unwrap();
+            let mut want = run_and_finish(&fixture, &mut h, seed, 0, 5);
+            want.extend(h.finish(Some(pulse(&fixture, seed, 5)), 1).unwrap().into_iter().map(data));
+
+            let (a_runner, b_runner) = (runner(&fixture, mode, 1, 4), runner(&fixture, mode, 1, 4));
+            let mut a = a_runner.try_spawn().unwrap();
+            let mut got = run_and_finish(&fixture, &mut a, seed, 0, 3);
+            let json = serde_json::to_string(&a.export_state().unwrap()).unwrap();
+            drop(a);
+            let state: StreamState = serde_json::from_str(&json).unwrap();
+            assert_eq!(state.pulses, Some(3), "the exported state carries the pulses fed");
+            let mut b = b_runner.try_spawn().unwrap();
+            b.import_state(&state).unwrap();
+            got.extend(run_and_finish(&fixture, &mut b, seed, 3, 5));
+            got.extend(b.finish(Some(pulse(&fixture, seed, 5)), 1).unwrap().into_iter().map(data));
+            assert_eq!(got.len(), want.len(), "{mode:?}: moved, the stream ends after another count of pulses");
+            assert_eq!(got, want, "{mode:?}: the moved stream's end differs");
+        });
+    }
+}
+
+/// `state` with the `I64` tensor of shape `[1]` (a PulsePad's position)
+/// set to `value`, built through serde (the struct is non-exhaustive).
+fn with_position(state: &StreamState, value: i64) -> StreamState {
+    let mut json = serde_json::to_value(state).unwrap();
+    let tensors = json["tensors"].as_array_mut().unwrap();
+    let at = tensors
+        .iter()
+        .position(|t| t["datum_type"] == "I64" && t["shape"] == serde_json::json!([1]))
+        .expect("a position among the state's tensors");
+    tensors[at]["data"] = serde_json::json!(value.to_le_bytes().to_vec());
+    serde_json::from_value(json).unwrap()
+}
+
+/// An imported stream position no stream could have reached (negative, an
+/// extreme, one pulse ahead of the count the state carries) is refused by
+/// name at import; the stream seated beside it is never told `Turn` or
+/// `Lost` and keeps getting its solo run (issue 67's second defect).
+#[test]
+fn an_unreachable_stream_position_is_refused_at_import() {
+    let fixture = fixtures::small_tdnn();
+    for mode in MODES {
+        let fixture = fixture.clone();
+        bounded("importing unreachable positions", move || {
+            let r = runner(&fixture, mode, 1, 4);
+            let mut a = r.try_spawn().unwrap();
+            for c in 0..3 {
+                a.run(pulse(&fixture, 21, c)).unwrap();
+            }
+            let exported = a.export_state().unwrap();
+            drop(a);
+            let step = {
+                let json = serde_json::to_value(&exported).unwrap();
+                let t = json["tensors"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|t| t["datum_type"] == "I64" && t["shape"] == serde_json::json!([1]))
+                    .unwrap()
+                    .clone();
+                let bytes: Vec<u8> = serde_json::from_value(t["data"].clone()).unwrap();
+                i64::from_le_bytes(bytes.try_into().unwrap()) / 3
+            };
+            assert!(step > 0, "the position moves with the stream");
+            let want = alone(&fixture, 22, 6);
+            let mut neighbour = r.try_spawn().unwrap();
+            let mut got = vec![];
+            for (k, bad) in [-1, i64::MIN, i64::MAX, 4 * step, 2 * step].into_iter().enumerate() {
+                let mut b = r.try_spawn().unwrap();
+                let e = b.import_state(&with_position(&exported, bad)).unwrap_err();
+                let text = e.to_string();
+                assert!(
+                    matches!(e.kind(), laned_runner::RunErrorKind::State(_)) && text.contains("position"),
+                    "{mode:?}, position {bad}: {text}"
+                );
+                // Refused whole: the lane serves as a fresh stream, beside the neighbour.
+                b.run(pulse(&fixture, 23, 0)).unwrap();
+                got.push(data(neighbour.run(pulse(&fixture, 22, k)).unwrap()));
+            }
+            got.push(data(neighbour.run(pulse(&fixture, 22, 5)).unwrap()));
+            assert_eq!(got, want, "{mode:?}: the neighbour's stream changed");
+            // The position the stream did reach is taken.
+            let mut c = r.try_spawn().unwrap();
+            c.import_state(&with_position(&exported, 3 * step)).unwrap();
+        });
     }
 }

@@ -12,7 +12,10 @@
 //!   clocks a run is costed with;
 //! - [`search_capacity`]: the most streams a real-time probe accepts;
 //! - [`FeedBack`]: a state per stream for an explicit-state model, its
-//!   state fed back by hand: the reference a runner is measured against.
+//!   state fed back by hand: the reference a runner is measured against;
+//! - [`ideal`]: the ideal loop, the ceiling: the model as given on one
+//!   plain batched tract state (no lanes API), its explicit state fed back
+//!   by hand, inputs pre-stacked.
 //!
 //! ```
 //! use std::time::Duration;
@@ -38,6 +41,7 @@
 mod capacity;
 mod cpu;
 mod feedback;
+pub mod ideal;
 mod measure;
 mod phase;
 pub mod tasks;

@@ -9,7 +9,6 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use laned_runner::{LanedRunner, Mode, RunnerConfig};
 use laned_testkit::fixtures::{self, Fixture, TdnnConfig};
 use tract_core::internal::*;
-use tract_core::plan::{LaneId, Seating};
 
 /// `iters` pulses spread over `n` threads, each calling its own state;
 /// returns the wall time from the common start to the last answer, so the
@@ -52,18 +51,16 @@ fn bench(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("state per stream", n), &n, |b, &n| {
             b.iter_custom(|iters| threads(n, iters, &|_| plan.spawn().unwrap(), &f))
         });
+        // The ideal: the model as given on one plain batched tract state
+        // (`n` rows, no lanes API: the ops' state under tract's default
+        // seating, every row together), inputs pre-stacked.
         group.bench_with_input(BenchmarkId::new("ideal loop", n), &n, |b, &n| {
             let mut state = plan.spawn().unwrap();
-            let lanes: Vec<LaneId> = (0..n).map(LaneId).collect();
-            state.reset_lanes(&lanes).unwrap();
             let inputs = f.inputs(n, 7);
             b.iter_custom(|iters| {
                 let turns = iters.div_ceil(n as u64);
                 let start = Instant::now();
                 for _ in 0..turns {
-                    if n > 1 {
-                        state.seat(Seating::new(n, lanes.iter().copied()).unwrap()).unwrap();
-                    }
                     state.run(inputs.clone()).unwrap();
                 }
                 start.elapsed()

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use laned_bench::cli::{self, Common};
 use laned_bench::searches::Searches;
+use laned_load::ideal::Above;
 use laned_load::tasks::{self, AsyncStream, AsyncStreams, BoxFuture, TaskSystem};
 use laned_load::FeedBack;
 use laned_models::dtln::{self, Denoiser};
@@ -39,8 +40,8 @@ audio-bench --model dtln|oww [--streams 64] [--seconds 2] [--repeats 3] [--skip-
             [--only 'WORDS|WORDS'] [--rt-at N] [--searches 1]
 
 Closed loop (a thread or task per stream, each sending its next chunk once
-answered): chunks/s of a state per stream, the ideal loop (a batched state
-per model, one thread), ours (a runner per model) in both modes and as
+answered): chunks/s of a state per stream, the ideal loop (ideal: the models
+as given on plain batched tract states, one thread, no lanes API), ours (a runner per model) in both modes and as
 tasks, tract's LanedRunnable (threads and tasks), and per core the shards
 ideal loop and ours with a shard per core; and how many streams' real time
 that is. Real time: a chunk every period per stream (8 ms for dtln, 80 ms
@@ -258,9 +259,13 @@ impl AsyncStream for TaskPipeline {
     }
 }
 
-/// The ideal loop's state on one thread: one plain state per model, batched
-/// over all its `n` streams, every stream in every run, no queue at all.
-/// The per-stream work (FFTs, windows) is done as every system does it.
+/// The ideal loop's state on one thread (ideal: the models as given on
+/// plain batched tract states): one plain state per model as prepared
+/// (never a runner's plan), batched over all its `n` streams, every stream
+/// in every run, no lanes API (never seated nor reset), DTLN's LSTM state
+/// fed back by hand, no queue at all. The per-stream work (FFTs, windows)
+/// and the stacking between models are the glue, done by hand as every
+/// system does them.
 struct Ideal {
     states: Vec<Box<dyn State>>,
     /// DTLN's LSTM state per model, all streams stacked; fed back by hand.
@@ -482,13 +487,13 @@ impl System {
     fn label(self) -> &'static str {
         match self {
             System::Solo => "a state per stream per model, a thread each",
-            System::Ideal => "ideal loop (a batched state per model, one thread)",
+            System::Ideal => "ideal (the models as given on plain batched tract states, one thread)",
             System::Ours(Mode::Worker) => "ours (worker, a runner per model)",
             System::Ours(Mode::Combining) => "ours (combining, a runner per model)",
             System::OursTasks => "ours async (worker; tasks)",
             System::Tract => "tract LanedRunnable (a runner per model)",
             System::TractTasks => "tract LanedRunnable (tasks, spawn_blocking per chunk)",
-            System::IdealShards(_) => "shards ideal loop (batched states per core, a thread each)",
+            System::IdealShards(_) => "shards ideal (plain batched tract states per core, a thread each)",
             System::OursShards(_) => "ours (worker, a shard per core)",
             System::Chain(Mode::Worker) => "ours (worker, the chain as one model)",
             System::Chain(Mode::Combining) => "ours (combining, the chain as one model)",
@@ -518,15 +523,12 @@ fn measure(
     };
     // `n` streams split as evenly as the threads allow (never more).
     let ideal = |threads: usize| {
-        let threads = threads.clamp(1, n.max(1));
+        let shares = laned_load::ideal::shares(n, threads);
         let (plans, model) = (models.plans.clone(), models.model);
         laned_load::threads::closed_loop(
-            threads,
+            shares.len(),
             d,
-            move |t| {
-                let (first, end) = (t * n / threads, (t + 1) * n / threads);
-                Ideal::new(model, &plans, first, end - first)
-            },
+            move |t| Ideal::new(model, &plans, shares[t].start, shares[t].len()),
             Ideal::round,
         )
     };
@@ -616,18 +618,44 @@ fn main() -> TractResult<()> {
     );
     println!("| system | chunks/s | runs | / solo | / ideal | / shards ideal | streams' real time |");
     println!("|---|---|---|---|---|---|---|");
+    let runs_of = |wanted: fn(&System) -> bool| &runs[systems.iter().position(wanted).expect("in the table")];
+    let (ideal_runs, shards_ideal_runs) = (
+        runs_of(|s| matches!(s, System::Ideal)),
+        runs_of(|s| matches!(s, System::IdealShards(_))),
+    );
+    let mut notes = vec![];
     for (ix, system) in systems.iter().enumerate() {
         let all: Vec<String> = runs[ix].iter().map(|r| format!("{r:.0}")).collect();
+        // Every served system against its own ideal: a shard per core
+        // against the shards ideal, the rest against the ideal loop.
+        let sharded = matches!(system, System::OursShards(_));
+        let above = match system {
+            System::Solo | System::Ideal | System::IdealShards(_) => None,
+            _ if sharded => Above::of(&runs[ix], shards_ideal_runs),
+            _ => Above::of(&runs[ix], ideal_runs),
+        };
+        let flag = |mine: bool| match above {
+            Some(a) if mine => format!(" {}", a.flag()),
+            _ => String::new(),
+        };
         println!(
-            "| {} | {:.0} | {} | {:.2}x | {:.2} | {:.2} | {:.0} |",
+            "| {} | {:.0} | {} | {:.2}x | {:.2}{} | {:.2}{} | {:.0} |",
             system.label(),
             rates[ix],
             all.join(", "),
             rates[ix] / solo,
             rates[ix] / ideal,
+            flag(!sharded),
             rates[ix] / shards_ideal,
+            flag(sharded),
             rates[ix] * period.as_secs_f64()
         );
+        if let Some(a) = above {
+            notes.push(format!("- {}: {a}", system.label()));
+        }
+    }
+    if !notes.is_empty() {
+        println!("\nAbove the ideal:\n{}", notes.join("\n"));
     }
     if model == Model::Dtln {
         println!(

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use laned_bench::cli;
 use laned_bench::searches::Searches;
+use laned_load::ideal::Above;
 use laned_load::tasks::{self, TaskSystem};
 use laned_load::FeedBack;
 use laned_models::silero::{self, Context, CHUNK, CONTEXT, SAMPLE_RATE};
 use laned_runner::{LanedRunner, Mode, RunnerConfig, StatePair, StateSpec, TurnPolicy};
 use tract_core::internal::*;
-use tract_core::plan::{LaneId, Seating};
 
 const HELP: &str = "\
 silero-bench [--streams 64] [--seconds 2] [--repeats 3] [--skip-real-time] [--only 'WORDS|WORDS']
@@ -21,10 +21,13 @@ silero-bench --model-path     (fetch the model, print its path, exit)
 
 Closed loop (a thread per stream, each sending its next chunk once answered):
 chunks/s of a state per stream (a thread each, and one thread cycling them),
-the ideal loop (one thread, one batched state, inputs pre-stacked) and ours
-in both modes; then a state per core: the shards ideal loop (a thread per
-core) and ours with a shard per core. Real time: a chunk every 32 ms per
-stream; capacity is the most streams with p99 latency within 16 ms.
+the ideal loop (ideal: the model as given on one plain batched tract state,
+one thread, no lanes API, inputs pre-stacked, the state fed back by hand)
+and ours in both modes; then a state per core: the shards ideal loop (a
+thread per core, each its share of the streams) and ours with a shard per
+core; a row of ours above its ideal is flagged, and said why. Real time: a
+chunk every 32 ms per stream; capacity is the most streams with p99
+latency within 16 ms.
 `--only 'combining|budget'` keeps the real-time systems whose label holds
 one of the words; `--searches N` runs each search N times, interleaved
 (the capacity is the median).
@@ -72,8 +75,8 @@ enum System {
     SoloThreads,
     SoloOneThread,
     Ideal,
-    /// The ideal loop on a thread per core, each its own batched state of
-    /// `n / cores` lanes.
+    /// The ideal loop on a thread per core, each its own plain batched
+    /// state of its share of the `n` streams.
     IdealShards(usize),
     Ours(Mode),
     /// Ours in worker mode with a shard per core.
@@ -85,8 +88,8 @@ impl System {
         match self {
             System::SoloThreads => "a state per stream, a thread each",
             System::SoloOneThread => "a state per stream, one thread cycling",
-            System::Ideal => "ideal loop (one batched state)",
-            System::IdealShards(_) => "shards ideal loop (a batched state per core, a thread each)",
+            System::Ideal => "ideal (the model as given on one plain batched tract state)",
+            System::IdealShards(_) => "shards ideal (a plain batched tract state per core, a thread each)",
             System::OursShards(_) => "ours (worker, a shard per core)",
             System::Ours(Mode::Worker) => "ours (worker)",
             System::Ours(Mode::Combining) => "ours (combining)",
@@ -125,35 +128,30 @@ fn measure(system: System, plan: &Arc<dyn Runnable>, n: usize, d: Duration) -> T
             )
         }
         System::Ideal => ideal(plan, 1, n, d),
-        System::IdealShards(cores) => ideal(plan, cores, n.div_ceil(cores), d),
+        System::IdealShards(cores) => ideal(plan, cores, n, d),
         System::Ours(mode) => ours_loop(ours(&plan, n, 1, mode, None)?, n, d),
         System::OursShards(cores) => ours_loop(ours(&plan, n, cores, Mode::Worker, None)?, n, d),
     }?;
     Ok(run.per_sec)
 }
 
-/// `threads` threads, each running one batched state of `n` lanes, all
-/// seated every turn, inputs pre-stacked: no queue at all.
+/// The ideal loop (ideal: the model as given on one plain batched tract
+/// state): `threads` threads, each one plain state of Silero's plan (as
+/// prepared, never a runner's) carrying its share of `n` streams, no lanes
+/// API, the chunks pre-stacked, the state fed back by hand
+/// ([`laned_load::ideal`]).
 fn ideal(plan: Arc<dyn Runnable>, threads: usize, n: usize, d: Duration) -> TractResult<laned_load::Throughput> {
-    laned_load::threads::closed_loop(
-        threads,
-        d,
-        move |_| {
-            let mut state = plan.spawn()?;
-            let lanes: Vec<LaneId> = (0..n).map(LaneId).collect();
-            state.reset_lanes(&lanes)?;
-            let rows: Vec<TVec<TValue>> = (0..n).map(chunk_inputs).collect();
-            let parts: TVec<&Tensor> = rows.iter().map(|r| &*r[0]).collect();
-            let input = Tensor::stack_tensors(0, &parts)?.into_tvalue();
-            Ok((state, lanes, input, zeros_state(n)))
-        },
-        move |(state, lanes, input, h)| {
-            state.seat(Seating::new(n, lanes.iter().copied())?)?;
-            let out = state.run(tvec!(input.clone(), tensor0(SAMPLE_RATE).into_tvalue(), h.clone()))?;
-            *h = out[1].clone();
-            Ok(n as u64)
-        },
-    )
+    laned_load::ideal::closed_loop(plan, n, threads, d, |rows| {
+        let chunks: Vec<TVec<TValue>> = rows.clone().map(chunk_inputs).collect();
+        let parts: TVec<&Tensor> = chunks.iter().map(|r| &*r[0]).collect();
+        Ok(laned_load::ideal::Batch {
+            inputs: tvec!(
+                Tensor::stack_tensors(0, &parts)?.into_tvalue(),
+                tensor0(SAMPLE_RATE).into_tvalue()
+            ),
+            state: vec![(2, 1, zeros_state(rows.len()).into_tensor())],
+        })
+    })
 }
 
 /// A thread per stream calling `runner`.
@@ -225,17 +223,37 @@ fn main() -> TractResult<()> {
     let shards_ideal = rates[systems.len() - 2];
     println!("| system | chunks/s | runs | / best solo | / ideal | / shards ideal |");
     println!("|---|---|---|---|---|---|");
+    let mut notes = vec![];
     for (ix, system) in systems.iter().enumerate() {
         let all: Vec<String> = runs[ix].iter().map(|r| format!("{r:.0}")).collect();
+        // Ours against its own ideal: one state against the ideal loop,
+        // a shard per core against the shards ideal.
+        let above = match system {
+            System::Ours(_) => Above::of(&runs[ix], &runs[2]),
+            System::OursShards(_) => Above::of(&runs[ix], &runs[systems.len() - 2]),
+            _ => None,
+        };
+        let flag = |mine: bool| match above {
+            Some(a) if mine => format!(" {}", a.flag()),
+            _ => String::new(),
+        };
         println!(
-            "| {} | {:.0} | {} | {:.2}x | {:.2} | {:.2} |",
+            "| {} | {:.0} | {} | {:.2}x | {:.2}{} | {:.2}{} |",
             system.label(),
             rates[ix],
             all.join(", "),
             rates[ix] / best_solo,
             rates[ix] / rates[2],
-            rates[ix] / shards_ideal
+            flag(matches!(system, System::Ours(_))),
+            rates[ix] / shards_ideal,
+            flag(matches!(system, System::OursShards(_)))
         );
+        if let Some(a) = above {
+            notes.push(format!("- {}: {a}", system.label()));
+        }
+    }
+    if !notes.is_empty() {
+        println!("\nAbove the ideal:\n{}", notes.join("\n"));
     }
     if args.real_time {
         let period = Duration::from_millis(32);

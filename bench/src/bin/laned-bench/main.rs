@@ -1,5 +1,8 @@
 //! `cargo xtask bench`: ours vs tract's `LanedRunnable` vs the ideal loop vs
 //! a state per stream, side by side in one process, on the built-in models.
+//! The ideal: the model as given on one plain batched tract state (the
+//! fixture's plan, no lanes API, inputs pre-stacked; `laned_load::ideal`);
+//! a row of ours above it is flagged in the report and said why.
 //! Writes `target/laned-bench/report.md`, `report.json` and SVG plots;
 //! `--compare A.json B.json` sets two reports side by side.
 
@@ -29,7 +32,7 @@ laned-bench --compare A.json B.json
   --systems      only these systems (comma-separated). Closed loop: solo, ideal, tract, worker,
                  combining, shards, combining-shards, ideal-shards, tract-tasks, async,
                  async-combining, async-shards, async-combining-shards (the ideal loop always
-                 runs); linger and async-linger (worker, lingering 200 µs for every held lane)
+                 runs: the model as given on one plain batched tract state); linger and async-linger (worker, lingering 200 µs for every held lane)
                  only when named;
                  real time: echo, solo, tract, worker, linger (both values), combining, budget,
                  budget-shards, tract-tasks, async, async-budget-shards, async-combining-shards
@@ -221,7 +224,8 @@ enum System {
     OursShards,
     /// Ours in combining mode with a shard per core, the streams spread.
     OursCombiningShards,
-    /// A laned state per core, each on its own thread, all lanes seated.
+    /// The ideal loop per core: a plain batched tract state per core, each
+    /// on its own thread carrying its share of the streams, no lanes API.
     IdealShards,
     /// tract's runner driven as a tokio user must: a task per stream, a
     /// `spawn_blocking` per call.
@@ -307,13 +311,13 @@ impl System {
     fn label(self) -> &'static str {
         match self {
             System::Solo => "a state per stream",
-            System::Ideal => "ideal loop",
+            System::Ideal => "ideal (the model as given on one plain batched tract state)",
             System::Tract => "tract LanedRunnable",
             System::OursWorker => "ours (worker)",
             System::OursCombining => "ours (combining)",
             System::OursShards => "ours (worker, a shard per core)",
             System::OursCombiningShards => "ours (combining, a shard per core)",
-            System::IdealShards => "shards ideal (a laned state per core)",
+            System::IdealShards => "shards ideal (a plain batched tract state per core)",
             System::TractTasks => "tract LanedRunnable (tasks, spawn_blocking per call)",
             System::OursAsync => "ours async (worker, tasks)",
             System::OursAsyncCombining => "ours async (combining, tasks)",

@@ -178,9 +178,7 @@ impl Request {
             wanted = vec![false; interface.outputs.len()];
             for o in outputs {
                 let name = o.get("name").and_then(Value::as_str).unwrap_or("");
-                let Some(k) = interface.outputs.iter().position(|p| p.name == name) else {
-                    return Err(refuse(format!("unknown output {name:?}")));
-                };
+                let k = output(interface, name)?;
                 wanted[k] = true;
                 if let Some(b) = o
                     .get("parameters")
@@ -201,6 +199,19 @@ impl Request {
             wanted,
         })
     }
+}
+
+/// The output `name` of the model (by its index), or a refusal naming it
+/// and the model's outputs: every front checks a request's outputs by it,
+/// before its pulse is called.
+pub fn output(interface: &Interface, name: &str) -> Result<usize, Refused> {
+    interface.outputs.iter().position(|p| p.name == name).ok_or_else(|| {
+        let names: Vec<&str> = interface.outputs.iter().map(|p| p.name.as_str()).collect();
+        Refused(format!(
+            "unknown output {name:?}: the model's outputs are {}",
+            names.join(", ")
+        ))
+    })
 }
 
 /// One pulse's inputs as a request gives them, each checked against the

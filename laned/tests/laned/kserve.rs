@@ -419,3 +419,38 @@ fn an_idle_grpc_connection_is_closed_at_idle_ms() {
     let said = super::text(&out);
     assert!(out.status.success() && said.contains("True"), "{said}");
 }
+
+/// Issue 68's attacks, each a case of `triton_attacks.py` against the
+/// tests' GRU served with `extra` flags: what the script printed.
+fn attack(case: &str, extra: &[&str], sequences_pulses: (usize, usize)) -> Option<String> {
+    let python = triton_python()?;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = gru(dir.path());
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let model = format!("gru={}", spec.display());
+    let args: Vec<&str> = [model.as_str(), "--grpc-listen", &grpc]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let serving = serve(&args).unwrap();
+    let (input, output) = names(&serving);
+    let mut check = script_input(dir.path(), &spec, &grpc, sequences_pulses);
+    check["input"] = input.into();
+    check["output"] = output.into();
+    check["case"] = case.into();
+    check["http"] = serving.addr.clone().into();
+    check["pid"] = serving.pid().into();
+    Some(run_script(&python, dir.path(), &check, "triton_attacks.py"))
+}
+
+/// Issue 68 row 5: a gRPC request of a live sequence asking for an
+/// unknown output is refused INVALID_ARGUMENT before the model runs: the
+/// same pulse sent again is the sequence's next, exact (it was applied
+/// twice when the outputs were checked after the call).
+#[test]
+fn a_grpc_request_is_checked_whole_before_the_model_runs() {
+    let Some(said) = attack("validate", &[], (1, 4)) else {
+        return;
+    };
+    assert!(said.contains("an unknown output refused before the call"), "{said}");
+}

@@ -348,10 +348,24 @@ fn contents_bytes(c: &InferTensorContents, dtype: &str) -> Result<Vec<u8>, Strin
     })
 }
 
-/// One request: one pulse of its sequence (or of a stream of its own).
-async fn infer(routes: &Routes, r: ModelInferRequest) -> Result<ModelInferResponse, Status> {
+/// A request checked whole, before any model runs: its model, its
+/// sequence and flags, its pulse's inputs and the outputs it asks for
+/// (the REST front's checks, [`kserve::Pulse`] and [`kserve::output`]).
+struct Checked {
+    endpoint: std::sync::Arc<crate::session::Endpoint>,
+    interface: laned_models::spec::Interface,
+    sequence: Option<String>,
+    ends: (bool, bool),
+    inputs: tract_core::prelude::TVec<tract_core::prelude::TValue>,
+    /// The outputs answered, by index in the interface's (all where the
+    /// request names none).
+    wanted: Vec<bool>,
+}
+
+/// Request `r` checked whole ([`Checked`]), or the refusal.
+fn check(routes: &Routes, r: &ModelInferRequest) -> Result<Checked, Status> {
     let (endpoint, interface) = served(routes, &r.model_name)?;
-    let sequence = sequence_of(&r)?;
+    let sequence = sequence_of(r)?;
     let mut pulse = Pulse::new(&interface);
     for (n, input) in r.inputs.iter().enumerate() {
         let k = pulse
@@ -378,24 +392,46 @@ async fn infer(routes: &Routes, r: ModelInferRequest) -> Result<ModelInferRespon
     }
     let bytes = pulse.finish().map_err(|e| Status::invalid_argument(e.0))?;
     let inputs = interface.call_inputs(&bytes).map_err(Status::invalid_argument)?;
-    let ends = (flag(&r, "sequence_start"), flag(&r, "sequence_end"));
+    let mut wanted = vec![r.outputs.is_empty(); interface.outputs.len()];
+    for o in &r.outputs {
+        let k = kserve::output(&interface, &o.name).map_err(|e| Status::invalid_argument(e.0))?;
+        wanted[k] = true;
+    }
+    let ends = (flag(r, "sequence_start"), flag(r, "sequence_end"));
+    Ok(Checked {
+        endpoint,
+        interface,
+        sequence,
+        ends,
+        inputs,
+        wanted,
+    })
+}
+
+/// One request: one pulse of its sequence (or of a stream of its own),
+/// checked whole before it is called.
+async fn infer(routes: &Routes, r: ModelInferRequest) -> Result<ModelInferResponse, Status> {
+    let Checked {
+        endpoint,
+        interface,
+        sequence,
+        ends,
+        inputs,
+        wanted,
+    } = check(routes, &r)?;
     let outputs = routes
         .sequences
         .call((&routes.shared, &endpoint), sequence.as_deref(), ends, inputs)
         .await
         .map_err(|(code, why)| status(code, why))?;
     let answer = interface.answer_bytes(&outputs).map_err(Status::internal)?;
-    let wanted: Vec<&str> = r.outputs.iter().map(|o| o.name.as_str()).collect();
-    if let Some(unknown) = wanted.iter().find(|w| !interface.outputs.iter().any(|p| p.name == **w)) {
-        return Err(Status::invalid_argument(format!("unknown output {unknown:?}")));
-    }
     let (mut outputs, mut raw) = (Vec::new(), Vec::new());
     let mut at = 0;
-    for p in &interface.outputs {
+    for (k, p) in interface.outputs.iter().enumerate() {
         let n = p.len() * kserve::width(&p.dtype);
         let bytes = &answer[at..at + n];
         at += n;
-        if !wanted.is_empty() && !wanted.contains(&p.name.as_str()) {
+        if !wanted[k] {
             continue;
         }
         outputs.push(InferOutputTensor {

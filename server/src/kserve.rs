@@ -137,11 +137,7 @@ impl Request {
         for input in inputs {
             let name = input.get("name").and_then(Value::as_str).unwrap_or("");
             let got_type = input.get("datatype").and_then(Value::as_str).unwrap_or("");
-            let shape: Vec<i64> = input
-                .get("shape")
-                .and_then(Value::as_array)
-                .map(|s| s.iter().filter_map(Value::as_i64).collect())
-                .unwrap_or_default();
+            let shape = shape_of(name, input.get("shape"))?;
             let k = pulse.port(name, got_type, &shape)?;
             let in_params = input.get("parameters").and_then(Value::as_object);
             let bytes = match in_params
@@ -289,6 +285,31 @@ impl<'a> Pulse<'a> {
     }
 }
 
+/// Input `name`'s `shape`: a JSON array of integers, each entry checked
+/// (one that is not an integer, `"x"` or `40.0`, is refused naming it,
+/// never dropped).
+fn shape_of(name: &str, shape: Option<&Value>) -> Result<Vec<i64>, Refused> {
+    let Some(shape) = shape else {
+        return Err(Refused(format!("input {name:?}: no shape")));
+    };
+    let Some(entries) = shape.as_array() else {
+        return Err(Refused(format!(
+            "input {name:?}: shape {shape}, wanted an array of integers"
+        )));
+    };
+    entries
+        .iter()
+        .enumerate()
+        .map(|(k, d)| {
+            d.as_i64().ok_or_else(|| {
+                Refused(format!(
+                    "input {name:?}: shape {shape}: entry {k} is {d}, wanted an integer"
+                ))
+            })
+        })
+        .collect()
+}
+
 /// Flattened JSON numbers (or booleans) as little-endian bytes of `dtype`.
 fn json_data(data: &Value, dtype: &str) -> Result<Vec<u8>, String> {
     let mut flat = Vec::new();
@@ -386,4 +407,65 @@ pub fn answer(model: &str, request: &Request, interface: &Interface, answer_byte
 /// An error's body.
 pub fn error(why: &str) -> String {
     json!({ "error": why }).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use laned_models::spec::Loaded;
+    use laned_runner::StateSpec;
+    use tract_core::internal::*;
+
+    use super::*;
+
+    /// A model fed `x`, f32 [B, 3], answering `y`, its cast to f16, as
+    /// `laned serve` serves it.
+    fn interface() -> Interface {
+        let mut model = TypedModel::default();
+        let b = model.symbols.sym("B");
+        let x = model.add_source("x", f32::fact(dims!(b.clone(), 3))).unwrap();
+        let y = model
+            .wire_node("y", tract_core::ops::cast::cast(f16::datum_type()), &[x])
+            .unwrap();
+        model.select_output_outlets(&y).unwrap();
+        let plan: Arc<dyn Runnable> = DefaultRuntime.prepare(model.clone()).unwrap().into();
+        let loaded = Loaded {
+            plan,
+            model: Some(model),
+            batch: Some(b),
+            facts: vec![],
+            state: StateSpec::Pairs(vec![]),
+            fills: vec![],
+            audio: None,
+        };
+        Interface::of(&loaded, &[]).unwrap()
+    }
+
+    fn parse(json: &str) -> Result<Request, Refused> {
+        Request::parse(json.as_bytes(), None, &interface())
+    }
+
+    /// Issue 68 row 7: a shape entry that is not an integer is refused
+    /// naming the input, the entry and what was wanted (it was dropped,
+    /// and `[1, "x", 3]` read as `[1, 3]`).
+    #[test]
+    fn shape_entries_that_are_not_integers_are_refused() {
+        let request =
+            |shape: &str| format!(r#"{{"inputs":[{{"name":"x","datatype":"FP32","shape":{shape},"data":[1,2,3]}}]}}"#);
+        parse(&request("[1,3]")).unwrap();
+        for (shape, entry) in [
+            ("[1,\"x\",3]", "entry 1 is \"x\""),
+            ("[1,3.0]", "entry 1 is 3.0"),
+            ("[null,1,3]", "entry 0 is null"),
+        ] {
+            let Refused(why) = parse(&request(shape)).unwrap_err();
+            assert!(
+                why.contains("input \"x\"") && why.contains(entry) && why.contains("wanted an integer"),
+                "{shape}: {why}"
+            );
+        }
+        let Refused(why) = parse(&request("\"1,3\"")).unwrap_err();
+        assert!(why.contains("wanted an array of integers"), "{why}");
+    }
 }

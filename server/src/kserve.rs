@@ -25,6 +25,7 @@
 
 use laned_models::spec::{Interface, Port};
 use serde_json::{json, Map, Value};
+use tract_core::prelude::f16;
 
 /// The header giving the JSON part's length in a binary request or answer.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -340,6 +341,7 @@ fn json_data(data: &Value, dtype: &str) -> Result<Vec<u8>, String> {
                 Some(i) => i.to_le_bytes(),
                 None => (x as i64).to_le_bytes(),
             }),
+            "f16" => bytes.extend(f16::from_f64(x).to_le_bytes()),
             "f32" => bytes.extend((x as f32).to_le_bytes()),
             "f64" => bytes.extend(x.to_le_bytes()),
             other => return Err(format!("{other} cannot be given as JSON data: send it binary")),
@@ -365,6 +367,9 @@ fn element(bytes: &[u8], dtype: &str) -> Value {
         "i32" => json!(i32::from_le_bytes(b(4)[..4].try_into().expect("4"))),
         "u64" => json!(u64::from_le_bytes(b(8))),
         "i64" => json!(i64::from_le_bytes(b(8))),
+        // Every f16 is an f64 exactly, written as the shortest decimal that
+        // reads back to it: read as f64 and rounded to f16, the same bits.
+        "f16" => json!(f16::from_le_bytes([bytes[0], bytes[1]]).to_f64()),
         "f32" => json!(f32::from_le_bytes(b(4)[..4].try_into().expect("4"))),
         "f64" => json!(f64::from_le_bytes(b(8))),
         _ => Value::Null,
@@ -467,5 +472,49 @@ mod tests {
         }
         let Refused(why) = parse(&request("\"1,3\"")).unwrap_err();
         assert!(why.contains("wanted an array of integers"), "{why}");
+    }
+
+    /// Issue 68 row 6: an FP16 output answered as JSON numbers (it was
+    /// `null`), each read back as a number and rounded to f16 the same
+    /// bits as the binary answer: every finite f16.
+    #[test]
+    fn fp16_answers_are_json_numbers_that_read_back_exactly() {
+        let i = interface();
+        let request =
+            parse(r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3],"data":[0.1,-2.5,65504]}]}"#).unwrap();
+        let answer: Vec<u8> = [0.1f32, -2.5, 65504.0]
+            .iter()
+            .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+            .collect();
+        let (head, binary) = answer_of(&request, &i, &answer);
+        assert!(binary.is_empty());
+        let data = &head["outputs"][0]["data"];
+        assert_eq!(head["outputs"][0]["datatype"], "FP16", "{head}");
+        let back: Vec<u8> = data
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|v| f16::from_f64(v.as_f64().unwrap_or_else(|| panic!("{head}"))).to_le_bytes())
+            .collect();
+        assert_eq!(back, answer, "{head}");
+        for bits in 0..=u16::MAX {
+            let x = f16::from_bits(bits);
+            if !x.is_finite() {
+                continue;
+            }
+            let text = element(&bits.to_le_bytes(), "f16").to_string();
+            let read: f64 = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{bits:#x}: {text}: {e}"));
+            assert_eq!(f16::from_f64(read).to_bits(), bits, "{text}");
+            // And given back as JSON data, the same bits.
+            assert_eq!(
+                json_data(&serde_json::from_str(&text).unwrap(), "f16").unwrap(),
+                bits.to_le_bytes()
+            );
+        }
+    }
+
+    fn answer_of(request: &Request, i: &Interface, bytes: &[u8]) -> (Value, Vec<u8>) {
+        let (head, binary) = answer("m", request, i, bytes);
+        (serde_json::from_slice(&head).unwrap(), binary)
     }
 }

@@ -87,6 +87,14 @@ pub struct Record {
     pub generation: u64,
     /// The writing session's token (see the module's doc).
     pub owner: String,
+    /// Written at the stream's last answer, by a session that answers no
+    /// more (a v2 sequence's hand-over on a drain): a v2 request without
+    /// `sequence_start` may continue the sequence from it, once (the
+    /// session continuing it marks it not current before its first
+    /// answer). A checkpoint (answers may follow it) and a WebSocket
+    /// stream's hand-over (its client is told the position) are not.
+    #[serde(default)]
+    pub current: bool,
     /// What the stream's protocol keeps beside the model's state (for
     /// `vad-server`: `context`, `speaking`, `silence_from`), checked by the
     /// protocol before the stream resumes; every other field lands here.
@@ -108,6 +116,7 @@ impl Record {
             state,
             generation: writer.generation,
             owner: writer.owner.clone(),
+            current: false,
             framing,
         }
     }

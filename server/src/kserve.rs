@@ -68,9 +68,44 @@ pub fn metadata(port: &Port) -> Value {
     json!({ "name": port.name, "datatype": datatype(&port.dtype), "shape": shape })
 }
 
-/// A sequence's id: an integer or a string (`0` or absent: none).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SequenceId(pub String);
+/// A sequence's id, as Triton's are: a positive integer or a string, two
+/// kinds (17 and `"17"` are two sequences; `0`, `""` or absent: none).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SequenceId {
+    Number(u64),
+    Name(String),
+}
+
+impl SequenceId {
+    /// Its id among the model's streams (its records' key, the one live
+    /// stream an id may have): a string as it is (a WebSocket stream's id
+    /// is one), checked as stream ids are; a number `#N` (no string id
+    /// holds `#`).
+    pub fn stream_id(&self) -> Result<String, String> {
+        match self {
+            SequenceId::Number(n) => Ok(format!("#{n}")),
+            SequenceId::Name(s) => crate::handover::check_id(s).map(|()| s.clone()),
+        }
+    }
+
+    /// As the request gave it, for its answer's parameters.
+    pub fn json(&self) -> Value {
+        match self {
+            SequenceId::Number(n) => json!(n),
+            SequenceId::Name(s) => json!(s),
+        }
+    }
+}
+
+impl std::fmt::Display for SequenceId {
+    /// A number as it is, a string quoted.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SequenceId::Number(n) => write!(f, "{n}"),
+            SequenceId::Name(s) => write!(f, "{s:?}"),
+        }
+    }
+}
 
 /// What an infer request asks.
 #[derive(Debug)]
@@ -119,7 +154,7 @@ impl Request {
             None | Some(Value::Null) => None,
             Some(Value::Number(n)) => match n.as_u64() {
                 Some(0) => None,
-                Some(n) => Some(SequenceId(n.to_string())),
+                Some(n) => Some(SequenceId::Number(n)),
                 None => {
                     return Err(refuse(format!(
                         "sequence_id {n}: wanted a positive integer or a string"
@@ -127,7 +162,7 @@ impl Request {
                 }
             },
             Some(Value::String(s)) if s.is_empty() => None,
-            Some(Value::String(s)) => Some(SequenceId(s.clone())),
+            Some(Value::String(s)) => Some(SequenceId::Name(s.clone())),
             Some(other) => return Err(refuse(format!("sequence_id {other}: wanted an integer or a string"))),
         };
         let inputs = head
@@ -404,7 +439,7 @@ pub fn answer(model: &str, request: &Request, interface: &Interface, answer_byte
         head["id"] = id.clone();
     }
     if let Some(s) = &request.sequence {
-        head["parameters"] = json!({ "sequence_id": s.0 });
+        head["parameters"] = json!({ "sequence_id": s.json() });
     }
     (head.to_string().into_bytes(), binary)
 }

@@ -207,7 +207,7 @@ async fn infer(State(routes): State<Routes>, Path(name): Path<String>, headers: 
         Ok(i) => i,
         Err(why) => return error(StatusCode::BAD_REQUEST, &why),
     };
-    let id = request.sequence.as_ref().map(|s| s.0.as_str());
+    let id = request.sequence.as_ref();
     let outputs = match routes
         .sequences
         .call((&routes.shared, &endpoint), id, (request.start, request.end), inputs)

@@ -454,3 +454,204 @@ fn a_grpc_request_is_checked_whole_before_the_model_runs() {
     };
     assert!(said.contains("an unknown output refused before the call"), "{said}");
 }
+
+/// One HTTP/1.1 request to `addr` (`Connection: close`): the status and
+/// the body.
+fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut said = vec![];
+    s.read_to_end(&mut said).unwrap();
+    let said = String::from_utf8_lossy(&said).into_owned();
+    let status = said
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status: {said:?}"));
+    let body = said
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A GRU sequence driven over the REST front, one request a pulse, each
+/// answer checked against the model alone.
+struct RestSequence {
+    input: String,
+    output: String,
+    pulses: Vec<Vec<u8>>,
+    answers: Vec<Vec<u8>>,
+}
+
+impl RestSequence {
+    fn new(serving: &Serving, spec: &Path, seed: u64, count: usize) -> RestSequence {
+        let (input, output) = names(serving);
+        let pulses = noise_pulses(seed, count, 32);
+        let answers = solo(spec, &[(1, 1)], &pulses);
+        RestSequence {
+            input,
+            output,
+            pulses,
+            answers,
+        }
+    }
+
+    /// Pulse `p` of sequence `id` (a JSON number or string) sent to `addr`:
+    /// the status and the answer's JSON.
+    fn send(&self, addr: &str, id: serde_json::Value, p: usize, start: bool) -> (u16, serde_json::Value) {
+        let data: Vec<f32> = self.pulses[p]
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let body = serde_json::json!({
+            "parameters": { "sequence_id": id, "sequence_start": start },
+            "inputs": [{ "name": self.input, "datatype": "FP32", "shape": [1, 8], "data": data }],
+        });
+        let (status, said) = http(addr, "POST", "/v2/models/gru/infer", body.to_string().as_bytes());
+        let json = serde_json::from_str(&said).unwrap_or_else(|e| panic!("{e}: {said}"));
+        (status, json)
+    }
+
+    /// Whether `answer` is pulse `p`'s, bit for bit.
+    fn exact(&self, answer: &serde_json::Value, p: usize) -> bool {
+        let outputs = answer["outputs"].as_array().cloned().unwrap_or_default();
+        let Some(o) = outputs.iter().find(|o| o["name"] == self.output.as_str()) else {
+            return false;
+        };
+        let got: Vec<u8> = o["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|v| (v.as_f64().unwrap() as f32).to_le_bytes())
+            .collect();
+        got == self.answers[p]
+    }
+
+    /// Pulses `range` of `id` sent to `addr`, each answered exactly.
+    fn run(&self, addr: &str, id: serde_json::Value, range: std::ops::Range<usize>, start: bool) {
+        for p in range.clone() {
+            let (status, answer) = self.send(addr, id.clone(), p, start && p == range.start);
+            assert_eq!(status, 200, "pulse {p}: {answer}");
+            assert!(
+                self.exact(&answer, p),
+                "pulse {p}: not the model's own answer: {answer}"
+            );
+        }
+    }
+}
+
+/// Issue 68 row 4: a sequence continued without `sequence_start` on a
+/// replica that does not hold it is refused by name (restart it with
+/// `sequence_start`) unless its record is known current, never continued
+/// from an older checkpoint. (a) Reaped after `idle_ms` with its last
+/// checkpoint 2 pulses behind; (b) its replica killed (kill -9) 2 pulses
+/// after its last checkpoint, the 7th sent to another. Each was answered
+/// 200 from the checkpoint's state before. After a refusal, a restart
+/// with `sequence_start` is exact.
+#[test]
+fn a_sequence_whose_saved_state_is_behind_its_last_answer_is_refused() {
+    let Some(redis) = Redis::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let spec = gru(dir.path());
+    let model = format!("gru={}", spec.display());
+    let url = redis.url();
+    let args = [
+        model.as_str(),
+        "--store",
+        &url,
+        "--checkpoint-every",
+        "4",
+        "--idle-ms",
+        "500",
+    ];
+    let a = serve(&args).unwrap();
+    let seq = RestSequence::new(&a, &spec, 68, 8);
+    let stale = |status: u16, answer: &serde_json::Value| {
+        let why = answer["error"].as_str().unwrap_or_default();
+        status == 400 && why.contains("restart it with sequence_start") && why.contains("not held here")
+    };
+    // (a) Reaped: 6 pulses, the checkpoint at 4, then idle past idle_ms
+    // (the reaper looks every second).
+    seq.run(&a.addr, 17.into(), 0..6, true);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let (status, answer) = seq.send(&a.addr, 17.into(), 6, false);
+    assert!(stale(status, &answer), "reaped, continued: {status} {answer}");
+    seq.run(&a.addr, 17.into(), 0..3, true);
+    // (b) Killed: another id, 6 pulses on A, A killed outright, the 7th
+    // to B.
+    let b = serve(&args).unwrap();
+    seq.run(&a.addr, 18.into(), 0..6, true);
+    drop(a);
+    let (status, answer) = seq.send(&b.addr, 18.into(), 6, false);
+    assert!(stale(status, &answer), "killed, continued elsewhere: {status} {answer}");
+    seq.run(&b.addr, 18.into(), 0..8, true);
+}
+
+/// A record handed over on a drain is current: the sequence continues on
+/// another replica exactly, once. Continued there, it is no longer
+/// current: that replica killed, a third refuses the next pulse by name
+/// (it was continued from the first replica's record, 200, wrong). And a
+/// sequence started afresh over a handed-over record leaves it behind:
+/// reaped, it is refused, not continued from the old record.
+#[test]
+fn a_handed_over_record_continues_a_sequence_once() {
+    let Some(redis) = Redis::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let spec = gru(dir.path());
+    let model = format!("gru={}", spec.display());
+    let url = redis.url();
+    let args = [model.as_str(), "--store", &url, "--idle-ms", "500"];
+    let mut a = serve(&args).unwrap();
+    let b = serve(&args).unwrap();
+    let seq = RestSequence::new(&a, &spec, 69, 9);
+    seq.run(&a.addr, 21.into(), 0..4, true);
+    seq.run(&a.addr, "twice".into(), 0..4, true);
+    a.terminate();
+    assert!(a.exited_within(std::time::Duration::from_secs(20)), "A did not drain");
+    // Continued on B from A's hand-over, exact.
+    seq.run(&b.addr, 21.into(), 4..6, false);
+    drop(b);
+    let c = serve(&args).unwrap();
+    let (status, answer) = seq.send(&c.addr, 21.into(), 6, false);
+    let why = answer["error"].as_str().unwrap_or_default().to_string();
+    assert!(
+        status == 400 && why.contains("restart it with sequence_start"),
+        "continued from a record already continued: {status} {answer}"
+    );
+    // Started afresh on C over A's record of "twice", 2 pulses, reaped:
+    // not continued from A's record.
+    seq.run(&c.addr, "twice".into(), 0..2, true);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let (status, answer) = seq.send(&c.addr, "twice".into(), 2, false);
+    assert_eq!(
+        status, 400,
+        "a restarted sequence continued from an older record: {answer}"
+    );
+}
+
+/// Sequence ids are Triton's: the number 17 and the string "17" are two
+/// sequences (they were one: "17" continued 17, and starting "17" while
+/// 17 lived was refused "started twice"). Both live side by side, each
+/// exact.
+#[test]
+fn sequence_id_17_and_string_17_are_two_sequences() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = gru(dir.path());
+    let serving = serve(&[&format!("gru={}", spec.display())]).unwrap();
+    let seq = RestSequence::new(&serving, &spec, 70, 4);
+    seq.run(&serving.addr, 17.into(), 0..2, true);
+    let (status, answer) = seq.send(&serving.addr, "17".into(), 2, false);
+    assert_eq!(status, 400, "\"17\" continued 17: {answer}");
+    assert!(answer["error"].as_str().unwrap().contains("never started"), "{answer}");
+    seq.run(&serving.addr, "17".into(), 0..4, true);
+    seq.run(&serving.addr, 17.into(), 2..4, false);
+}

@@ -36,6 +36,19 @@ impl Serving {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Waits for the server's exit (after [`Serving::terminate`]), up to
+    /// `within`; whether it exited.
+    pub fn exited_within(&mut self, within: std::time::Duration) -> bool {
+        let until = std::time::Instant::now() + within;
+        while std::time::Instant::now() < until {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        false
+    }
 }
 
 impl Drop for Serving {

@@ -34,7 +34,7 @@ use tonic::server::{Grpc, NamedService};
 use tonic::{Request, Response, Status, Streaming};
 use tonic_prost::ProstCodec;
 
-use crate::kserve::{self, Pulse};
+use crate::kserve::{self, Pulse, SequenceId};
 use crate::server::{readiness, Routes};
 use messages::*;
 
@@ -306,14 +306,15 @@ fn param<'a>(r: &'a ModelInferRequest, name: &str) -> Option<&'a ParameterChoice
     r.parameters.get(name).and_then(|p| p.parameter_choice.as_ref())
 }
 
-/// A request's sequence id, where it names one (`0` or empty: none).
-fn sequence_of(r: &ModelInferRequest) -> Result<Option<String>, Status> {
+/// A request's sequence id, where it names one (`0` or empty: none): a
+/// number or a string, two kinds as Triton keeps them.
+fn sequence_of(r: &ModelInferRequest) -> Result<Option<SequenceId>, Status> {
     Ok(match param(r, "sequence_id") {
         None | Some(ParameterChoice::Int64(0)) | Some(ParameterChoice::Uint64(0)) => None,
-        Some(ParameterChoice::Int64(n)) if *n > 0 => Some(n.to_string()),
-        Some(ParameterChoice::Uint64(n)) => Some(n.to_string()),
+        Some(ParameterChoice::Int64(n)) if *n > 0 => Some(SequenceId::Number(*n as u64)),
+        Some(ParameterChoice::Uint64(n)) => Some(SequenceId::Number(*n)),
         Some(ParameterChoice::Str(s)) if s.is_empty() => None,
-        Some(ParameterChoice::Str(s)) => Some(s.clone()),
+        Some(ParameterChoice::Str(s)) => Some(SequenceId::Name(s.clone())),
         Some(other) => {
             return Err(Status::invalid_argument(format!(
                 "sequence_id {other:?}: wanted a positive integer or a string"
@@ -354,7 +355,7 @@ fn contents_bytes(c: &InferTensorContents, dtype: &str) -> Result<Vec<u8>, Strin
 struct Checked {
     endpoint: std::sync::Arc<crate::session::Endpoint>,
     interface: laned_models::spec::Interface,
-    sequence: Option<String>,
+    sequence: Option<SequenceId>,
     ends: (bool, bool),
     inputs: tract_core::prelude::TVec<tract_core::prelude::TValue>,
     /// The outputs answered, by index in the interface's (all where the
@@ -421,7 +422,7 @@ async fn infer(routes: &Routes, r: ModelInferRequest) -> Result<ModelInferRespon
     } = check(routes, &r)?;
     let outputs = routes
         .sequences
-        .call((&routes.shared, &endpoint), sequence.as_deref(), ends, inputs)
+        .call((&routes.shared, &endpoint), sequence.as_ref(), ends, inputs)
         .await
         .map_err(|(code, why)| status(code, why))?;
     let answer = interface.answer_bytes(&outputs).map_err(Status::internal)?;
@@ -525,8 +526,8 @@ fn stream_infer(routes: Routes, held: Arc<AtomicUsize>, mut incoming: Streaming<
     tokio::spawn(async move {
         // Live sequences' workers by model and id; those whose last
         // request ended them, still finishing.
-        let mut workers: HashMap<(String, String), Worker> = HashMap::new();
-        let mut ending: HashMap<(String, String), tokio::task::JoinHandle<()>> = HashMap::new();
+        let mut workers: HashMap<(String, SequenceId), Worker> = HashMap::new();
+        let mut ending: HashMap<(String, SequenceId), tokio::task::JoinHandle<()>> = HashMap::new();
         loop {
             let r = match incoming.message().await {
                 Ok(Some(r)) => r,
@@ -560,7 +561,7 @@ fn stream_infer(routes: Routes, held: Arc<AtomicUsize>, mut incoming: Streaming<
                     .is_ok();
                 if !counted {
                     let why = format!(
-                        "sequence {:?}: {MAX_SEQUENCES_PER_CONNECTION} sequences live on this connection's streams, \
+                        "sequence {}: {MAX_SEQUENCES_PER_CONNECTION} sequences live on this connection's streams, \
                          the most it takes: end one, or open another connection",
                         key.1
                     );

@@ -620,7 +620,7 @@ impl Connection {
         for tag in due {
             let s = &self.streams[&tag];
             let id = s.handing.clone().expect("filtered");
-            match hand_over_stream((&self.shared, &self.endpoint), &store, &id, &s.stream).await {
+            match hand_over_stream((&self.shared, &self.endpoint), &store, (&id, false), &s.stream).await {
                 Some(why) => self.close_stream(tag, close::RESTART, &why),
                 None => self.streams.get_mut(&tag).expect("present").hand_over_failed = true,
             }

@@ -124,15 +124,18 @@ async fn record_of(stream: &Stream) -> Result<(Record, Duration), String> {
 }
 
 /// A stream's state to the store, after any checkpoint in flight (so a
-/// later position is never overwritten by an earlier one): `Ok` with its
-/// bytes and the times the export (from the runner) and the write (to the
-/// store) took.
+/// later position is never overwritten by an earlier one), marked
+/// `current` where the stream answers no more ([`Record::current`]): `Ok`
+/// with its bytes and the times the export (from the runner) and the
+/// write (to the store) took.
 pub(crate) async fn hand_over(
     store: &Store,
     key: &str,
     stream: &Stream,
+    current: bool,
 ) -> Result<(usize, Duration, Duration), String> {
-    let (record, export) = record_of(stream).await?;
+    let (mut record, export) = record_of(stream).await?;
+    record.current = current;
     let written = stream.written.clone().lock_owned().await;
     let started = Instant::now();
     let bytes = put_after(store, key, &record, written).await?;
@@ -214,7 +217,7 @@ pub(crate) async fn try_hand_over(
     (id, live_id): (&str, &mut Option<LiveId>),
     stream: &Stream,
 ) -> bool {
-    match hand_over_stream((shared, endpoint), store, id, stream).await {
+    match hand_over_stream((shared, endpoint), store, (id, false), stream).await {
         Some(why) => {
             // Handed over: the id is free for the client's reconnect (here
             // or elsewhere) while the close waits for its reply.
@@ -229,13 +232,15 @@ pub(crate) async fn try_hand_over(
 /// Stream `id`'s hand-over, the one every front makes on a drain: its
 /// record written (or, where its model's state stays in its ops, any
 /// record removed: it restarts at 0; or, with no lane yet, the record it
-/// resumes from left as found), counted and tallied. The 1012 reason to
-/// tell its client; `None` where the write failed (said, counted: the
-/// stream drains as without a store).
+/// resumes from left as found), counted and tallied; `current` where the
+/// stream's client is not told its position (a v2 sequence:
+/// [`Record::current`]). The 1012 reason to tell its client; `None` where
+/// the write failed (said, counted: the stream drains as without a
+/// store).
 pub(crate) async fn hand_over_stream(
     (shared, endpoint): (&Shared, &Endpoint),
     store: &Store,
-    id: &str,
+    (id, current): (&str, bool),
     stream: &Stream,
 ) -> Option<String> {
     if !endpoint.runner.state_travels() {
@@ -255,7 +260,7 @@ pub(crate) async fn hand_over_stream(
         handover::count("laned_handover_total", &endpoint.name, "ok");
         return Some(resume_at);
     }
-    match hand_over(store, &endpoint.key(id), stream).await {
+    match hand_over(store, &endpoint.key(id), stream, current).await {
         Ok((bytes, export, write)) => {
             shared
                 .tally

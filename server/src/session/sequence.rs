@@ -8,10 +8,18 @@
 //! 1. `sequence_start`: a second start of a live id is refused; the id is
 //!    taken (one live stream per id and model, WebSocket streams
 //!    included); with a store, a record left under the id only gives its
-//!    generation (a start is a fresh stream). A request without
-//!    `sequence_start` for an id not live resumes it from its record where
-//!    the store holds one (a replica that drained handed it over), else is
-//!    refused ("never started").
+//!    generation (a start is a fresh stream), and one that is current is
+//!    removed first (nothing may continue the old sequence from it). A
+//!    request without `sequence_start` for an id not live resumes it from
+//!    its record only where the record is current (a replica that drained
+//!    handed it over at its last answer: [`handover::Record::current`]),
+//!    marking it not current in the store before the call (so it is
+//!    continued once); else it is refused by name: "not held here" where
+//!    a record is held that may be behind the sequence's last answer (a
+//!    checkpoint: the sequence was reaped or its replica killed since),
+//!    "never started" where none is. Triton's rule: a sequence the server
+//!    does not hold is not continued without `sequence_start`. Ids are
+//!    Triton's, a number or a string: 17 and "17" are two sequences.
 //! 2. Each request is one call: the sequence is taken out of the table for
 //!    it (a second request meanwhile is refused: one in flight a sequence),
 //!    its lane taken at its first (waited for up to `admission_wait_ms`,
@@ -38,6 +46,7 @@ use tract_core::prelude::{TValue, TVec};
 use super::resume::{checkpoint, hand_over_stream, look_up, Resume};
 use super::{Endpoint, LiveId, Shared, Stream};
 use crate::handover;
+use crate::kserve::SequenceId;
 
 /// Every live sequence of a server, by its model's store key of its id.
 #[derive(Default)]
@@ -81,20 +90,23 @@ impl Sequences {
     pub(crate) async fn call(
         &self,
         (shared, endpoint): (&Arc<Shared>, &Arc<Endpoint>),
-        id: Option<&str>,
+        id: Option<&SequenceId>,
         (start, end): (bool, bool),
         inputs: TVec<TValue>,
     ) -> Result<TVec<TValue>, Refusal> {
-        let Some(id) = id else {
+        let Some(sequence_id) = id else {
             let mut handle = lane(shared, endpoint, None).await?;
             return handle.call_async(inputs).await.map_err(|e| call_failed(&e));
         };
-        handover::check_id(id).map_err(|why| (StatusCode::BAD_REQUEST, format!("sequence_id: {why}")))?;
+        let id = &sequence_id
+            .stream_id()
+            .map_err(|why| (StatusCode::BAD_REQUEST, format!("sequence_id: {why}")))?;
         let key = endpoint.key(id);
         if *shared.handing_over.borrow() {
             return self.restarting(shared, endpoint, &key).await;
         }
-        let mut sequence = self.take(shared, endpoint, id, &key, start).await?;
+        let shown = sequence_id.to_string();
+        let mut sequence = self.take(shared, endpoint, (id, &shown), &key, start).await?;
         // Its slot is freed if this request goes away mid-call (its client
         // gone): the sequence ends with it.
         let slot = SlotGuard {
@@ -156,7 +168,7 @@ impl Sequences {
         &self,
         shared: &Arc<Shared>,
         endpoint: &Arc<Endpoint>,
-        id: &str,
+        (id, shown): (&str, &str),
         key: &str,
         start: bool,
     ) -> Result<Box<Sequence>, Refusal> {
@@ -164,16 +176,22 @@ impl Sequences {
             let mut table = self.lock();
             match table.get_mut(key) {
                 Some(Slot::Busy) if start => {
-                    return refused(StatusCode::BAD_REQUEST, format!("sequence {id} is live: started twice"))
+                    return refused(
+                        StatusCode::BAD_REQUEST,
+                        format!("sequence {shown} is live: started twice"),
+                    )
                 }
                 Some(Slot::Busy) => {
                     return refused(
                         StatusCode::CONFLICT,
-                        format!("sequence {id} has a request in flight: one at a time"),
+                        format!("sequence {shown} has a request in flight: one at a time"),
                     )
                 }
                 Some(Slot::Idle(_)) if start => {
-                    return refused(StatusCode::BAD_REQUEST, format!("sequence {id} is live: started twice"))
+                    return refused(
+                        StatusCode::BAD_REQUEST,
+                        format!("sequence {shown} is live: started twice"),
+                    )
                 }
                 Some(slot @ Slot::Idle(_)) => {
                     let Slot::Idle(sequence) = std::mem::replace(slot, Slot::Busy) else {
@@ -202,12 +220,46 @@ impl Sequences {
             None => Resume::None,
         };
         let found = resume.found_generation();
-        let (chunk, resume_from) = match resume {
-            Resume::From(record) if !start => (record.chunk, Some(record)),
+        let writer = handover::Writer::after(found);
+        let (chunk, resume_from) = match (resume, &shared.store) {
+            (Resume::From(record), Some(store)) if !start => {
+                if !record.current {
+                    return refused(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "sequence {shown} is not held here, and its saved state (pulse {}) may be behind its last \
+                             answer: restart it with sequence_start",
+                            record.chunk
+                        ),
+                    );
+                }
+                // Continued once: the store's record no longer current
+                // before any answer of this session.
+                let mut mark = (*record).clone();
+                (mark.current, mark.generation, mark.owner) = (false, writer.generation, writer.owner.clone());
+                if let Err(e) = store.put(key, &mark).await {
+                    return refused(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("sequence {shown} could not be taken over ({e}): try again"),
+                    );
+                }
+                (record.chunk, Some(record))
+            }
+            (Resume::From(record), Some(store)) if record.current => {
+                // A fresh start over a sequence handed over: its record
+                // goes first, so that nothing continues the old sequence.
+                if let Err(e) = store.remove_own(key, &writer).await {
+                    return refused(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("sequence {shown}: its old record could not be removed ({e}): try again"),
+                    );
+                }
+                (0, None)
+            }
             _ if !start => {
                 return refused(
                     StatusCode::BAD_REQUEST,
-                    format!("sequence {id} was never started (or has ended): send sequence_start"),
+                    format!("sequence {shown} was never started (or has ended): send sequence_start"),
                 )
             }
             _ => (0, None),
@@ -222,7 +274,7 @@ impl Sequences {
                 resume_from,
                 conversation,
                 chunk,
-                writer: handover::Writer::after(found),
+                writer,
                 written: Arc::new(tokio::sync::Mutex::new(None)),
             },
             id: id.to_string(),
@@ -234,7 +286,7 @@ impl Sequences {
             // Started meanwhile by a request beside this one.
             return refused(
                 StatusCode::CONFLICT,
-                format!("sequence {id} has a request in flight: one at a time"),
+                format!("sequence {shown} has a request in flight: one at a time"),
             );
         }
         table.insert(key.to_string(), Slot::Busy);
@@ -322,7 +374,9 @@ impl Drop for SlotGuard<'_> {
 /// Hands `sequence` over to the store (the session's one hand-over;
 /// said where it cannot be).
 async fn hand_over_one(shared: &Shared, endpoint: &Endpoint, store: &handover::Store, sequence: &Sequence) {
-    let _ = hand_over_stream((shared, endpoint), store, &sequence.id, &sequence.stream).await;
+    // Current: the sequence answers no more here, and its client is told
+    // no position (it sends its next request elsewhere).
+    let _ = hand_over_stream((shared, endpoint), store, (&sequence.id, true), &sequence.stream).await;
 }
 
 /// A lane of `endpoint`'s model, waited for up to `admission_wait_ms`,

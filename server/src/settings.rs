@@ -234,6 +234,13 @@ pub struct Limits {
     /// The KServe v2 gRPC front's address (`laned serve` only); none by
     /// default.
     pub grpc_listen: Option<SocketAddr>,
+    /// gRPC (`laned serve` only): the requests one connection's
+    /// `ModelStreamInfer` streams may have received and not yet answered,
+    /// all its streams and sequences together (with a sequence or not):
+    /// one past it is answered `RESOURCE_EXHAUSTED` naming this bound. A
+    /// request holds at most the message limit (8 × the pulse's bytes +
+    /// 64 KiB).
+    pub grpc_max_requests: usize,
 }
 
 impl Default for Limits {
@@ -252,12 +259,14 @@ impl Default for Limits {
             checkpoint_every: 0,
             store_timeout_ms: 500,
             grpc_listen: None,
+            grpc_max_requests: 256,
         }
     }
 }
 
 /// The keys of `vad-server`'s file, in the order its errors list them:
-/// [`Limits`]' but `grpc_listen`, and the model's and the runner's.
+/// [`Limits`]' but the gRPC front's (`grpc_*`), and the model's and the
+/// runner's.
 const SETTINGS_KEYS: &[&str] = &[
     "listen",
     "model",
@@ -401,6 +410,9 @@ impl Limits {
         if self.store_timeout_ms == 0 {
             return Err("store_timeout_ms is 0: no store operation could finish (at least 1)".into());
         }
+        if self.grpc_max_requests == 0 {
+            return Err("grpc_max_requests is 0: no gRPC stream could carry a request (at least 1)".into());
+        }
         Ok(())
     }
 
@@ -467,6 +479,7 @@ mod tests {
                 checkpoint_every: 18,
                 store_timeout_ms: 19,
                 grpc_listen: None,
+                ..Limits::default()
             },
             model: Some("/m.onnx".into()),
             lanes: 3,

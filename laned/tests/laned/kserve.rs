@@ -655,3 +655,75 @@ fn sequence_id_17_and_string_17_are_two_sequences() {
     seq.run(&serving.addr, "17".into(), 0..4, true);
     seq.run(&serving.addr, 17.into(), 2..4, false);
 }
+
+/// The tests' GRU on one lane (its spec rewritten): what the bounds'
+/// attacks hold.
+fn one_lane(dir: &Path) -> PathBuf {
+    let spec = gru(dir);
+    let mut lanes = laned_models::spec::Spec::from_toml_file(&spec).unwrap();
+    lanes.runner.max_lanes = 1;
+    lanes.runner.shards = Some(1);
+    std::fs::write(&spec, lanes.to_toml().unwrap()).unwrap();
+    spec
+}
+
+/// Issue 68's bounds: a case of `triton_attacks.py` against the one-lane
+/// GRU, `server` the config's `[server]` table (besides `grpc_listen`).
+fn bounded_attack(case: &str, server: &str, sequences_pulses: (usize, usize), bound: usize) -> Option<String> {
+    let python = triton_python()?;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = one_lane(dir.path());
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!("[server]\n{server}\n[models]\ngru = {:?}\n", spec.display().to_string()),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let serving = serve(&[
+        "--config",
+        &config,
+        "--grpc-listen",
+        &grpc,
+        "--admission-wait-ms",
+        "60000",
+    ])
+    .unwrap();
+    let (input, output) = names(&serving);
+    let mut check = script_input(dir.path(), &spec, &grpc, sequences_pulses);
+    check["input"] = input.into();
+    check["output"] = output.into();
+    check["case"] = case.into();
+    check["bound"] = bound.into();
+    Some(run_script(&python, dir.path(), &check, "triton_attacks.py"))
+}
+
+/// Issue 68 row 1: requests of no sequence on a stream, past
+/// `grpc_max_requests` (8 here) in flight on the connection, are refused
+/// RESOURCE_EXHAUSTED naming the bound at once (each used to be kept, a
+/// task each, without end); the 8 under it are answered exactly once the
+/// lane they wait for frees.
+#[test]
+fn grpc_requests_in_flight_on_a_connection_are_bounded() {
+    let Some(said) = bounded_attack("requests", "grpc_max_requests = 8", (12, 2), 8) else {
+        return;
+    };
+    assert!(said.contains("4 of 12 refused naming grpc_max_requests (8)"), "{said}");
+}
+
+/// Issue 68 row 2: a sequence ended on a stream but not yet served still
+/// counts among the connection's 256: with every sequence waiting for the
+/// lane, the 257th, all of them started and ended by their one request,
+/// is refused naming the bound (ended sequences left the count, their
+/// queues kept, without end).
+#[test]
+fn grpc_sequences_ended_but_not_served_count_under_the_bound() {
+    let Some(said) = bounded_attack("ended", "grpc_max_requests = 1000", (257, 2), 256) else {
+        return;
+    };
+    assert!(
+        said.contains("the sequence past 256 refused naming the bound"),
+        "{said}"
+    );
+}

@@ -7,6 +7,15 @@ triton_grpc.py's (`url` the gRPC address) with `case` naming the attack:
 - `validate`: a request of a live sequence asking for an unknown output is
   refused before the model runs: the same pulse sent again is answered as
   the model alone answers it (not applied twice).
+- `requests`: the model has one lane, held by a sequence on another
+  connection; one stream sends `S` requests of no sequence at once: those
+  past `bound` (the server's `grpc_max_requests`) are refused at once
+  naming it, the others wait for the lane and are answered exactly once
+  the sequence ends.
+- `ended`: the same lane held; one stream sends `S` sequences of one
+  request each, started and ended by it (ids cycling): a sequence ended
+  but not yet served still counts, so the one past `bound` (256) is
+  refused naming the bound; every answer that comes is exact.
 
 Exits non-zero on the first check that fails, saying which; prints one
 line saying what held.
@@ -95,6 +104,95 @@ if case == "validate":
         r = c.infer(model, one(0, p), sequence_id=seq, sequence_end=p == P - 1)
         same(r.as_numpy(out_name), 0, p, "the pulses after")
     print("validate: an unknown output refused before the call, the sequence unmoved and exact")
+    end(0)
+
+class Stream:
+    """A gRPC stream and the answers it delivered (results by request id,
+    errors in order)."""
+
+    def __init__(self, url=None):
+        import queue
+
+        self.client = connect(url)
+        self.answers = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.answers.put((result, error)))
+
+    def send(self, s, p, seq=None, start=False, end=False):
+        kw = {} if seq is None else dict(sequence_id=seq, sequence_start=start, sequence_end=end)
+        self.client.async_stream_infer(model, one(s, p), request_id=f"{s}:{p}", **kw)
+
+    def take(self, n, within):
+        import queue
+        import time
+
+        got, errors = {}, []
+        until = time.time() + within
+        while len(got) + len(errors) < n and time.time() < until:
+            try:
+                result, error = self.answers.get(timeout=max(0.01, until - time.time()))
+            except queue.Empty:
+                break
+            if error is not None:
+                errors.append(str(error))
+                continue
+            s, p = map(int, result.get_response().id.split(":"))
+            got[(s, p)] = result.as_numpy(out_name)
+        return got, errors
+
+
+def hold_the_lane():
+    """The model's one lane, held by a live sequence on a connection of its
+    own; a function that ends it."""
+    holder = connect()
+    r = holder.infer(model, one(0, 0), sequence_id=999999, sequence_start=True)
+    same(r.as_numpy(out_name), 0, 0, "the lane's holder")
+
+    def release():
+        r = holder.infer(model, one(0, 1), sequence_id=999999, sequence_end=True)
+        same(r.as_numpy(out_name), 0, 1, "the lane's holder")
+
+    return release
+
+
+if case == "requests":
+    bound = spec["bound"]
+    release = hold_the_lane()
+    st = Stream()
+    for s in range(S):
+        st.send(s, 0)
+    # Those past the bound are refused at once (the others wait for the
+    # lane).
+    got, errors = st.take(S - bound, within=30.0)
+    if got or len(errors) != S - bound:
+        end(f"past the bound of {bound}: {len(got)} answers, errors {errors[:3]}")
+    for e in errors:
+        if f"{bound} requests in flight on this connection (grpc_max_requests)" not in e:
+            end(f"a refusal that does not name the bound: {e}")
+    release()
+    got, errors = st.take(bound, within=60.0)
+    if errors or len(got) != bound:
+        end(f"under the bound: {len(got)} answers of {bound}, errors {errors[:3]}")
+    for (s, p), y in got.items():
+        same(y, s, p, "a request of no sequence")
+    print(f"requests: {S - bound} of {S} refused naming grpc_max_requests ({bound}), the {bound} others exact")
+    end(0)
+
+if case == "ended":
+    bound = spec["bound"]
+    release = hold_the_lane()
+    st = Stream()
+    for s in range(S):
+        st.send(s, 0, seq=1 + s % (S + 1), start=True, end=True)
+    got, errors = st.take(1, within=30.0)
+    if got or len(errors) != 1 or f"{bound} sequences live on this connection" not in errors[0]:
+        end(f"one past the bound of {bound}: {len(got)} answers, errors {errors[:3]}")
+    release()
+    got, errors = st.take(S - 1, within=120.0)
+    for (s, p), y in got.items():
+        same(y, s, p, "a sequence of one request")
+    if not got:
+        end(f"none of the {S - 1} sequences under the bound answered: {errors[:3]}")
+    print(f"ended: the sequence past {bound} refused naming the bound, ended ones counted; {len(got)} answered exact")
     end(0)
 
 end(f"unknown case {case!r}")

@@ -26,6 +26,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use futures_util::Stream;
@@ -127,7 +128,13 @@ where
             .map(str::to_string);
         let place = req.extensions().get::<places::Place>().cloned();
         let over_cap = place.as_ref().and_then(|p| p.over_cap);
-        let held = place.map_or_else(Default::default, |p| p.sequences);
+        let held = match place {
+            Some(p) => p.held,
+            None => Bounds {
+                sequences: Default::default(),
+                requests: Arc::new(tokio::sync::Semaphore::new(self.routes.shared.limits.grpc_max_requests)),
+            },
+        };
         Box::pin(async move {
             if let Some(cap) = over_cap {
                 return Ok(Status::unavailable(format!(
@@ -480,15 +487,26 @@ fn on_stream(answer: Result<ModelInferResponse, Status>) -> Result<ModelStreamIn
 type Answers = tokio::sync::mpsc::Sender<Result<ModelStreamInferResponse, Status>>;
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
 
+/// A request received on a stream and not yet answered: its place under
+/// the connection's `grpc_max_requests`, freed with its answer.
+type InFlight = tokio::sync::OwnedSemaphorePermit;
+
+/// An answer put on the stream, waited for up to `idle` (the client
+/// takes none: then `false`, and the stream ends, as a WebSocket whose
+/// replies stay untaken does).
+async fn answer(answers: &Answers, answer: Result<ModelStreamInferResponse, Status>, idle: Duration) -> bool {
+    matches!(tokio::time::timeout(idle, answers.send(answer)).await, Ok(Ok(())))
+}
+
 /// One sequence's requests on a stream, served in order by a task of its
 /// own, after the task of the same id's previous sequence on the stream.
 struct Worker {
-    requests: tokio::sync::mpsc::Sender<ModelInferRequest>,
+    requests: tokio::sync::mpsc::Sender<(ModelInferRequest, InFlight)>,
     done: tokio::task::JoinHandle<()>,
-    _held: Held,
 }
 
-/// A sequence counted on its connection while its stream routes to it.
+/// A sequence counted on its connection until its task ends (an ended
+/// sequence whose requests are still served counts too).
 struct Held(Arc<AtomicUsize>);
 
 impl Drop for Held {
@@ -498,32 +516,47 @@ impl Drop for Held {
 }
 
 fn worker(routes: Routes, answers: Answers, after: Option<tokio::task::JoinHandle<()>>, held: Held) -> Worker {
-    let (requests, mut queue) = tokio::sync::mpsc::channel::<ModelInferRequest>(QUEUED_PER_SEQUENCE);
+    let (requests, mut queue) = tokio::sync::mpsc::channel::<(ModelInferRequest, InFlight)>(QUEUED_PER_SEQUENCE);
+    let idle = Duration::from_millis(routes.shared.limits.idle_ms);
     let done = tokio::spawn(async move {
+        let _held = held;
         if let Some(previous) = after {
             let _ = previous.await;
         }
-        while let Some(r) = queue.recv().await {
-            let answer = on_stream(infer(&routes, r).await);
-            if answers.send(answer).await.is_err() {
+        while let Some((r, in_flight)) = queue.recv().await {
+            let reply = on_stream(infer(&routes, r).await);
+            if !answer(&answers, reply, idle).await {
                 return;
             }
+            drop(in_flight);
         }
     });
-    Worker {
-        requests,
-        done,
-        _held: held,
-    }
+    Worker { requests, done }
+}
+
+/// What one connection's streams hold together, bounded: its sequences
+/// ([`MAX_SEQUENCES_PER_CONNECTION`]) and its requests in flight
+/// (`grpc_max_requests`).
+#[derive(Clone, Debug)]
+pub(crate) struct Bounds {
+    pub(crate) sequences: Arc<AtomicUsize>,
+    pub(crate) requests: Arc<tokio::sync::Semaphore>,
 }
 
 /// `ModelStreamInfer`: each request routed to its sequence's worker (a
-/// request of no sequence served on its own), at most
-/// [`MAX_SEQUENCES_PER_CONNECTION`] counted in `held` (the connection's
-/// streams together); every answer on the response stream as it is ready.
-fn stream_infer(routes: Routes, held: Arc<AtomicUsize>, mut incoming: Streaming<ModelInferRequest>) -> ResponseStream {
+/// request of no sequence served on a task of its own), every answer on
+/// the response stream as it is ready. Bounded (what a bound refuses is
+/// answered `RESOURCE_EXHAUSTED` on the stream, naming it, the stream
+/// going on): the connection's requests received and not answered
+/// (`grpc_max_requests`, all its streams together), its sequences
+/// ([`MAX_SEQUENCES_PER_CONNECTION`], those ended and still served
+/// included), each sequence's requests queued ([`QUEUED_PER_SEQUENCE`]);
+/// answers the client leaves untaken for `idle_ms` end the stream.
+fn stream_infer(routes: Routes, held: Bounds, mut incoming: Streaming<ModelInferRequest>) -> ResponseStream {
     let (answers, mut out) = tokio::sync::mpsc::channel(QUEUED_PER_SEQUENCE);
     tokio::spawn(async move {
+        let idle = Duration::from_millis(routes.shared.limits.idle_ms);
+        let max_requests = routes.shared.limits.grpc_max_requests;
         // Live sequences' workers by model and id; those whose last
         // request ended them, still finishing.
         let mut workers: HashMap<(String, SequenceId), Worker> = HashMap::new();
@@ -533,21 +566,36 @@ fn stream_infer(routes: Routes, held: Arc<AtomicUsize>, mut incoming: Streaming<
                 Ok(Some(r)) => r,
                 Ok(None) => break,
                 Err(status) => {
-                    let _ = answers.send(Err(status)).await;
+                    let _ = answer(&answers, Err(status), idle).await;
                     break;
                 }
+            };
+            let refuse = |why: String| on_stream(Err(Status::resource_exhausted(why)));
+            let Ok(in_flight) = held.requests.clone().try_acquire_owned() else {
+                let why = format!(
+                    "{max_requests} requests in flight on this connection (grpc_max_requests), the most it takes: \
+                     wait for their answers"
+                );
+                if !answer(&answers, refuse(why), idle).await {
+                    break;
+                }
+                continue;
             };
             let sequence = match sequence_of(&r) {
                 Ok(s) => s,
                 Err(status) => {
-                    let _ = answers.send(on_stream(Err(status))).await;
+                    if !answer(&answers, on_stream(Err(status)), idle).await {
+                        break;
+                    }
                     continue;
                 }
             };
             let Some(id) = sequence else {
                 let (routes, answers) = (routes.clone(), answers.clone());
                 tokio::spawn(async move {
-                    let _ = answers.send(on_stream(infer(&routes, r).await)).await;
+                    let reply = on_stream(infer(&routes, r).await);
+                    let _ = answer(&answers, reply, idle).await;
+                    drop(in_flight);
                 });
                 continue;
             };
@@ -555,26 +603,44 @@ fn stream_infer(routes: Routes, held: Arc<AtomicUsize>, mut incoming: Streaming<
             ending.retain(|_, done| !done.is_finished());
             if !workers.contains_key(&key) {
                 let counted = held
+                    .sequences
                     .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                         (n < MAX_SEQUENCES_PER_CONNECTION).then_some(n + 1)
                     })
                     .is_ok();
                 if !counted {
                     let why = format!(
-                        "sequence {}: {MAX_SEQUENCES_PER_CONNECTION} sequences live on this connection's streams, \
-                         the most it takes: end one, or open another connection",
+                        "sequence {}: {MAX_SEQUENCES_PER_CONNECTION} sequences live on this connection's streams \
+                         (those ended and still answering included), the most it takes: end one, or open another \
+                         connection",
                         key.1
                     );
-                    let _ = answers.send(on_stream(Err(Status::resource_exhausted(why)))).await;
+                    if !answer(&answers, refuse(why), idle).await {
+                        break;
+                    }
                     continue;
                 }
-                let w = worker(routes.clone(), answers.clone(), ending.remove(&key), Held(held.clone()));
+                let held = Held(held.sequences.clone());
+                let w = worker(routes.clone(), answers.clone(), ending.remove(&key), held);
                 workers.insert(key.clone(), w);
             }
             let end = flag(&r, "sequence_end");
             let Some(w) = workers.get(&key) else { continue };
-            if w.requests.send(r).await.is_err() {
-                break;
+            match w.requests.try_send((r, in_flight)) {
+                Ok(()) => {}
+                Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                    let why = format!(
+                        "sequence {}: {QUEUED_PER_SEQUENCE} requests queued, the most a sequence takes: wait for its \
+                         answers",
+                        key.1
+                    );
+                    if !answer(&answers, refuse(why), idle).await {
+                        break;
+                    }
+                    continue;
+                }
+                // Its task ended: its answers were left untaken.
+                Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => break,
             }
             if end {
                 // Its queue closes behind this request; a later sequence

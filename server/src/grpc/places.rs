@@ -31,9 +31,9 @@ pub(crate) const REFUSED_FOR: Duration = Duration::from_secs(2);
 pub(crate) struct Place {
     /// `Some(cap)` where it came past the cap (every call refused).
     pub(crate) over_cap: Option<usize>,
-    /// The sequences live on its streams (`ModelStreamInfer`), all of its
-    /// streams together.
-    pub(crate) sequences: Arc<AtomicUsize>,
+    /// What its streams (`ModelStreamInfer`) hold, all of them together:
+    /// their sequences and their requests in flight.
+    pub(crate) held: super::Bounds,
 }
 
 /// A counted place, freed when dropped.
@@ -188,7 +188,10 @@ pub(crate) fn incoming(
                     inner: stream,
                     place: Place {
                         over_cap,
-                        sequences: Arc::new(AtomicUsize::new(0)),
+                        held: super::Bounds {
+                            sequences: Arc::new(AtomicUsize::new(0)),
+                            requests: Arc::new(tokio::sync::Semaphore::new(shared.limits.grpc_max_requests)),
+                        },
                     },
                     _count: count,
                     last_read,

@@ -234,6 +234,11 @@ pub struct Limits {
     /// The KServe v2 gRPC front's address (`laned serve` only); none by
     /// default.
     pub grpc_listen: Option<SocketAddr>,
+    /// gRPC (`laned serve` only): the streams (calls) one connection may
+    /// have open at once, HTTP/2's `SETTINGS_MAX_CONCURRENT_STREAMS` (a
+    /// stream past it is refused `REFUSED_STREAM`, the client's library
+    /// waits); an open stream costs the server about 16 KB.
+    pub grpc_max_streams: u32,
     /// gRPC (`laned serve` only): the requests one connection's
     /// `ModelStreamInfer` streams may have received and not yet answered,
     /// all its streams and sequences together (with a sequence or not):
@@ -259,6 +264,7 @@ impl Default for Limits {
             checkpoint_every: 0,
             store_timeout_ms: 500,
             grpc_listen: None,
+            grpc_max_streams: 128,
             grpc_max_requests: 256,
         }
     }
@@ -409,6 +415,9 @@ impl Limits {
         }
         if self.store_timeout_ms == 0 {
             return Err("store_timeout_ms is 0: no store operation could finish (at least 1)".into());
+        }
+        if self.grpc_max_streams == 0 {
+            return Err("grpc_max_streams is 0: no gRPC call could be made (at least 1)".into());
         }
         if self.grpc_max_requests == 0 {
             return Err("grpc_max_requests is 0: no gRPC stream could carry a request (at least 1)".into());

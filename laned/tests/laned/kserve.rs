@@ -727,3 +727,79 @@ fn grpc_sequences_ended_but_not_served_count_under_the_bound() {
         "{said}"
     );
 }
+
+/// An HTTP/2 frame: its length, kind, flags, stream and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let n = payload.len() as u32;
+    let mut f = vec![(n >> 16) as u8, (n >> 8) as u8, n as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The next HTTP/2 frame read: kind, flags, stream, payload.
+fn h2_read(s: &mut std::net::TcpStream) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
+    use std::io::Read;
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head)?;
+    let n = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; n];
+    s.read_exact(&mut payload)?;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    Ok((head[3], head[4], stream, payload))
+}
+
+/// Issue 68 row 3: one connection opening 200 `ModelStreamInfer` streams,
+/// headers only (HPACK written here by hand): the server announces
+/// `SETTINGS_MAX_CONCURRENT_STREAMS` 128 (`grpc_max_streams`' default) and
+/// refuses each stream past it `REFUSED_STREAM`; it took them all before,
+/// about 16 KB each.
+#[test]
+fn a_grpc_connection_opens_at_most_grpc_max_streams_streams() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = gru(dir.path());
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let _serving = serve(&[&format!("gru={}", spec.display()), "--grpc-listen", &grpc]).unwrap();
+    let mut s = std::net::TcpStream::connect(&grpc).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    s.write_all(&h2_frame(4, 0, 0, &[])).unwrap();
+    let (kind, _, _, settings) = h2_read(&mut s).unwrap();
+    assert_eq!(kind, 4, "the server's first frame is its SETTINGS");
+    let max_streams = settings
+        .chunks(6)
+        .find(|e| u16::from_be_bytes([e[0], e[1]]) == 3)
+        .map(|e| u32::from_be_bytes([e[2], e[3], e[4], e[5]]));
+    s.write_all(&h2_frame(4, 1, 0, &[])).unwrap();
+    let path = b"/inference.GRPCInferenceService/ModelStreamInfer";
+    let mut block = vec![0x83, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path);
+    block.extend_from_slice(&[0x01, 0x01, b'x', 0x0f, 0x10, 16]);
+    block.extend_from_slice(b"application/grpc");
+    block.extend_from_slice(&[0x00, 2]);
+    block.extend_from_slice(b"te");
+    block.push(8);
+    block.extend_from_slice(b"trailers");
+    let opened = 200u32;
+    let frames: Vec<u8> = (0..opened).flat_map(|k| h2_frame(1, 0x4, 2 * k + 1, &block)).collect();
+    s.write_all(&frames).unwrap();
+    let mut refused = std::collections::BTreeSet::new();
+    while refused.len() < (opened - 128) as usize {
+        match h2_read(&mut s) {
+            // RST_STREAM, REFUSED_STREAM (7).
+            Ok((3, _, stream, code)) if code == [0, 0, 0, 7] => {
+                refused.insert(stream);
+            }
+            Ok((7, _, _, goaway)) => panic!("GOAWAY: {goaway:?}"),
+            Ok(_) => {}
+            Err(e) => panic!("{} streams refused, then {e}", refused.len()),
+        }
+    }
+    assert_eq!(max_streams, Some(128), "the server's SETTINGS: {settings:?}");
+    assert_eq!(
+        refused.iter().copied().collect::<Vec<_>>(),
+        (128..opened).map(|k| 2 * k + 1).collect::<Vec<_>>(),
+        "the streams refused"
+    );
+}

@@ -667,9 +667,11 @@ pub(crate) async fn listen(
     let lanes = routes.endpoints.iter().map(|e| e.runner.total_lanes()).sum();
     let cap = routes.shared.limits.connection_cap(lanes);
     let incoming = places::incoming(listener, routes.shared.clone(), cap);
+    let max_streams = routes.shared.limits.grpc_max_streams;
     let service = Inference::new(routes);
     let task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
+            .max_concurrent_streams(max_streams)
             .serve_with_incoming(service, incoming)
             .await;
         if let Err(e) = served {

@@ -301,7 +301,15 @@ async fn listen(
             .route("/v1/models/{name}/stream", get(stream))
             .route("/v1/models/{name}/mux", get(mux_stream)),
     };
-    let app = crate::web::routes(app, extras.web).with_state(state.clone());
+    let app = crate::web::routes(app, extras.web);
+    // The drain's end: every request but a probe answered 503 `restarting`
+    // until the listener closes.
+    let app = app
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            restarting_when_closed,
+        ))
+        .with_state(state.clone());
     // Past the cap: the probes, and 503 for anything else.
     let probes = probes
         .fallback(|| async {
@@ -394,10 +402,24 @@ impl Server {
         self.shared.live.load(Ordering::Acquire)
     }
 
-    /// The graceful shutdown: stop admitting (`/ready` answers 503 at
-    /// once), let live connections go on until they end or the drain
-    /// deadline passes, close those left with 1001, stop serving. Returns
-    /// the streams still live at the deadline.
+    /// The graceful shutdown, in order:
+    /// 1. Every runner stops admitting (`/ready` answers 503 at once).
+    /// 2. With a store, streams with an id hand over (each after its call
+    ///    in flight): a WebSocket or mux stream closed 1012 with its
+    ///    position, a v2 sequence written current and its next request
+    ///    answered 503 / UNAVAILABLE `restarting: resume elsewhere`.
+    /// 3. The drain: live connections go on until no lane and no stream id
+    ///    is held, or the drain deadline passes (or `now`, for
+    ///    [`Server::shutdown_or`]).
+    /// 4. Its end (`closing`): WebSocket sessions left are closed 1001;
+    ///    every gRPC stream is told UNAVAILABLE `restarting` and ends, each
+    ///    gRPC connection sent GOAWAY (no new one taken); every HTTP
+    ///    request but the probes is answered 503 `restarting`.
+    /// 5. Up to 3 s for those closes and answers to go out (every session,
+    ///    gRPC connection and connection reading its request ended).
+    /// 6. Only then the listeners close.
+    ///
+    /// Returns the streams still live at the deadline.
     pub async fn shutdown(self) -> usize {
         self.shutdown_or(std::future::pending()).await
     }
@@ -445,22 +467,18 @@ impl Server {
         let drained = tokio::task::spawn_blocking(move || runners.iter().map(|r| r.drain(deadline).stragglers).sum())
             .await
             .unwrap_or(0);
+        // The drain's end (`closing`): every WebSocket session is closed
+        // 1001; every gRPC stream is told `restarting` (UNAVAILABLE) and
+        // ends, and each gRPC connection is sent GOAWAY and closes as its
+        // streams end (no new gRPC connection is taken); every HTTP
+        // request but the probes is answered 503 `restarting` while the
+        // main listener is still open, so none is cut.
         let _ = self.closing.send(true);
-        // No new connection from here (a proxy retries it elsewhere): one
-        // accepted now would be cut by the exit without a close frame.
-        self.task.abort();
-        if let Some(probes) = &self.probe_task {
-            probes.abort();
-        }
-        // gRPC streams last as long as their clients: each sequence was
-        // handed over above, and the streams end with the process.
-        if let Some(grpc) = &self.grpc_task {
-            grpc.abort();
-        }
-        // The close frames out, bounded: every session ended, and every
-        // connection still reading its request answered (it becomes a
-        // session that closes at once); checked twice, 50 ms apart, for a
-        // connection between the two counts.
+        // The close frames and statuses out, bounded: every session and
+        // gRPC connection ended, and every connection still reading its
+        // request answered (a request now gets 503, a WebSocket upgrade
+        // too); checked twice, 50 ms apart, for a connection between the
+        // two counts.
         let until = Instant::now() + Duration::from_secs(3);
         let busy = |s: &Shared| s.live.load(Ordering::Acquire) + s.reading.load(Ordering::Acquire) > 0;
         while Instant::now() < until {
@@ -471,6 +489,15 @@ impl Server {
                 }
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Only now do the listeners close (a proxy retries a connection
+        // refused elsewhere).
+        self.task.abort();
+        if let Some(probes) = &self.probe_task {
+            probes.abort();
+        }
+        if let Some(grpc) = &self.grpc_task {
+            grpc.abort();
         }
         if self.shared.store.is_some() {
             let tally = self.shared.tally.lock().unwrap_or_else(|e| e.into_inner());
@@ -493,6 +520,37 @@ impl Routes {
     pub(crate) fn endpoint(&self, name: &str) -> Option<Arc<Endpoint>> {
         self.endpoints.iter().find(|e| e.name == name).cloned()
     }
+}
+
+/// What a request (not a probe) is told once the drain has ended and the
+/// server is closing: 503, `restarting`, as JSON (the v2 routes' errors).
+pub(crate) const CLOSING: &str = "restarting: the server is shutting down: send it to another replica";
+
+/// Answers every request but the probes 503 [`CLOSING`] once the drain
+/// has ended (`closing`), so that one reaching the server until its
+/// listener closes is told, never cut; the connection is closed after it.
+async fn restarting_when_closed(
+    State(routes): State<Routes>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = request.uri().path();
+    let probe = matches!(
+        path,
+        "/live" | "/ready" | "/metrics" | "/v2/health/live" | "/v2/health/ready"
+    ) || (path.starts_with("/v1/models/") && path.ends_with("/ready"));
+    if *routes.shared.closing.borrow() && !probe {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [
+                (axum::http::header::CONTENT_TYPE, "application/json"),
+                (axum::http::header::CONNECTION, "close"),
+            ],
+            crate::kserve::error(CLOSING),
+        )
+            .into_response();
+    }
+    next.run(request).await
 }
 
 /// One runner's readiness line.

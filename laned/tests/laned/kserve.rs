@@ -656,78 +656,6 @@ fn sequence_id_17_and_string_17_are_two_sequences() {
     seq.run(&serving.addr, 17.into(), 2..4, false);
 }
 
-/// The tests' GRU on one lane (its spec rewritten): what the bounds'
-/// attacks hold.
-fn one_lane(dir: &Path) -> PathBuf {
-    let spec = gru(dir);
-    let mut lanes = laned_models::spec::Spec::from_toml_file(&spec).unwrap();
-    lanes.runner.max_lanes = 1;
-    lanes.runner.shards = Some(1);
-    std::fs::write(&spec, lanes.to_toml().unwrap()).unwrap();
-    spec
-}
-
-/// Issue 68's bounds: a case of `triton_attacks.py` against the one-lane
-/// GRU, `server` the config's `[server]` table (besides `grpc_listen`).
-fn bounded_attack(case: &str, server: &str, sequences_pulses: (usize, usize), bound: usize) -> Option<String> {
-    let python = triton_python()?;
-    let dir = tempfile::tempdir().unwrap();
-    let spec = one_lane(dir.path());
-    let grpc = format!("127.0.0.1:{}", free_port());
-    let config = dir.path().join("serve.toml");
-    std::fs::write(
-        &config,
-        format!("[server]\n{server}\n[models]\ngru = {:?}\n", spec.display().to_string()),
-    )
-    .unwrap();
-    let config = config.display().to_string();
-    let serving = serve(&[
-        "--config",
-        &config,
-        "--grpc-listen",
-        &grpc,
-        "--admission-wait-ms",
-        "60000",
-    ])
-    .unwrap();
-    let (input, output) = names(&serving);
-    let mut check = script_input(dir.path(), &spec, &grpc, sequences_pulses);
-    check["input"] = input.into();
-    check["output"] = output.into();
-    check["case"] = case.into();
-    check["bound"] = bound.into();
-    Some(run_script(&python, dir.path(), &check, "triton_attacks.py"))
-}
-
-/// Issue 68 row 1: requests of no sequence on a stream, past
-/// `grpc_max_requests` (8 here) in flight on the connection, are refused
-/// RESOURCE_EXHAUSTED naming the bound at once (each used to be kept, a
-/// task each, without end); the 8 under it are answered exactly once the
-/// lane they wait for frees.
-#[test]
-fn grpc_requests_in_flight_on_a_connection_are_bounded() {
-    let Some(said) = bounded_attack("requests", "grpc_max_requests = 8", (12, 2), 8) else {
-        return;
-    };
-    assert!(said.contains("4 of 12 refused naming grpc_max_requests (8)"), "{said}");
-}
-
-/// Issue 68 row 2: a sequence ended on a stream but not yet served still
-/// counts among the connection's 256: with every sequence waiting for the
-/// lane, the 257th, all of them started and ended by their one request,
-/// is refused naming the bound (ended sequences left the count, their
-/// queues kept, without end).
-#[test]
-fn grpc_sequences_ended_but_not_served_count_under_the_bound() {
-    let Some(said) = bounded_attack("ended", "grpc_max_requests = 1000", (257, 2), 256) else {
-        return;
-    };
-    assert!(
-        said.contains("the sequence past 256 refused naming the bound"),
-        "{said}"
-    );
-}
-
 /// An HTTP/2 frame: its length, kind, flags, stream and payload.
 fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let n = payload.len() as u32;
@@ -801,5 +729,120 @@ fn a_grpc_connection_opens_at_most_grpc_max_streams_streams() {
         refused.iter().copied().collect::<Vec<_>>(),
         (128..opened).map(|k| 2 * k + 1).collect::<Vec<_>>(),
         "the streams refused"
+    );
+}
+
+/// The tests' GRU on one lane (its spec rewritten): what the bounds'
+/// attacks hold.
+fn one_lane(dir: &Path) -> PathBuf {
+    let spec = gru(dir);
+    let mut lanes = laned_models::spec::Spec::from_toml_file(&spec).unwrap();
+    lanes.runner.max_lanes = 1;
+    lanes.runner.shards = Some(1);
+    std::fs::write(&spec, lanes.to_toml().unwrap()).unwrap();
+    spec
+}
+
+/// Issue 68's bounds: a case of `triton_attacks.py` against the one-lane
+/// GRU, `server` the config's `[server]` table (besides `grpc_listen`).
+fn bounded_attack(case: &str, server: &str, sequences_pulses: (usize, usize), bound: usize) -> Option<String> {
+    let python = triton_python()?;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = one_lane(dir.path());
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!("[server]\n{server}\n[models]\ngru = {:?}\n", spec.display().to_string()),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let serving = serve(&[
+        "--config",
+        &config,
+        "--grpc-listen",
+        &grpc,
+        "--admission-wait-ms",
+        "60000",
+    ])
+    .unwrap();
+    let (input, output) = names(&serving);
+    let mut check = script_input(dir.path(), &spec, &grpc, sequences_pulses);
+    check["input"] = input.into();
+    check["output"] = output.into();
+    check["case"] = case.into();
+    check["bound"] = bound.into();
+    Some(run_script(&python, dir.path(), &check, "triton_attacks.py"))
+}
+
+/// Issue 68 row 1: requests of no sequence on a stream, past
+/// `grpc_max_requests` (8 here) in flight on the connection, are refused
+/// RESOURCE_EXHAUSTED naming the bound at once (each used to be kept, a
+/// task each, without end); the 8 under it are answered exactly once the
+/// lane they wait for frees.
+#[test]
+fn grpc_requests_in_flight_on_a_connection_are_bounded() {
+    let Some(said) = bounded_attack("requests", "grpc_max_requests = 8", (12, 2), 8) else {
+        return;
+    };
+    assert!(said.contains("4 of 12 refused naming grpc_max_requests (8)"), "{said}");
+}
+
+/// Issue 68 row 2: a sequence ended on a stream but not yet served still
+/// counts among the connection's 256: with every sequence waiting for the
+/// lane, the 257th, all of them started and ended by their one request,
+/// is refused naming the bound (ended sequences left the count, their
+/// queues kept, without end).
+#[test]
+fn grpc_sequences_ended_but_not_served_count_under_the_bound() {
+    let Some(said) = bounded_attack("ended", "grpc_max_requests = 1000", (257, 2), 256) else {
+        return;
+    };
+    assert!(
+        said.contains("the sequence past 256 refused naming the bound"),
+        "{said}"
+    );
+}
+
+/// On SIGTERM a gRPC stream with a live sequence is told `restarting`
+/// (UNAVAILABLE) before the process exits (it was cut: "Stream
+/// removed").
+#[test]
+fn on_sigterm_a_grpc_stream_is_told_restarting() {
+    let Some(said) = attack("sigterm", &["--drain-deadline-ms", "1000"], (1, 2)) else {
+        return;
+    };
+    assert!(
+        said.contains("sigterm: the stream told") && said.contains("restarting"),
+        "{said}"
+    );
+}
+
+/// On SIGTERM a REST request reaching the server until its listener
+/// closes is answered 503 `restarting` (the listener closed at the
+/// drain's end, the process still closing its connections: connection
+/// refused). An idle connection keeps the server closing for up to 3 s.
+#[test]
+fn on_sigterm_a_rest_request_is_told_restarting_until_the_listener_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = gru(dir.path());
+    let mut serving = serve(&[&format!("gru={}", spec.display())]).unwrap();
+    let seq = RestSequence::new(&serving, &spec, 71, 2);
+    // Requests of no sequence (id 0): no lane is held between them, so
+    // the drain's wait ends at once.
+    let (status, answer) = seq.send(&serving.addr, 0.into(), 0, false);
+    assert!(status == 200 && seq.exact(&answer, 0), "{status} {answer}");
+    let _idle = std::net::TcpStream::connect(&serving.addr).unwrap();
+    serving.terminate();
+    // Past the drain's wait, in its close (held open by the idle
+    // connection for up to 3 s).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let said = std::panic::catch_unwind(|| seq.send(&serving.addr, 0.into(), 1, false));
+    let (status, answer) = said.unwrap_or_else(|_| panic!("no answer during the drain"));
+    assert_eq!(status, 503, "{answer}");
+    assert!(answer["error"].as_str().unwrap().contains("restarting"), "{answer}");
+    assert!(
+        serving.exited_within(std::time::Duration::from_secs(20)),
+        "the server did not exit"
     );
 }

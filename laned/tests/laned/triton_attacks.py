@@ -16,6 +16,9 @@ triton_grpc.py's (`url` the gRPC address) with `case` naming the attack:
   request each, started and ended by it (ids cycling): a sequence ended
   but not yet served still counts, so the one past `bound` (256) is
   refused naming the bound; every answer that comes is exact.
+- `sigterm`: a stream with a live sequence; the server (`pid`) told
+  SIGTERM: the stream ends UNAVAILABLE saying `restarting` before the
+  process exits.
 
 Exits non-zero on the first check that fails, saying which; prints one
 line saying what held.
@@ -193,6 +196,23 @@ if case == "ended":
     if not got:
         end(f"none of the {S - 1} sequences under the bound answered: {errors[:3]}")
     print(f"ended: the sequence past {bound} refused naming the bound, ended ones counted; {len(got)} answered exact")
+    end(0)
+
+if case == "sigterm":
+    import signal
+    import time
+
+    st = Stream()
+    st.send(0, 0, seq=31, start=True)
+    got, errors = st.take(1, within=30.0)
+    if errors or (0, 0) not in got:
+        end(f"the first pulse: {errors[:3]}")
+    same(got[(0, 0)], 0, 0, "the first pulse")
+    os.kill(spec["pid"], signal.SIGTERM)
+    got, errors = st.take(1, within=60.0)
+    if len(errors) != 1 or "restarting" not in errors[0]:
+        end(f"after SIGTERM the stream got {got} and {errors[:3]}, not restarting")
+    print(f"sigterm: the stream told {errors[0]!r}")
     end(0)
 
 end(f"unknown case {case!r}")

@@ -135,12 +135,16 @@ where
                 requests: Arc::new(tokio::sync::Semaphore::new(self.routes.shared.limits.grpc_max_requests)),
             },
         };
+        let closing = *self.routes.shared.closing.borrow();
         Box::pin(async move {
             if let Some(cap) = over_cap {
                 return Ok(Status::unavailable(format!(
                     "the server's connection cap ({cap}) is reached: retry later or on another replica"
                 ))
                 .into_http());
+            }
+            if closing && matches!(method.as_deref(), Some("ModelInfer" | "ModelStreamInfer")) {
+                return Ok(Status::unavailable(RESTARTING).into_http());
             }
             let routes = this.routes.clone();
             let small = 64 << 10;
@@ -487,6 +491,11 @@ fn on_stream(answer: Result<ModelInferResponse, Status>) -> Result<ModelStreamIn
 type Answers = tokio::sync::mpsc::Sender<Result<ModelStreamInferResponse, Status>>;
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
 
+/// What a stream's client is told when the server's drain ends (its
+/// sequences were handed over, with a store, when it began).
+pub(crate) const RESTARTING: &str =
+    "restarting: the server is shutting down: send the stream's requests to another replica";
+
 /// A request received on a stream and not yet answered: its place under
 /// the connection's `grpc_max_requests`, freed with its answer.
 type InFlight = tokio::sync::OwnedSemaphorePermit;
@@ -551,22 +560,30 @@ pub(crate) struct Bounds {
 /// (`grpc_max_requests`, all its streams together), its sequences
 /// ([`MAX_SEQUENCES_PER_CONNECTION`], those ended and still served
 /// included), each sequence's requests queued ([`QUEUED_PER_SEQUENCE`]);
-/// answers the client leaves untaken for `idle_ms` end the stream.
+/// answers the client leaves untaken for `idle_ms` end the stream. When
+/// the server's drain ends, the stream ends `UNAVAILABLE` [`RESTARTING`].
 fn stream_infer(routes: Routes, held: Bounds, mut incoming: Streaming<ModelInferRequest>) -> ResponseStream {
     let (answers, mut out) = tokio::sync::mpsc::channel(QUEUED_PER_SEQUENCE);
     tokio::spawn(async move {
         let idle = Duration::from_millis(routes.shared.limits.idle_ms);
         let max_requests = routes.shared.limits.grpc_max_requests;
+        let mut closing = crate::session::Flag::new(routes.shared.closing.clone());
         // Live sequences' workers by model and id; those whose last
         // request ended them, still finishing.
         let mut workers: HashMap<(String, SequenceId), Worker> = HashMap::new();
         let mut ending: HashMap<(String, SequenceId), tokio::task::JoinHandle<()>> = HashMap::new();
         loop {
-            let r = match incoming.message().await {
-                Ok(Some(r)) => r,
-                Ok(None) => break,
-                Err(status) => {
-                    let _ = answer(&answers, Err(status), idle).await;
+            let r = tokio::select! {
+                m = incoming.message() => match m {
+                    Ok(Some(r)) => r,
+                    Ok(None) => break,
+                    Err(status) => {
+                        let _ = answer(&answers, Err(status), idle).await;
+                        break;
+                    }
+                },
+                _ = &mut closing => {
+                    let _ = answer(&answers, Err(Status::unavailable(RESTARTING)), idle).await;
                     break;
                 }
             };
@@ -667,12 +684,17 @@ pub(crate) async fn listen(
     let lanes = routes.endpoints.iter().map(|e| e.runner.total_lanes()).sum();
     let cap = routes.shared.limits.connection_cap(lanes);
     let incoming = places::incoming(listener, routes.shared.clone(), cap);
-    let max_streams = routes.shared.limits.grpc_max_streams;
+    let (max_streams, routes_closing) = (routes.shared.limits.grpc_max_streams, routes.shared.closing.clone());
     let service = Inference::new(routes);
     let task = tokio::spawn(async move {
+        // The drain's end: every stream told RESTARTING (above), then each
+        // connection sent GOAWAY and closed once its streams end.
+        let mut closing = routes_closing;
         let served = tonic::transport::Server::builder()
             .max_concurrent_streams(max_streams)
-            .serve_with_incoming(service, incoming)
+            .serve_with_incoming_shutdown(service, incoming, async move {
+                let _ = closing.wait_for(|c| *c).await;
+            })
             .await;
         if let Err(e) = served {
             eprintln!("laned serve: the gRPC front stopped: {e}");

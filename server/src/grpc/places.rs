@@ -6,8 +6,9 @@
 //! UNAVAILABLE naming the cap, and the connection is closed after
 //! [`REFUSED_FOR`]; up to [`crate::accept::PROBE_RESERVE`] such at once,
 //! any further closed at once. A connection that sends nothing for
-//! `idle_ms` is closed (its place freed), and so is every one when the
-//! drain's deadline passes.
+//! `idle_ms` is closed (its place freed). When the drain ends, each of
+//! its streams is told `restarting` (UNAVAILABLE), then it is sent GOAWAY
+//! and closes as its streams end (the server's `listen`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -46,7 +47,7 @@ impl Drop for Count {
 }
 
 /// An accepted gRPC connection, holding its place; it reads as ended once
-/// `end` completes (idle, the drain's deadline, or its refusal's time up).
+/// `end` completes (idle, or its refusal's time up).
 pub(crate) struct Counted {
     inner: TcpStream,
     place: Place,
@@ -111,20 +112,17 @@ fn now_ms() -> u64 {
     EPOCH.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
 }
 
-/// Completes when the connection has sent nothing for `idle`, or when the
-/// drain's deadline passes.
-async fn idle_or_closing(shared: Arc<Shared>, idle: Duration, last_read: Arc<AtomicU64>) {
-    let mut closing = shared.closing.clone();
+/// Completes when the connection has sent nothing for `idle`. (The
+/// drain's end closes connections another way: each stream told
+/// `restarting`, then GOAWAY; see `listen`.)
+async fn idle_for(idle: Duration, last_read: Arc<AtomicU64>) {
     let idle_ms = idle.as_millis() as u64;
     loop {
         let quiet = now_ms().saturating_sub(last_read.load(Ordering::Acquire));
         if quiet >= idle_ms {
             return;
         }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(idle_ms - quiet)) => {}
-            _ = closing.wait_for(|c| *c) => return,
-        }
+        tokio::time::sleep(Duration::from_millis(idle_ms - quiet)).await;
     }
 }
 
@@ -165,7 +163,7 @@ pub(crate) fn incoming(
                 let last_read = Arc::new(AtomicU64::new(now_ms()));
                 let (count, over_cap, end): (_, _, Pin<Box<dyn Future<Output = ()> + Send>>) = if counted {
                     let idle = Duration::from_millis(shared.limits.idle_ms);
-                    let end = Box::pin(idle_or_closing(shared.clone(), idle, last_read.clone()));
+                    let end = Box::pin(idle_for(idle, last_read.clone()));
                     (Count(shared.live.clone()), None, end)
                 } else {
                     let taken = refused

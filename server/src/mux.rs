@@ -53,7 +53,9 @@
 //!      connection (those closed while a call of theirs runs count until
 //!      it ends), or no lane freed up within the admission wait.
 //! 5. Whole-connection closes: a message that is not whole records, an
-//!    unknown kind or a text message (1003), a message over `M` (1009), no
+//!    unknown kind or a text message (1003), a message over `M` (1009), a
+//!    message naming more than `S` tags not open (1008: each such tag is
+//!    said closed once a message, so a message's replies stay bounded), no
 //!    stream open for the idle time (1008), the server shutting down
 //!    (1001), and, during a drain, once every stream is handed over or
 //!    gone (1012). While the pulses queued on a connection pass

@@ -669,3 +669,46 @@ fn open_and_end_churn_piles_up_nothing_and_touches_no_other_stream() {
         .await;
     });
 }
+
+/// One message of END records for tags never opened drew a CLOSED record
+/// each (8,700 of them, 78 KB, drew 357 KB). Now each tag not open is said closed
+/// once a message, and a message naming more than 256 is refused: the
+/// connection closed 1008 naming the bound, at most 256 CLOSED records
+/// before it. A message naming the same unopened tag 1,000 times draws
+/// one.
+#[test]
+fn a_message_of_ends_for_unopened_tags_draws_a_bounded_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let (serving, _) = gru_served(dir.path(), 8);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (mut ws, _) = connect(&serving.addr, "gru").await;
+        let same: Vec<u8> = (0..1000).flat_map(|_| record(3, 7, b"")).collect();
+        ws.send(Message::Binary(same.into())).await.unwrap();
+        let said = next(&mut ws).await;
+        assert_eq!(said.len(), 1, "records drawn by one unopened tag: {:?}", said.first());
+        assert!(
+            matches!(&said[0], (7, Said::Closed(1008, why)) if why.contains("not open")),
+            "{said:?}"
+        );
+        // 4,000 tags (36 KB: a message within this GRU's limit).
+        let ends: Vec<u8> = (1000..5000u32).flat_map(|t| record(3, t, b"")).collect();
+        ws.send(Message::Binary(ends.into())).await.unwrap();
+        let mut closed = 0;
+        loop {
+            let said = next(&mut ws).await;
+            for (tag, s) in said {
+                match s {
+                    Said::Closed(1008, why) if tag == u32::MAX => {
+                        assert!(why.contains("more than 256 tags not open"), "{why}");
+                        assert!(closed <= 257, "{closed} CLOSED records before the connection's close");
+                        return;
+                    }
+                    Said::Closed(1008, _) => closed += 1,
+                    other => panic!("tag {tag}: {other:?}"),
+                }
+            }
+            assert!(closed <= 257, "{closed} CLOSED records and the connection still open");
+        }
+    });
+}

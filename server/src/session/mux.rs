@@ -147,6 +147,11 @@ struct Connection {
     empty_since: Instant,
     serials: u64,
     draining: bool,
+    /// The tags not open that the message being read named (each said
+    /// closed once a message; past [`mux::MAX_STREAMS`] of them the
+    /// connection is closed 1008): the replies a message can draw stay
+    /// bounded.
+    not_open: std::collections::HashSet<u32>,
 }
 
 /// How the connection ends.
@@ -167,6 +172,7 @@ impl Connection {
             empty_since: Instant::now(),
             serials: 0,
             draining: false,
+            not_open: std::collections::HashSet::new(),
         }
     }
 
@@ -285,11 +291,20 @@ impl Connection {
             close_with(&mut self.socket, close::UNSUPPORTED, &why).await;
             return Err(Ended);
         }
+        self.not_open.clear();
         for r in records {
             match r.kind {
                 mux::OPEN => self.open(r.tag, r.payload),
                 mux::PULSE => self.pulses(r.tag, r.payload),
                 _ => self.end_by_client(r.tag),
+            }
+            if self.not_open.len() > mux::MAX_STREAMS {
+                let why = format!(
+                    "one message named more than {} tags not open: the most a connection can have open",
+                    mux::MAX_STREAMS
+                );
+                close_with(&mut self.socket, close::IDLE, &why).await;
+                return Err(Ended);
             }
         }
         Ok(())
@@ -312,6 +327,13 @@ impl Connection {
     /// A [`mux::CLOSED`] record for `tag`.
     fn say_closed(&mut self, tag: u32, code: u16, why: &str) {
         self.put(mux::CLOSED, tag, &[&code.to_le_bytes(), why.as_bytes()]);
+    }
+
+    /// A record named `tag`, not open: said closed 1008, once a message.
+    fn not_open(&mut self, tag: u32) {
+        if self.not_open.insert(tag) {
+            self.say_closed(tag, close::IDLE, &format!("stream tag {tag} is not open"));
+        }
     }
 
     /// Removes stream `tag`, its queue's bytes given back.
@@ -432,7 +454,7 @@ impl Connection {
     fn pulses(&mut self, tag: u32, payload: &[u8]) {
         let pulse = self.interface.pulse_bytes();
         let Some(s) = self.streams.get_mut(&tag) else {
-            return self.say_closed(tag, close::IDLE, &format!("stream tag {tag} is not open"));
+            return self.not_open(tag);
         };
         if payload.is_empty() || !payload.len().is_multiple_of(pulse) {
             let why = format!("{} bytes is not a whole number of {pulse}-byte pulses", payload.len());
@@ -451,7 +473,7 @@ impl Connection {
     /// checkpoint in flight, as a clean close does.
     fn end_by_client(&mut self, tag: u32) {
         let Some(s) = self.remove(tag) else {
-            return self.say_closed(tag, close::IDLE, &format!("stream tag {tag} is not open"));
+            return self.not_open(tag);
         };
         self.remove_record(s);
         self.say_closed(tag, close::NORMAL, "ended by the client");

@@ -3,6 +3,7 @@
 //! `laned-bench`; the fuzz example with the testkit), so this crate builds
 //! in seconds and has no dependency.
 
+mod against;
 #[cfg(test)]
 mod codemap;
 mod cpus;
@@ -25,11 +26,18 @@ tasks:
                            the whole suite and the doc tests; fails on any SKIPPED test
                            unless --allow-skip (then prints the count)
   bench [--quick] [args]   side-by-side report: ours vs tract's LanedRunnable vs the
-                           ideal loop vs a state per stream, on the built-in models;
+                           ideal loop (the model as given on one plain batched tract
+                           state) vs a state per stream, on the built-in models;
                            report.md, report.json and SVG plots in target/laned-bench/
                            (bench/src/bin/laned-bench/; --help for its flags)
   bench --compare A.json B.json
                            every figure two reports share, with its ratio B / A
+  bench --against REV [--rounds 3] [args] [-- args ...]
+                           before/after in one sitting: REV's laned-bench (built in a
+                           worktree, target/against/) and the working tree's run the same
+                           scenarios (args, split at --) interleaved for R rounds; after /
+                           before per row with the spread of the rounds, also in
+                           target/laned-bench-against.json (xtask/src/against.rs)
   bench --model silero [--cores N] [--streams 64] [--quick]
                            Silero VAD (fetched with pip): a state per stream vs the
                            ideal loop vs ours, pinned to N cores (default 1)
@@ -118,6 +126,9 @@ fn run(mut command: Command) -> bool {
 }
 
 fn bench(args: &[String]) -> bool {
+    if args.iter().any(|a| a == "--against") {
+        return against::against(args);
+    }
     if args.windows(2).any(|w| w[0] == "--scenario" && w[1] == "serve") {
         return bench_serve(args);
     }

@@ -281,6 +281,7 @@ async fn listen(
         shared: shared.clone(),
         endpoints: endpoints.clone(),
         sequences,
+        stats: Arc::new(endpoints.iter().map(|_| Default::default()).collect()),
     };
     let grpc_routes = state.clone();
     let probes = Router::new()
@@ -514,11 +515,36 @@ pub(crate) struct Routes {
     pub(crate) endpoints: Vec<Arc<Endpoint>>,
     /// The KServe v2 front's live sequences ([`crate::v2`]).
     pub(crate) sequences: Arc<session::sequence::Sequences>,
+    /// Each endpoint's statistics (the `statistics` extension), in the
+    /// endpoints' order.
+    pub(crate) stats: Arc<Vec<crate::stats::ModelStats>>,
 }
 
 impl Routes {
     pub(crate) fn endpoint(&self, name: &str) -> Option<Arc<Endpoint>> {
         self.endpoints.iter().find(|e| e.name == name).cloned()
+    }
+
+    /// Model `name`'s statistics.
+    pub(crate) fn stats(&self, name: &str) -> Option<&crate::stats::ModelStats> {
+        let k = self.endpoints.iter().position(|e| e.name == name)?;
+        self.stats.get(k)
+    }
+
+    /// Every served model's statistics as Triton's JSON, or model `name`'s
+    /// only (`None` where it is not served).
+    pub(crate) fn stats_json(&self, name: Option<&str>) -> Option<serde_json::Value> {
+        let models: Vec<serde_json::Value> = self
+            .endpoints
+            .iter()
+            .zip(self.stats.iter())
+            .filter(|(e, _)| name.is_none_or(|n| n == e.name))
+            .map(|(e, s)| s.json(&e.name))
+            .collect();
+        if name.is_some() && models.is_empty() {
+            return None;
+        }
+        Some(serde_json::json!({ "model_stats": models }))
     }
 }
 

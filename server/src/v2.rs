@@ -44,6 +44,9 @@ pub(crate) fn routes(router: Router<Routes>, endpoints: &[Arc<Endpoint>]) -> Rou
         .route("/v2/models/{name}", get(model_metadata))
         .route("/v2/models/{name}/ready", get(model_ready))
         .route("/v2/models/{name}/config", get(model_config))
+        .route("/v2/models/stats", get(all_stats))
+        .route("/v2/models/{name}/stats", get(model_stats))
+        .route("/v2/models/{name}/versions/{version}/stats", get(version_stats))
         .route(
             "/v2/models/{name}/infer",
             post(infer).layer(DefaultBodyLimit::max(limit)),
@@ -95,6 +98,28 @@ async fn server_metadata() -> Response {
         "version": env!("CARGO_PKG_VERSION"),
         "extensions": ["binary_tensor_data", "sequence"],
     }))
+}
+
+/// The `statistics` extension: every model's ([`crate::stats`]).
+async fn all_stats(State(routes): State<Routes>) -> Response {
+    json_answer(routes.stats_json(None).unwrap_or_default())
+}
+
+async fn model_stats(State(routes): State<Routes>, Path(name): Path<String>) -> Response {
+    match routes.stats_json(Some(&name)) {
+        Some(stats) => json_answer(stats),
+        None => no_model(&routes, &name),
+    }
+}
+
+async fn version_stats(State(routes): State<Routes>, Path((name, version)): Path<(String, String)>) -> Response {
+    if version != "1" {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!("model {name:?} has no version {version:?}: its one version is \"1\""),
+        );
+    }
+    model_stats(State(routes), Path(name)).await
 }
 
 async fn server_ready(State(routes): State<Routes>) -> StatusCode {
@@ -165,8 +190,25 @@ async fn model_config(State(routes): State<Routes>, Path(name): Path<String>) ->
 }
 
 /// One infer request: one pulse of its sequence (or of a stream of its
-/// own where it names none).
+/// own where it names none), counted in its model's statistics.
 async fn infer(State(routes): State<Routes>, Path(name): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    let mut clock = crate::stats::Clock::start();
+    let answer = infer_timed(&routes, &name, &headers, &body, &mut clock).await;
+    if let Some(stats) = routes.stats(&name) {
+        stats.record(&clock, answer.status().is_success());
+    }
+    answer
+}
+
+async fn infer_timed(
+    routes: &Routes,
+    name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+    clock: &mut crate::stats::Clock,
+) -> Response {
+    let name = name.to_string();
+    let routes = routes.clone();
     let Some(endpoint) = routes.endpoint(&name) else {
         return no_model(&routes, &name);
     };
@@ -199,7 +241,7 @@ async fn infer(State(routes): State<Routes>, Path(name): Path<String>, headers: 
             )
         }
     };
-    let request = match Request::parse(&body, json_len, interface) {
+    let request = match Request::parse(body, json_len, interface) {
         Ok(r) => r,
         Err(refused) => return error(StatusCode::BAD_REQUEST, &refused.0),
     };
@@ -208,14 +250,16 @@ async fn infer(State(routes): State<Routes>, Path(name): Path<String>, headers: 
         Err(why) => return error(StatusCode::BAD_REQUEST, &why),
     };
     let id = request.sequence.as_ref();
+    clock.checked();
     let outputs = match routes
         .sequences
-        .call((&routes.shared, &endpoint), id, (request.start, request.end), inputs)
+        .call((&routes.shared, &endpoint), id, (request.start, request.end), inputs, clock)
         .await
     {
         Ok(out) => out,
         Err((status, why)) => return error(status, &why),
     };
+    clock.answered();
     let bytes = match interface.answer_bytes(&outputs) {
         Ok(b) => b,
         Err(why) => return error(StatusCode::INTERNAL_SERVER_ERROR, &format!("answering: {why}")),

@@ -846,3 +846,32 @@ fn on_sigterm_a_rest_request_is_told_restarting_until_the_listener_closes() {
         "the server did not exit"
     );
 }
+
+/// The extensions' script (`triton_extensions.py`) in `mode` against a
+/// GRU served over HTTP and gRPC: what it printed.
+fn extensions(mode: &str, sequences_pulses: (usize, usize)) -> Option<String> {
+    let python = triton_python()?;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = gru(dir.path());
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let serving = serve(&[&format!("gru={}", spec.display()), "--grpc-listen", &grpc]).unwrap();
+    let (input, output) = names(&serving);
+    let mut check = script_input(dir.path(), &spec, &grpc, sequences_pulses);
+    check["input"] = input.into();
+    check["output"] = output.into();
+    check["mode"] = mode.into();
+    check["http"] = serving.addr.clone().into();
+    check["grpc"] = grpc.into();
+    Some(run_script(&python, dir.path(), &check, "triton_extensions.py"))
+}
+
+/// Issue 68, `statistics`: requests good and bad (a wrong shape) over
+/// HTTP, then gRPC, read back with `get_inference_statistics` over both
+/// fronts (every model's and the GRU's): success and fail the requests
+/// sent, each part counted once a success, durations above 0, the parts
+/// within the whole; an unknown model's refused by name.
+#[test]
+fn statistics_add_up_to_the_requests_sent_over_both_fronts() {
+    let Some(said) = extensions("stats", (1, 4)) else { return };
+    assert!(said.contains("statistics add up over HTTP and gRPC: 8 successes, 4 failures"), "{said}");
+}

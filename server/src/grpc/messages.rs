@@ -277,3 +277,61 @@ pub fn data_type(v2: &str) -> i32 {
         _ => 0,
     }
 }
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelStatisticsRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub version: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StatisticDuration {
+    #[prost(uint64, tag = "1")]
+    pub count: u64,
+    #[prost(uint64, tag = "2")]
+    pub ns: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InferStatistics {
+    #[prost(message, optional, tag = "1")]
+    pub success: Option<StatisticDuration>,
+    #[prost(message, optional, tag = "2")]
+    pub fail: Option<StatisticDuration>,
+    #[prost(message, optional, tag = "3")]
+    pub queue: Option<StatisticDuration>,
+    #[prost(message, optional, tag = "4")]
+    pub compute_input: Option<StatisticDuration>,
+    #[prost(message, optional, tag = "5")]
+    pub compute_infer: Option<StatisticDuration>,
+    #[prost(message, optional, tag = "6")]
+    pub compute_output: Option<StatisticDuration>,
+    #[prost(message, optional, tag = "7")]
+    pub cache_hit: Option<StatisticDuration>,
+    #[prost(message, optional, tag = "8")]
+    pub cache_miss: Option<StatisticDuration>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelStatistics {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub version: String,
+    #[prost(uint64, tag = "3")]
+    pub last_inference: u64,
+    #[prost(uint64, tag = "4")]
+    pub inference_count: u64,
+    #[prost(uint64, tag = "5")]
+    pub execution_count: u64,
+    #[prost(message, optional, tag = "6")]
+    pub inference_stats: Option<InferStatistics>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelStatisticsResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub model_stats: Vec<ModelStatistics>,
+}

@@ -199,6 +199,14 @@ where
                     });
                     grpc(small).unary(h, req).await
                 }
+                Some("ModelStatistics") => {
+                    let h = Handler(move |r: Request<ModelStatisticsRequest>| {
+                        let r = r.into_inner();
+                        let answer = model_statistics(&routes, &r.name, &r.version);
+                        async move { answer.map(Response::new) }
+                    });
+                    grpc(small).unary(h, req).await
+                }
                 Some("ModelInfer") => {
                     let h = Handler(move |r: Request<ModelInferRequest>| {
                         let routes = routes.clone();
@@ -278,6 +286,50 @@ fn model_config(routes: &Routes, name: &str) -> Result<ModelConfigResponse, Stat
             }),
         }),
     })
+}
+
+/// The `statistics` extension: model `name`'s (every model's where it
+/// is empty), as [`crate::stats`] counts them.
+fn model_statistics(routes: &Routes, name: &str, version: &str) -> Result<ModelStatisticsResponse, Status> {
+    if !name.is_empty() {
+        served(routes, name)?;
+    }
+    if !version.is_empty() && version != "1" {
+        return Err(Status::not_found(format!(
+            "model {name:?} has no version {version:?}: its one version is \"1\""
+        )));
+    }
+    let duration = |s: &crate::stats::Stat| {
+        let (count, ns) = s.get();
+        Some(StatisticDuration { count, ns })
+    };
+    let model_stats = routes
+        .endpoints
+        .iter()
+        .zip(routes.stats.iter())
+        .filter(|(e, _)| name.is_empty() || e.name == name)
+        .map(|(e, s)| {
+            let successes = s.success.get().0;
+            ModelStatistics {
+                name: e.name.clone(),
+                version: "1".into(),
+                last_inference: s.last_inference.load(Ordering::Relaxed),
+                inference_count: successes,
+                execution_count: successes,
+                inference_stats: Some(InferStatistics {
+                    success: duration(&s.success),
+                    fail: duration(&s.fail),
+                    queue: duration(&s.queue),
+                    compute_input: duration(&s.compute_input),
+                    compute_infer: duration(&s.compute_infer),
+                    compute_output: duration(&s.compute_output),
+                    cache_hit: Some(StatisticDuration::default()),
+                    cache_miss: Some(StatisticDuration::default()),
+                }),
+            }
+        })
+        .collect();
+    Ok(ModelStatisticsResponse { model_stats })
 }
 
 /// Model `name`'s endpoint and interface, or why not.
@@ -421,8 +473,22 @@ fn check(routes: &Routes, r: &ModelInferRequest) -> Result<Checked, Status> {
 }
 
 /// One request: one pulse of its sequence (or of a stream of its own),
-/// checked whole before it is called.
+/// checked whole before it is called; counted in its model's statistics.
 async fn infer(routes: &Routes, r: ModelInferRequest) -> Result<ModelInferResponse, Status> {
+    let mut clock = crate::stats::Clock::start();
+    let model = r.model_name.clone();
+    let answer = infer_timed(routes, r, &mut clock).await;
+    if let Some(stats) = routes.stats(&model) {
+        stats.record(&clock, answer.is_ok());
+    }
+    answer
+}
+
+async fn infer_timed(
+    routes: &Routes,
+    r: ModelInferRequest,
+    clock: &mut crate::stats::Clock,
+) -> Result<ModelInferResponse, Status> {
     let Checked {
         endpoint,
         interface,
@@ -431,11 +497,13 @@ async fn infer(routes: &Routes, r: ModelInferRequest) -> Result<ModelInferRespon
         inputs,
         wanted,
     } = check(routes, &r)?;
+    clock.checked();
     let outputs = routes
         .sequences
-        .call((&routes.shared, &endpoint), sequence.as_ref(), ends, inputs)
+        .call((&routes.shared, &endpoint), sequence.as_ref(), ends, inputs, clock)
         .await
         .map_err(|(code, why)| status(code, why))?;
+    clock.answered();
     let answer = interface.answer_bytes(&outputs).map_err(Status::internal)?;
     let (mut outputs, mut raw) = (Vec::new(), Vec::new());
     let mut at = 0;

@@ -93,9 +93,11 @@ impl Sequences {
         id: Option<&SequenceId>,
         (start, end): (bool, bool),
         inputs: TVec<TValue>,
+        clock: &mut crate::stats::Clock,
     ) -> Result<TVec<TValue>, Refusal> {
         let Some(sequence_id) = id else {
             let mut handle = lane(shared, endpoint, None).await?;
+            clock.ran = Some(std::time::Instant::now());
             return handle.call_async(inputs).await.map_err(|e| call_failed(&e));
         };
         let id = &sequence_id
@@ -115,9 +117,13 @@ impl Sequences {
         };
         // Step 2: the call, the sequence out of the table meanwhile.
         let outputs = match sequence.stream.handle.as_mut() {
-            Some(handle) => handle.call_async(inputs).await.map_err(|e| call_failed(&e)),
+            Some(handle) => {
+                clock.ran = Some(std::time::Instant::now());
+                handle.call_async(inputs).await.map_err(|e| call_failed(&e))
+            }
             None => match lane(shared, endpoint, sequence.stream.resume_from.take()).await {
                 Ok(mut handle) => {
+                    clock.ran = Some(std::time::Instant::now());
                     let out = handle.call_async(inputs).await.map_err(|e| call_failed(&e));
                     sequence.stream.handle = Some(handle);
                     out

@@ -531,6 +531,32 @@ impl Routes {
         self.stats.get(k)
     }
 
+    /// The `model_repository` extension's index: every served model,
+    /// `(name, ready)`, version "1".
+    pub(crate) fn index(&self) -> Vec<(String, bool)> {
+        self.endpoints
+            .iter()
+            .map(|e| (e.name.clone(), readiness(&e.runner).0))
+            .collect()
+    }
+
+    /// A repository load of model `name`: served already (a no-op), or
+    /// refused by name.
+    pub(crate) fn load(&self, name: &str) -> Result<(), String> {
+        match self.endpoint(name) {
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "laned serves the models of its spec; {name:?} is not one (the models are {})",
+                self.endpoints.iter().map(|e| e.name.as_str()).collect::<Vec<_>>().join(", ")
+            )),
+        }
+    }
+
+    /// A repository unload of model `name`: refused by name.
+    pub(crate) fn unload(&self, name: &str) -> String {
+        format!("unloading {name:?} refused: models are fixed at start (laned serves the models of its spec)")
+    }
+
     /// Every served model's statistics as Triton's JSON, or model `name`'s
     /// only (`None` where it is not served).
     pub(crate) fn stats_json(&self, name: Option<&str>) -> Option<serde_json::Value> {

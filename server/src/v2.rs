@@ -44,6 +44,9 @@ pub(crate) fn routes(router: Router<Routes>, endpoints: &[Arc<Endpoint>]) -> Rou
         .route("/v2/models/{name}", get(model_metadata))
         .route("/v2/models/{name}/ready", get(model_ready))
         .route("/v2/models/{name}/config", get(model_config))
+        .route("/v2/repository/index", post(repository_index))
+        .route("/v2/repository/models/{name}/load", post(repository_load))
+        .route("/v2/repository/models/{name}/unload", post(repository_unload))
         .route("/v2/models/stats", get(all_stats))
         .route("/v2/models/{name}/stats", get(model_stats))
         .route("/v2/models/{name}/versions/{version}/stats", get(version_stats))
@@ -92,11 +95,45 @@ fn json_answer(value: serde_json::Value) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], value.to_string()).into_response()
 }
 
+/// The extensions served, as `GET /v2` lists them (gRPC's
+/// `ServerMetadata` the same but `binary_tensor_data`, REST's own).
+pub(crate) const EXTENSIONS: &[&str] = &["binary_tensor_data", "sequence", "statistics", "model_repository"];
+
+/// The `model_repository` extension's index: every served model, version
+/// "1", `READY` (or `UNAVAILABLE` while its runner takes no lane); with
+/// `{"ready": true}` the ready ones only.
+async fn repository_index(State(routes): State<Routes>, body: Bytes) -> Response {
+    let ready_only = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("ready").and_then(serde_json::Value::as_bool))
+        .unwrap_or(false);
+    let models: Vec<_> = routes
+        .index()
+        .into_iter()
+        .filter(|(_, ready)| *ready || !ready_only)
+        .map(|(name, ready)| json!({ "name": name, "version": "1", "state": if ready { "READY" } else { "UNAVAILABLE" } }))
+        .collect();
+    json_answer(serde_json::Value::Array(models))
+}
+
+/// A load: a served model's is a no-op; any other refused by name.
+async fn repository_load(State(routes): State<Routes>, Path(name): Path<String>) -> Response {
+    match routes.load(&name) {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(why) => error(StatusCode::NOT_FOUND, &why),
+    }
+}
+
+/// An unload: refused, naming the model.
+async fn repository_unload(State(routes): State<Routes>, Path(name): Path<String>) -> Response {
+    error(StatusCode::BAD_REQUEST, &routes.unload(&name))
+}
+
 async fn server_metadata() -> Response {
     json_answer(json!({
         "name": "laned",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": ["binary_tensor_data", "sequence"],
+        "extensions": EXTENSIONS,
     }))
 }
 

@@ -862,6 +862,7 @@ fn extensions(mode: &str, sequences_pulses: (usize, usize)) -> Option<String> {
     check["mode"] = mode.into();
     check["http"] = serving.addr.clone().into();
     check["grpc"] = grpc.into();
+    check["extensions"] = serde_json::json!(["sequence", "statistics", "model_repository"]);
     Some(run_script(&python, dir.path(), &check, "triton_extensions.py"))
 }
 
@@ -874,4 +875,14 @@ fn extensions(mode: &str, sequences_pulses: (usize, usize)) -> Option<String> {
 fn statistics_add_up_to_the_requests_sent_over_both_fronts() {
     let Some(said) = extensions("stats", (1, 4)) else { return };
     assert!(said.contains("statistics add up over HTTP and gRPC: 8 successes, 4 failures"), "{said}");
+}
+
+/// Issue 68, `model_repository`: the index over HTTP and gRPC lists the
+/// served GRU, version 1, READY; its load is a no-op, another model's
+/// load and any unload refused by name; the server metadata lists the
+/// extensions served.
+#[test]
+fn the_repository_lists_the_served_model_and_refuses_changes_by_name() {
+    let Some(said) = extensions("repository", (1, 1)) else { return };
+    assert!(said.contains("repository: index, load and unload as served"), "{said}");
 }

@@ -132,9 +132,28 @@ def stats():
     print(f"statistics add up over HTTP and gRPC: {good} successes, {bad} failures")
 
 
+def repository():
+    for front, _, c in FRONTS:
+        meta = c.get_server_metadata(as_json=True) if c is G else c.get_server_metadata()
+        for ext in spec["extensions"]:
+            if ext not in meta.get("extensions", []):
+                end(f"{front} server metadata lists no {ext}: {meta}")
+        index = c.get_model_repository_index(as_json=True) if c is G else c.get_model_repository_index()
+        models = index.get("models", []) if isinstance(index, dict) else index
+        got = [(m.get("name"), m.get("version"), m.get("state")) for m in models]
+        if got != [(model, "1", "READY")]:
+            end(f"{front} repository index: {got}")
+        c.load_model(model)
+        refused(f"{front} load of another model", lambda: c.load_model("nope"), "nope", "laned serves the models of its spec")
+        refused(f"{front} unload", lambda: c.unload_model(model), model, "models are fixed at start")
+        # Still served after all that.
+        infer_one(*[(lib, cl) for f, lib, cl in FRONTS if f == front][0], 0, 0, True)
+    print("repository: index, load and unload as served over HTTP and gRPC")
+
+
 def main():
     mode = spec["mode"]
-    {"stats": stats}[mode]()
+    {"stats": stats, "repository": repository}[mode]()
     end(0)
 
 

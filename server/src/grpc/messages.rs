@@ -335,3 +335,45 @@ pub struct ModelStatisticsResponse {
     #[prost(message, repeated, tag = "1")]
     pub model_stats: Vec<ModelStatistics>,
 }
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RepositoryIndexRequest {
+    #[prost(string, tag = "1")]
+    pub repository_name: String,
+    #[prost(bool, tag = "2")]
+    pub ready: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelIndex {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub version: String,
+    #[prost(string, tag = "3")]
+    pub state: String,
+    #[prost(string, tag = "4")]
+    pub reason: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RepositoryIndexResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub models: Vec<ModelIndex>,
+}
+
+/// `RepositoryModelLoadRequest` and `RepositoryModelUnloadRequest` (the
+/// same fields this server reads; the load's `parameters`, tag 3, are
+/// skipped).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RepositoryModelRequest {
+    #[prost(string, tag = "1")]
+    pub repository_name: String,
+    #[prost(string, tag = "2")]
+    pub model_name: String,
+}
+
+/// `RepositoryModelLoadResponse`, `RepositoryModelUnloadResponse`, the
+/// shared-memory calls' answers: empty.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Empty {}

@@ -180,7 +180,11 @@ where
                         Ok(Response::new(ServerMetadataResponse {
                             name: "laned".into(),
                             version: env!("CARGO_PKG_VERSION").into(),
-                            extensions: vec!["sequence".into()],
+                            extensions: crate::v2::EXTENSIONS
+                                .iter()
+                                .filter(|e| **e != "binary_tensor_data")
+                                .map(|e| e.to_string())
+                                .collect(),
                         }))
                     });
                     grpc(small).unary(h, req).await
@@ -196,6 +200,38 @@ where
                     let h = Handler(move |r: Request<ModelConfigRequest>| {
                         let answer = model_config(&routes, &r.into_inner().name);
                         async move { answer.map(Response::new) }
+                    });
+                    grpc(small).unary(h, req).await
+                }
+                Some("RepositoryIndex") => {
+                    let h = Handler(move |r: Request<RepositoryIndexRequest>| {
+                        let ready_only = r.get_ref().ready;
+                        let models = routes
+                            .index()
+                            .into_iter()
+                            .filter(|(_, ready)| *ready || !ready_only)
+                            .map(|(name, ready)| ModelIndex {
+                                name,
+                                version: "1".into(),
+                                state: if ready { "READY" } else { "UNAVAILABLE" }.into(),
+                                reason: String::new(),
+                            })
+                            .collect();
+                        async move { Ok(Response::new(RepositoryIndexResponse { models })) }
+                    });
+                    grpc(small).unary(h, req).await
+                }
+                Some("RepositoryModelLoad") => {
+                    let h = Handler(move |r: Request<RepositoryModelRequest>| {
+                        let answer = routes.load(&r.get_ref().model_name);
+                        async move { answer.map(|()| Response::new(Empty {})).map_err(Status::not_found) }
+                    });
+                    grpc(small).unary(h, req).await
+                }
+                Some("RepositoryModelUnload") => {
+                    let h = Handler(move |r: Request<RepositoryModelRequest>| {
+                        let why = routes.unload(&r.get_ref().model_name);
+                        async move { Err::<Response<Empty>, _>(Status::invalid_argument(why)) }
                     });
                     grpc(small).unary(h, req).await
                 }

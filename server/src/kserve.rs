@@ -124,6 +124,39 @@ pub struct Request {
     pub binary: Vec<bool>,
     /// The outputs asked for (all where the request names none).
     pub wanted: Vec<bool>,
+    /// The outputs asked into a shared memory region, checked (by index).
+    pub(crate) shm_out: Vec<Option<crate::shm::Place>>,
+}
+
+/// A tensor's shared memory parameters (`shared_memory_region`,
+/// `shared_memory_byte_size`, `shared_memory_offset`), where it has them:
+/// its place, checked.
+fn shm_place(
+    regions: &crate::shm::Regions,
+    what: &str,
+    params: Option<&Map<String, Value>>,
+) -> Result<Option<crate::shm::Place>, Refused> {
+    let Some(p) = params else { return Ok(None) };
+    let Some(region) = p.get("shared_memory_region") else {
+        return Ok(None);
+    };
+    let region = region
+        .as_str()
+        .ok_or_else(|| Refused(format!("{what}: shared_memory_region {region}: wanted a string")))?;
+    let number = |key: &str, default: Option<u64>| -> Result<u64, Refused> {
+        match p.get(key) {
+            None => default.ok_or_else(|| Refused(format!("{what}: shared_memory_region without {key}"))),
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| Refused(format!("{what}: {key} {v}: wanted a non-negative integer"))),
+        }
+    };
+    let byte_size = number("shared_memory_byte_size", None)?;
+    let offset = number("shared_memory_offset", Some(0))?;
+    regions
+        .place(what, region, byte_size, offset)
+        .map(Some)
+        .map_err(Refused)
 }
 
 /// A refused request: why (the answer's `error`).
@@ -133,7 +166,12 @@ pub struct Refused(pub String);
 impl Request {
     /// The request in `body` (its JSON the first `json_len` bytes where the
     /// binary extension's header says so) for a model fed `interface`.
-    pub fn parse(body: &[u8], json_len: Option<usize>, interface: &Interface) -> Result<Request, Refused> {
+    pub(crate) fn parse(
+        body: &[u8],
+        json_len: Option<usize>,
+        interface: &Interface,
+        regions: &crate::shm::Regions,
+    ) -> Result<Request, Refused> {
         let refuse = |why: String| Refused(why);
         let json_len = json_len.unwrap_or(body.len());
         if json_len > body.len() {
@@ -176,29 +214,38 @@ impl Request {
             let shape = shape_of(name, input.get("shape"))?;
             let k = pulse.port(name, got_type, &shape)?;
             let in_params = input.get("parameters").and_then(Value::as_object);
-            let bytes = match in_params
-                .and_then(|p| p.get("binary_data_size"))
-                .and_then(Value::as_u64)
-            {
-                Some(n) => {
-                    let n = n as usize;
-                    if n > binary.len() {
-                        return Err(refuse(format!(
-                            "input {name:?}: binary_data_size {n}, {} bytes left in the body",
-                            binary.len()
-                        )));
+            let shm = shm_place(regions, &format!("input {name:?}"), in_params)?;
+            let bytes = match shm {
+                Some(place) => {
+                    let port = &interface.inputs[k];
+                    place
+                        .input(&format!("input {name:?}"), port.len() * width(&port.dtype))
+                        .map_err(Refused)?
+                }
+                None => match in_params
+                    .and_then(|p| p.get("binary_data_size"))
+                    .and_then(Value::as_u64)
+                {
+                    Some(n) => {
+                        let n = n as usize;
+                        if n > binary.len() {
+                            return Err(refuse(format!(
+                                "input {name:?}: binary_data_size {n}, {} bytes left in the body",
+                                binary.len()
+                            )));
+                        }
+                        let (mine, rest) = binary.split_at(n);
+                        binary = rest;
+                        mine.to_vec()
                     }
-                    let (mine, rest) = binary.split_at(n);
-                    binary = rest;
-                    mine.to_vec()
-                }
-                None => {
-                    let data = input
-                        .get("data")
-                        .ok_or_else(|| refuse(format!("input {name:?}: no data and no binary_data_size")))?;
-                    let dtype = &interface.inputs[k].dtype;
-                    json_data(data, dtype).map_err(|why| refuse(format!("input {name:?}: {why}")))?
-                }
+                    None => {
+                        let data = input
+                            .get("data")
+                            .ok_or_else(|| refuse(format!("input {name:?}: no data and no binary_data_size")))?;
+                        let dtype = &interface.inputs[k].dtype;
+                        json_data(data, dtype).map_err(|why| refuse(format!("input {name:?}: {why}")))?
+                    }
+                },
             };
             pulse.give(k, bytes)?;
         }
@@ -206,12 +253,21 @@ impl Request {
         let all_binary = flag(&params, "binary_data_output");
         let mut binary = vec![all_binary; interface.outputs.len()];
         let mut wanted = vec![true; interface.outputs.len()];
+        let mut shm_out = vec![None; interface.outputs.len()];
         if let Some(outputs) = head.get("outputs").and_then(Value::as_array) {
             wanted = vec![false; interface.outputs.len()];
             for o in outputs {
                 let name = o.get("name").and_then(Value::as_str).unwrap_or("");
                 let k = output(interface, name)?;
                 wanted[k] = true;
+                let what = format!("output {name:?}");
+                if let Some(place) = shm_place(regions, &what, o.get("parameters").and_then(Value::as_object))? {
+                    let port = &interface.outputs[k];
+                    place
+                        .check_output(&what, port.len() * width(&port.dtype))
+                        .map_err(Refused)?;
+                    shm_out[k] = Some(place);
+                }
                 if let Some(b) = o
                     .get("parameters")
                     .and_then(|p| p.get("binary_data"))
@@ -229,6 +285,7 @@ impl Request {
             pulse,
             binary,
             wanted,
+            shm_out,
         })
     }
 }
@@ -412,8 +469,15 @@ fn element(bytes: &[u8], dtype: &str) -> Value {
 }
 
 /// The answer to `request` of model `model`: its JSON, and the binary part
-/// (empty where every output is JSON).
-pub fn answer(model: &str, request: &Request, interface: &Interface, answer_bytes: &[u8]) -> (Vec<u8>, Vec<u8>) {
+/// (empty where every output is JSON); an output asked into shared memory
+/// written there, its answer the place and no data (`Err` where the
+/// region can no longer hold it).
+pub(crate) fn answer(
+    model: &str,
+    request: &Request,
+    interface: &Interface,
+    answer_bytes: &[u8],
+) -> Result<(Vec<u8>, Vec<u8>), String> {
     let mut outputs = Vec::new();
     let mut binary = Vec::new();
     let mut at = 0;
@@ -425,7 +489,14 @@ pub fn answer(model: &str, request: &Request, interface: &Interface, answer_byte
             continue;
         }
         let mut o = json!({ "name": port.name, "datatype": datatype(&port.dtype), "shape": port.shape });
-        if request.binary[k] {
+        if let Some(place) = &request.shm_out[k] {
+            place.region.write(place.offset, bytes)?;
+            o["parameters"] = json!({
+                "shared_memory_region": place.region.name,
+                "shared_memory_byte_size": n,
+                "shared_memory_offset": place.offset,
+            });
+        } else if request.binary[k] {
             o["parameters"] = json!({ "binary_data_size": n });
             binary.extend_from_slice(bytes);
         } else {
@@ -441,7 +512,7 @@ pub fn answer(model: &str, request: &Request, interface: &Interface, answer_byte
     if let Some(s) = &request.sequence {
         head["parameters"] = json!({ "sequence_id": s.json() });
     }
-    (head.to_string().into_bytes(), binary)
+    Ok((head.to_string().into_bytes(), binary))
 }
 
 /// An error's body.
@@ -483,7 +554,7 @@ mod tests {
     }
 
     fn parse(json: &str) -> Result<Request, Refused> {
-        Request::parse(json.as_bytes(), None, &interface())
+        Request::parse(json.as_bytes(), None, &interface(), &Default::default())
     }
 
     /// Issue 68 row 7: a shape entry that is not an integer is refused
@@ -549,7 +620,7 @@ mod tests {
     }
 
     fn answer_of(request: &Request, i: &Interface, bytes: &[u8]) -> (Value, Vec<u8>) {
-        let (head, binary) = answer("m", request, i, bytes);
+        let (head, binary) = answer("m", request, i, bytes).unwrap();
         (serde_json::from_slice(&head).unwrap(), binary)
     }
 }

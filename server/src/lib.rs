@@ -37,6 +37,7 @@ pub mod protocol;
 mod server;
 mod session;
 pub mod settings;
+mod shm;
 mod stats;
 pub mod tensor;
 #[doc(hidden)]

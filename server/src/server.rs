@@ -282,6 +282,7 @@ async fn listen(
         endpoints: endpoints.clone(),
         sequences,
         stats: Arc::new(endpoints.iter().map(|_| Default::default()).collect()),
+        regions: Default::default(),
     };
     let grpc_routes = state.clone();
     let probes = Router::new()
@@ -518,6 +519,8 @@ pub(crate) struct Routes {
     /// Each endpoint's statistics (the `statistics` extension), in the
     /// endpoints' order.
     pub(crate) stats: Arc<Vec<crate::stats::ModelStats>>,
+    /// The `system_shared_memory` extension's regions, the server's.
+    pub(crate) regions: Arc<crate::shm::Regions>,
 }
 
 impl Routes {
@@ -547,7 +550,11 @@ impl Routes {
             Some(_) => Ok(()),
             None => Err(format!(
                 "laned serves the models of its spec; {name:?} is not one (the models are {})",
-                self.endpoints.iter().map(|e| e.name.as_str()).collect::<Vec<_>>().join(", ")
+                self.endpoints
+                    .iter()
+                    .map(|e| e.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )),
         }
     }

@@ -47,6 +47,19 @@ pub(crate) fn routes(router: Router<Routes>, endpoints: &[Arc<Endpoint>]) -> Rou
         .route("/v2/repository/index", post(repository_index))
         .route("/v2/repository/models/{name}/load", post(repository_load))
         .route("/v2/repository/models/{name}/unload", post(repository_unload))
+        .route("/v2/systemsharedmemory/status", get(shm_status_all))
+        .route("/v2/systemsharedmemory/region/{region}/status", get(shm_status))
+        .route("/v2/systemsharedmemory/region/{region}/register", post(shm_register))
+        .route("/v2/systemsharedmemory/unregister", post(shm_unregister_all))
+        .route(
+            "/v2/systemsharedmemory/region/{region}/unregister",
+            post(shm_unregister),
+        )
+        .route("/v2/cudasharedmemory/status", get(no_cuda))
+        .route("/v2/cudasharedmemory/region/{region}/status", get(no_cuda))
+        .route("/v2/cudasharedmemory/region/{region}/register", post(no_cuda))
+        .route("/v2/cudasharedmemory/unregister", post(no_cuda))
+        .route("/v2/cudasharedmemory/region/{region}/unregister", post(no_cuda))
         .route("/v2/models/stats", get(all_stats))
         .route("/v2/models/{name}/stats", get(model_stats))
         .route("/v2/models/{name}/versions/{version}/stats", get(version_stats))
@@ -97,7 +110,88 @@ fn json_answer(value: serde_json::Value) -> Response {
 
 /// The extensions served, as `GET /v2` lists them (gRPC's
 /// `ServerMetadata` the same but `binary_tensor_data`, REST's own).
-pub(crate) const EXTENSIONS: &[&str] = &["binary_tensor_data", "sequence", "statistics", "model_repository"];
+pub(crate) const EXTENSIONS: &[&str] = &[
+    "binary_tensor_data",
+    "sequence",
+    "statistics",
+    "model_repository",
+    "system_shared_memory",
+];
+
+/// A shared memory refusal's answer.
+fn shm_error(e: crate::shm::ShmError) -> Response {
+    use crate::shm::ShmError;
+    let status = match &e {
+        ShmError::Bad(_) => StatusCode::BAD_REQUEST,
+        ShmError::NotFound(_) => StatusCode::NOT_FOUND,
+        ShmError::Exists(_) => StatusCode::CONFLICT,
+        ShmError::Full(_) => StatusCode::TOO_MANY_REQUESTS,
+    };
+    error(status, e.why())
+}
+
+fn shm_status_answer(routes: &Routes, name: &str) -> Response {
+    match routes.regions.status(name) {
+        Ok(regions) => json_answer(serde_json::Value::Array(
+            regions
+                .into_iter()
+                .map(|(name, key, offset, byte_size)| {
+                    json!({ "name": name, "key": key, "offset": offset, "byte_size": byte_size })
+                })
+                .collect(),
+        )),
+        Err(e) => shm_error(e),
+    }
+}
+
+async fn shm_status_all(State(routes): State<Routes>) -> Response {
+    shm_status_answer(&routes, "")
+}
+
+async fn shm_status(State(routes): State<Routes>, Path(name): Path<String>) -> Response {
+    shm_status_answer(&routes, &name)
+}
+
+/// A region's register: `{"key", "offset", "byte_size"}`.
+async fn shm_register(State(routes): State<Routes>, Path(name): Path<String>, body: Bytes) -> Response {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "a register's body: wanted {\"key\", \"offset\", \"byte_size\"}",
+        );
+    };
+    let key = v.get("key").and_then(serde_json::Value::as_str);
+    let offset = match v.get("offset") {
+        None => Some(0),
+        Some(o) => o.as_u64(),
+    };
+    let byte_size = v.get("byte_size").and_then(serde_json::Value::as_u64);
+    let (Some(key), Some(offset), Some(byte_size)) = (key, offset, byte_size) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("shared memory region {name:?}: wanted a string key, a non-negative offset and byte_size"),
+        );
+    };
+    match routes.regions.register(&name, key, offset, byte_size) {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => shm_error(e),
+    }
+}
+
+async fn shm_unregister_all(State(routes): State<Routes>) -> StatusCode {
+    routes.regions.unregister("");
+    StatusCode::OK
+}
+
+async fn shm_unregister(State(routes): State<Routes>, Path(name): Path<String>) -> StatusCode {
+    routes.regions.unregister(&name);
+    StatusCode::OK
+}
+
+/// CUDA shared memory's every route.
+async fn no_cuda() -> Response {
+    error(StatusCode::NOT_IMPLEMENTED, crate::shm::NO_CUDA)
+}
 
 /// The `model_repository` extension's index: every served model, version
 /// "1", `READY` (or `UNAVAILABLE` while its runner takes no lane); with
@@ -278,7 +372,7 @@ async fn infer_timed(
             )
         }
     };
-    let request = match Request::parse(body, json_len, interface) {
+    let request = match Request::parse(body, json_len, interface, &routes.regions) {
         Ok(r) => r,
         Err(refused) => return error(StatusCode::BAD_REQUEST, &refused.0),
     };
@@ -290,7 +384,13 @@ async fn infer_timed(
     clock.checked();
     let outputs = match routes
         .sequences
-        .call((&routes.shared, &endpoint), id, (request.start, request.end), inputs, clock)
+        .call(
+            (&routes.shared, &endpoint),
+            id,
+            (request.start, request.end),
+            inputs,
+            clock,
+        )
         .await
     {
         Ok(out) => out,
@@ -301,7 +401,10 @@ async fn infer_timed(
         Ok(b) => b,
         Err(why) => return error(StatusCode::INTERNAL_SERVER_ERROR, &format!("answering: {why}")),
     };
-    let (head, binary) = kserve::answer(&name, &request, interface, &bytes);
+    let (head, binary) = match kserve::answer(&name, &request, interface, &bytes) {
+        Ok(answer) => answer,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+    };
     if binary.is_empty() {
         return ([(header::CONTENT_TYPE, "application/json")], head).into_response();
     }

@@ -862,7 +862,7 @@ fn extensions(mode: &str, sequences_pulses: (usize, usize)) -> Option<String> {
     check["mode"] = mode.into();
     check["http"] = serving.addr.clone().into();
     check["grpc"] = grpc.into();
-    check["extensions"] = serde_json::json!(["sequence", "statistics", "model_repository"]);
+    check["extensions"] = serde_json::json!(["sequence", "statistics", "model_repository", "system_shared_memory"]);
     Some(run_script(&python, dir.path(), &check, "triton_extensions.py"))
 }
 
@@ -873,8 +873,13 @@ fn extensions(mode: &str, sequences_pulses: (usize, usize)) -> Option<String> {
 /// within the whole; an unknown model's refused by name.
 #[test]
 fn statistics_add_up_to_the_requests_sent_over_both_fronts() {
-    let Some(said) = extensions("stats", (1, 4)) else { return };
-    assert!(said.contains("statistics add up over HTTP and gRPC: 8 successes, 4 failures"), "{said}");
+    let Some(said) = extensions("stats", (1, 4)) else {
+        return;
+    };
+    assert!(
+        said.contains("statistics add up over HTTP and gRPC: 8 successes, 4 failures"),
+        "{said}"
+    );
 }
 
 /// Issue 68, `model_repository`: the index over HTTP and gRPC lists the
@@ -883,6 +888,26 @@ fn statistics_add_up_to_the_requests_sent_over_both_fronts() {
 /// extensions served.
 #[test]
 fn the_repository_lists_the_served_model_and_refuses_changes_by_name() {
-    let Some(said) = extensions("repository", (1, 1)) else { return };
+    let Some(said) = extensions("repository", (1, 1)) else {
+        return;
+    };
     assert!(said.contains("repository: index, load and unload as served"), "{said}");
+}
+
+/// Issue 68, `system_shared_memory`: regions made with
+/// `tritonclient.utils.shared_memory`, one registered over each front;
+/// 16 sequences interleaved, half over HTTP, half over gRPC, each pulse's
+/// input read from a region at the sequence's offset and its answer
+/// written into another, every answer the model alone; each bad region
+/// refused over both fronts by name (an offset or size past the file's
+/// end, an unknown key, a duplicate name, CUDA, an unknown region, an
+/// input or output past its region's end, a byte size not the tensor's);
+/// a region unregistered is gone and refused at use.
+#[test]
+fn sixteen_sequences_run_exact_through_shared_memory_and_bad_regions_are_refused() {
+    let Some(said) = extensions("shm", (16, 5)) else { return };
+    assert!(
+        said.contains("16 sequences of 5 pulses exact through shared memory; every bad region refused"),
+        "{said}"
+    );
 }

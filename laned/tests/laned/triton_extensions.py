@@ -30,10 +30,18 @@ def end(status=0):
     if isinstance(status, str):
         print(status, file=sys.stderr)
         status = 1
+    for undo in CLEANUP:
+        try:
+            undo()
+        except Exception:
+            pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
 
+
+# What end() undoes first (the shared memory regions made here).
+CLEANUP = []
 
 spec = json.load(open(sys.argv[1]))
 S, P = spec["sequences"], spec["pulses"]
@@ -151,9 +159,92 @@ def repository():
     print("repository: index, load and unload as served over HTTP and gRPC")
 
 
+def shm():
+    import tritonclient.utils.shared_memory as shm
+
+    per_in = int(np.prod(shape)) * 4
+    per_out = answers.shape[-1] * 4
+    tag = os.getpid()
+    key_in, key_out = f"/laned_in_{tag}", f"/laned_out_{tag}"
+    h_in = shm.create_shared_memory_region("in", key_in, S * per_in)
+    h_out = shm.create_shared_memory_region("out", key_out, S * per_out)
+    CLEANUP.extend([lambda: shm.destroy_shared_memory_region(h_in), lambda: shm.destroy_shared_memory_region(h_out)])
+    # Regions are the server's: one registered over each front, both used
+    # over both.
+    H.register_system_shared_memory("in", key_in, S * per_in)
+    G.register_system_shared_memory("out", key_out, S * per_out)
+    listed = sorted(r["name"] for r in H.get_system_shared_memory_status())
+    if listed != ["in", "out"]:
+        end(f"http shared memory status: {listed}")
+    listed = sorted(G.get_system_shared_memory_status(as_json=True).get("regions", {}))
+    if listed != ["in", "out"]:
+        end(f"grpc shared memory status: {listed}")
+
+    def request(s, p, lib, c):
+        shm.set_shared_memory_region(h_in, [pulses[s, p]], offset=s * per_in)
+        x = lib.InferInput(in_name, shape, "FP32")
+        x.set_shared_memory("in", per_in, offset=s * per_in)
+        y = lib.InferRequestedOutput(out_name)
+        y.set_shared_memory("out", per_out, offset=s * per_out)
+        r = c.infer(model, [x], outputs=[y], sequence_id=s + 1, sequence_start=p == 0, sequence_end=p == P - 1)
+        said = r.get_output(out_name)
+        params = said["parameters"] if isinstance(said, dict) else {k: v for k, v in said.parameters.items()}
+        if "shared_memory_region" not in params:
+            end(f"sequence {s} pulse {p}: the answer's output names no region: {said}")
+        got = shm.get_contents_as_numpy(h_out, np.float32, [per_out // 4], offset=s * per_out)
+        want = answers[s, p]
+        if got.tobytes() != want.tobytes():
+            end(f"sequence {s} pulse {p}: {got[:4]} through shared memory where the model alone gives {want[:4]}")
+
+    # Sixteen sequences interleaved, half over each front.
+    for p in range(P):
+        for s in range(S):
+            _, lib, c = FRONTS[s % 2]
+            request(s, p, lib, c)
+
+    # Each bad region refused, over both fronts.
+    for front, lib, c in FRONTS:
+        refused(f"{front}: offset past the end", lambda: c.register_system_shared_memory("bad", key_in, 8, offset=S * per_in), "pass the end")
+        refused(f"{front}: size past the end", lambda: c.register_system_shared_memory("bad", key_in, S * per_in + 1), "pass the end")
+        refused(f"{front}: no such key", lambda: c.register_system_shared_memory("bad", f"/laned_none_{tag}", 8), "laned_none")
+        refused(f"{front}: a duplicate", lambda: c.register_system_shared_memory("in", key_in, 8), "\"in\"", "registered already")
+        refused(f"{front}: CUDA", lambda: c.register_cuda_shared_memory("gpu", "eA==", 0, 8), "CUDA shared memory is not served")
+
+        def bad_input(region, size, offset):
+            x = lib.InferInput(in_name, shape, "FP32")
+            x.set_shared_memory(region, size, offset=offset)
+            return lambda: c.infer(model, [x])
+
+        refused(f"{front}: an unknown region", bad_input("nope", per_in, 0), "no shared memory region \"nope\"")
+        refused(f"{front}: an input past its region's end", bad_input("in", per_in, S * per_in - 4), "pass its end")
+        refused(f"{front}: an input's byte size not the tensor's", bad_input("in", per_in - 4, 0), "shared_memory_byte_size")
+
+        def bad_output(size, offset):
+            x = lib.InferInput(in_name, shape, "FP32")
+            x.set_shared_memory("in", per_in)
+            y = lib.InferRequestedOutput(out_name)
+            y.set_shared_memory("out", size, offset=offset)
+            return lambda: c.infer(model, [x], outputs=[y])
+
+        refused(f"{front}: an output past its region's end", bad_output(per_out, S * per_out - 4), "pass its end")
+        refused(f"{front}: an output region too small", bad_output(per_out - 4, 0), "shared_memory_byte_size")
+
+    # Unregistered: gone from the status, refused by name at use.
+    H.unregister_system_shared_memory("in")
+    if [r["name"] for r in H.get_system_shared_memory_status()] != ["out"]:
+        end(f"after unregistering: {H.get_system_shared_memory_status()}")
+    x = grpcclient.InferInput(in_name, shape, "FP32")
+    x.set_shared_memory("in", per_in)
+    refused("an unregistered region", lambda: G.infer(model, [x]), "no shared memory region \"in\"")
+    G.unregister_system_shared_memory()
+    if G.get_system_shared_memory_status(as_json=True).get("regions"):
+        end("regions left after unregistering all")
+    print(f"{S} sequences of {P} pulses exact through shared memory; every bad region refused over HTTP and gRPC")
+
+
 def main():
     mode = spec["mode"]
-    {"stats": stats, "repository": repository}[mode]()
+    {"stats": stats, "repository": repository, "shm": shm}[mode]()
     end(0)
 
 

@@ -377,3 +377,45 @@ pub struct RepositoryModelRequest {
 /// shared-memory calls' answers: empty.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Empty {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SystemSharedMemoryStatusRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RegionStatus {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub key: String,
+    #[prost(uint64, tag = "3")]
+    pub offset: u64,
+    #[prost(uint64, tag = "4")]
+    pub byte_size: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SystemSharedMemoryStatusResponse {
+    #[prost(map = "string, message", tag = "1")]
+    pub regions: HashMap<String, RegionStatus>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SystemSharedMemoryRegisterRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub key: String,
+    #[prost(uint64, tag = "3")]
+    pub offset: u64,
+    #[prost(uint64, tag = "4")]
+    pub byte_size: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SystemSharedMemoryUnregisterRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+}

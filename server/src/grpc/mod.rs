@@ -235,6 +235,54 @@ where
                     });
                     grpc(small).unary(h, req).await
                 }
+                Some("SystemSharedMemoryStatus") => {
+                    let h = Handler(move |r: Request<SystemSharedMemoryStatusRequest>| {
+                        let answer = routes
+                            .regions
+                            .status(&r.get_ref().name)
+                            .map(|regions| {
+                                Response::new(SystemSharedMemoryStatusResponse {
+                                    regions: regions
+                                        .into_iter()
+                                        .map(|(name, key, offset, byte_size)| {
+                                            let status = RegionStatus {
+                                                name: name.clone(),
+                                                key,
+                                                offset,
+                                                byte_size,
+                                            };
+                                            (name, status)
+                                        })
+                                        .collect(),
+                                })
+                            })
+                            .map_err(shm_status);
+                        async move { answer }
+                    });
+                    grpc(small).unary(h, req).await
+                }
+                Some("SystemSharedMemoryRegister") => {
+                    let h = Handler(move |r: Request<SystemSharedMemoryRegisterRequest>| {
+                        let r = r.into_inner();
+                        let answer = routes
+                            .regions
+                            .register(&r.name, &r.key, r.offset, r.byte_size)
+                            .map(|()| Response::new(Empty {}))
+                            .map_err(shm_status);
+                        async move { answer }
+                    });
+                    grpc(small).unary(h, req).await
+                }
+                Some("SystemSharedMemoryUnregister") => {
+                    let h = Handler(move |r: Request<SystemSharedMemoryUnregisterRequest>| {
+                        routes.regions.unregister(&r.get_ref().name);
+                        async move { Ok(Response::new(Empty {})) }
+                    });
+                    grpc(small).unary(h, req).await
+                }
+                Some("CudaSharedMemoryStatus" | "CudaSharedMemoryRegister" | "CudaSharedMemoryUnregister") => {
+                    Status::unimplemented(crate::shm::NO_CUDA).into_http()
+                }
                 Some("ModelStatistics") => {
                     let h = Handler(move |r: Request<ModelStatisticsRequest>| {
                         let r = r.into_inner();
@@ -322,6 +370,54 @@ fn model_config(routes: &Routes, name: &str) -> Result<ModelConfigResponse, Stat
             }),
         }),
     })
+}
+
+/// A shared memory refusal's status.
+fn shm_status(e: crate::shm::ShmError) -> Status {
+    use crate::shm::ShmError;
+    match e {
+        ShmError::Bad(why) => Status::invalid_argument(why),
+        ShmError::NotFound(why) => Status::not_found(why),
+        ShmError::Exists(why) => Status::already_exists(why),
+        ShmError::Full(why) => Status::resource_exhausted(why),
+    }
+}
+
+/// A tensor's shared memory parameters, where it has them: its place,
+/// checked.
+fn shm_place(
+    routes: &Routes,
+    what: &str,
+    p: &HashMap<String, InferParameter>,
+) -> Result<Option<crate::shm::Place>, Status> {
+    let get = |k: &str| p.get(k).and_then(|v| v.parameter_choice.as_ref());
+    let Some(region) = get("shared_memory_region") else {
+        return Ok(None);
+    };
+    let ParameterChoice::Str(region) = region else {
+        return Err(Status::invalid_argument(format!(
+            "{what}: shared_memory_region {region:?}: wanted a string"
+        )));
+    };
+    let number = |key: &str, default: Option<u64>| -> Result<u64, Status> {
+        match get(key) {
+            None => {
+                default.ok_or_else(|| Status::invalid_argument(format!("{what}: shared_memory_region without {key}")))
+            }
+            Some(ParameterChoice::Int64(n)) if *n >= 0 => Ok(*n as u64),
+            Some(ParameterChoice::Uint64(n)) => Ok(*n),
+            Some(other) => Err(Status::invalid_argument(format!(
+                "{what}: {key} {other:?}: wanted a non-negative integer"
+            ))),
+        }
+    };
+    let byte_size = number("shared_memory_byte_size", None)?;
+    let offset = number("shared_memory_offset", Some(0))?;
+    routes
+        .regions
+        .place(what, region, byte_size, offset)
+        .map(Some)
+        .map_err(Status::invalid_argument)
 }
 
 /// The `statistics` extension: model `name`'s (every model's where it
@@ -460,6 +556,8 @@ struct Checked {
     /// The outputs answered, by index in the interface's (all where the
     /// request names none).
     wanted: Vec<bool>,
+    /// The outputs asked into shared memory, their places checked.
+    shm_out: Vec<Option<crate::shm::Place>>,
 }
 
 /// Request `r` checked whole ([`Checked`]), or the refusal.
@@ -467,11 +565,20 @@ fn check(routes: &Routes, r: &ModelInferRequest) -> Result<Checked, Status> {
     let (endpoint, interface) = served(routes, &r.model_name)?;
     let sequence = sequence_of(r)?;
     let mut pulse = Pulse::new(&interface);
-    for (n, input) in r.inputs.iter().enumerate() {
+    // Raw contents are the inputs' not in shared memory, in order.
+    let mut raw_at = 0;
+    for input in &r.inputs {
         let k = pulse
             .port(&input.name, &input.datatype, &input.shape)
             .map_err(|e| Status::invalid_argument(e.0))?;
-        let bytes = if r.raw_input_contents.is_empty() {
+        let what = format!("input {:?}", input.name);
+        let shm = shm_place(routes, &what, &input.parameters)?;
+        let bytes = if let Some(place) = shm {
+            let port = &interface.inputs[k];
+            place
+                .input(&what, port.len() * kserve::width(&port.dtype))
+                .map_err(Status::invalid_argument)?
+        } else if r.raw_input_contents.is_empty() {
             let contents = input
                 .contents
                 .as_ref()
@@ -479,7 +586,8 @@ fn check(routes: &Routes, r: &ModelInferRequest) -> Result<Checked, Status> {
             contents_bytes(contents, &interface.inputs[k].dtype)
                 .map_err(|why| Status::invalid_argument(format!("input {:?}: {why}", input.name)))?
         } else {
-            r.raw_input_contents.get(n).cloned().ok_or_else(|| {
+            raw_at += 1;
+            r.raw_input_contents.get(raw_at - 1).cloned().ok_or_else(|| {
                 Status::invalid_argument(format!(
                     "input {:?}: {} raw contents for {} inputs",
                     input.name,
@@ -493,9 +601,18 @@ fn check(routes: &Routes, r: &ModelInferRequest) -> Result<Checked, Status> {
     let bytes = pulse.finish().map_err(|e| Status::invalid_argument(e.0))?;
     let inputs = interface.call_inputs(&bytes).map_err(Status::invalid_argument)?;
     let mut wanted = vec![r.outputs.is_empty(); interface.outputs.len()];
+    let mut shm_out = vec![None; interface.outputs.len()];
     for o in &r.outputs {
         let k = kserve::output(&interface, &o.name).map_err(|e| Status::invalid_argument(e.0))?;
         wanted[k] = true;
+        let what = format!("output {:?}", o.name);
+        if let Some(place) = shm_place(routes, &what, &o.parameters)? {
+            let port = &interface.outputs[k];
+            place
+                .check_output(&what, port.len() * kserve::width(&port.dtype))
+                .map_err(Status::invalid_argument)?;
+            shm_out[k] = Some(place);
+        }
     }
     let ends = (flag(r, "sequence_start"), flag(r, "sequence_end"));
     Ok(Checked {
@@ -505,6 +622,7 @@ fn check(routes: &Routes, r: &ModelInferRequest) -> Result<Checked, Status> {
         ends,
         inputs,
         wanted,
+        shm_out,
     })
 }
 
@@ -532,6 +650,7 @@ async fn infer_timed(
         ends,
         inputs,
         wanted,
+        shm_out,
     } = check(routes, &r)?;
     clock.checked();
     let outputs = routes
@@ -550,14 +669,41 @@ async fn infer_timed(
         if !wanted[k] {
             continue;
         }
+        let mut parameters = HashMap::new();
+        if let Some(place) = &shm_out[k] {
+            place
+                .region
+                .write(place.offset, bytes)
+                .map_err(Status::invalid_argument)?;
+            let param = |c| InferParameter {
+                parameter_choice: Some(c),
+            };
+            parameters.insert(
+                "shared_memory_region".to_string(),
+                param(ParameterChoice::Str(place.region.name.clone())),
+            );
+            parameters.insert(
+                "shared_memory_byte_size".to_string(),
+                param(ParameterChoice::Int64(n as i64)),
+            );
+            parameters.insert(
+                "shared_memory_offset".to_string(),
+                param(ParameterChoice::Int64(place.offset as i64)),
+            );
+        }
         outputs.push(InferOutputTensor {
             name: p.name.clone(),
             datatype: kserve::datatype(&p.dtype).into(),
             shape: p.shape.iter().map(|d| *d as i64).collect(),
-            parameters: HashMap::new(),
+            parameters,
             contents: None,
         });
-        raw.push(bytes.to_vec());
+        // Raw contents stay one an output (empty for one in shared memory).
+        raw.push(if shm_out[k].is_some() {
+            Vec::new()
+        } else {
+            bytes.to_vec()
+        });
     }
     let mut parameters = HashMap::new();
     if let Some(s) = param(&r, "sequence_id") {

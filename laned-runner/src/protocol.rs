@@ -56,6 +56,10 @@ impl Answer {
 }
 pub(crate) type SpawnResult = Result<Grant, SpawnError>;
 
+/// What reading a stream's state answers: its tensors and the pulses it
+/// fed, read between the same two turns.
+pub(crate) type ReadResult = Result<(TVec<Tensor>, u64), RunError>;
+
 /// A lane handed to a new stream, with the stream's id: the engine answers
 /// the stream's requests only while the lane is still that stream's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +94,7 @@ pub(crate) enum Request {
     /// between the same two turns).
     ReadState {
         stream: Grant,
-        slot: Arc<Slot<Result<(TVec<Tensor>, u64), RunError>>>,
+        slot: Arc<Slot<ReadResult>>,
     },
     /// Whether a stream can still be served, and why not (`None`: it can).
     Status {

@@ -88,7 +88,10 @@ impl EvalOp for LanePad {
     not_out_of_plan!();
 
     fn state(&self, _ctx: &EvalContext) -> TractResult<Option<Box<dyn OpState>>> {
-        Ok(Some(Box::new(LanePadState { positions: vec![] })))
+        Ok(Some(Box::new(LanePadState {
+            positions: vec![],
+            limits: None,
+        })))
     }
 }
 
@@ -98,6 +101,46 @@ impl EvalOp for LanePad {
 #[derive(Debug, Clone)]
 pub struct LanePadState {
     positions: Vec<i64>,
+    /// The stream's limits as the last turn resolved them, kept while the
+    /// symbols they depend on keep their values (most turns: the stream's
+    /// length unknown): resolving a symbolic dim costs more than the pad.
+    limits: Option<Limits>,
+}
+
+/// `end_input` and `after` resolved, and the values of the symbols they
+/// depend on when they were.
+#[derive(Debug, Clone)]
+struct Limits {
+    deps: TVec<(Symbol, Option<i64>)>,
+    end_input: usize,
+    after: usize,
+}
+
+impl LanePadState {
+    /// The op's `end_input` and `after` under the turn's symbols, as
+    /// PulsePad resolves them: a limit the turn does not pin (the stream's
+    /// length, before its last pulse) is infinitely far.
+    fn limits(&mut self, op: &LanePad, symbols: &SymbolValues) -> (usize, usize) {
+        if let Some(l) = &self.limits {
+            if l.deps.iter().all(|(s, v)| symbols.get(s) == *v) {
+                return (l.end_input, l.after);
+            }
+        }
+        let end_input = op.end_input.eval(symbols).to_usize().unwrap_or(usize::MAX);
+        let after = op.after.eval(symbols).to_usize().unwrap_or(usize::MAX);
+        let deps = op
+            .end_input
+            .symbols()
+            .into_iter()
+            .chain(op.after.symbols())
+            .map(|s| {
+                let v = symbols.get(&s);
+                (s, v)
+            })
+            .collect();
+        self.limits = Some(Limits { deps, end_input, after });
+        (end_input, after)
+    }
 }
 
 impl LanePadState {
@@ -135,11 +178,14 @@ impl OpState for LanePadState {
         let input = args_1!(inputs);
         let (seats, width) = seats(ctx.seating, input.shape()[0], "LanePad")?;
         let lanes: TVec<usize> = (0..seats).map(|ix| lane_of(ctx.seating, ix)).collect();
-        let positions = self.sized(width)?;
-        let begins: TVec<i64> = lanes.iter().map(|l| positions[*l]).collect();
-        let (output, next) = op.pad(ctx, input, &begins)?;
+        let begins: TVec<i64> = {
+            let positions = self.sized(width)?;
+            lanes.iter().map(|l| positions[*l]).collect()
+        };
+        let limits = self.limits(op, ctx.symbols);
+        let (output, next) = op.pad(limits, input, &begins)?;
         for (lane, next) in lanes.iter().zip(next) {
-            positions[*lane] = next;
+            self.positions[*lane] = next;
         }
         Ok(tvec!(output))
     }
@@ -161,14 +207,12 @@ impl OpState for LanePadState {
 }
 
 impl LanePad {
-    /// Pad a turn's pulse whose seats start at stream positions `positions`;
-    /// the padded pulse and each seat's next position.
-    fn pad(&self, ctx: &EvalContext, input: TValue, positions: &[i64]) -> TractResult<(TValue, TVec<i64>)> {
+    /// Pad a turn's pulse whose seats start at stream positions `positions`,
+    /// the stream's limits `(end_input, after)` resolved
+    /// ([`LanePadState::limits`]); the padded pulse and each seat's next
+    /// position.
+    fn pad(&self, (end_input, after): (usize, usize), input: TValue, positions: &[i64]) -> TractResult<(TValue, TVec<i64>)> {
         let dt = input.datum_type();
-        // As PulsePad resolves them: a limit the turn's symbols do not pin
-        // (the stream's length, before its last pulse) is infinitely far.
-        let end_input = self.end_input.eval(ctx.symbols).to_usize().unwrap_or(usize::MAX);
-        let after = self.after.eval(ctx.symbols).to_usize().unwrap_or(usize::MAX);
         let pulse = input.shape()[self.axis];
         let mut next = TVec::with_capacity(positions.len());
         let mut to_pad = tvec!();

@@ -10,7 +10,10 @@
 //!    fresh), and copied to `target/against/<short>.laned-bench`; then the
 //!    working tree's built as any release build of it (`target/release`)
 //!    and copied to `target/against/after.laned-bench`. A run whose report
-//!    says another commit built it is refused as stale.
+//!    says another commit built it is refused as stale: REV's must name
+//!    REV; the working tree's must not name REV (the tree's own commit
+//!    may move while the sitting runs: others commit in a shared tree, and
+//!    a report names the commit checked out when it ran).
 //! 2. Every flag of the scenarios checked against both binaries' `--help`:
 //!    an old REV that does not know a flag is named before anything runs.
 //! 3. `R` rounds (default 3); in each, every scenario (the arguments, split
@@ -714,10 +717,18 @@ fn help(binary: &Path) -> Option<String> {
     out.status.success().then_some(text)
 }
 
+/// Which commit a run's report must name, where it names one.
+enum Built<'a> {
+    /// REV's binary: REV.
+    From(&'a str),
+    /// The working tree's: anything but REV (unless the tree is at REV).
+    NotFrom(&'a str),
+}
+
 /// One run of `binary` on `args`, its report in `out`; its figures. The
-/// report must say it was built from `commit` where it says (a stale
+/// report must say it was built as `built` says where it says (a stale
 /// build is refused, not measured).
-fn run_once(binary: &Path, args: &[String], out: &Path, who: &str, commit: &str) -> Result<Vec<Figure>, String> {
+fn run_once(binary: &Path, args: &[String], out: &Path, who: &str, built: Built<'_>) -> Result<Vec<Figure>, String> {
     std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     let log = out.join("output.txt");
     let file = std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
@@ -750,10 +761,17 @@ fn run_once(binary: &Path, args: &[String], out: &Path, who: &str, commit: &str)
     let path = out.join("report.json");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{who}: reading {}: {e}", path.display()))?;
     let json = Json::parse(&text).map_err(|e| format!("{who}: {}: {e}", path.display()))?;
-    let built = json.get("machine").and_then(|m| m.get("commit")).and_then(Json::str);
-    if let Some(built) = built.filter(|b| describes(b, commit) == Some(false)) {
+    let named = json.get("machine").and_then(|m| m.get("commit")).and_then(Json::str);
+    let stale = match (named, built) {
+        (Some(named), Built::From(commit)) => (describes(named, commit) == Some(false))
+            .then(|| format!("says it was built from {named}, not {commit}")),
+        (Some(named), Built::NotFrom(commit)) => (describes(named, commit) == Some(true))
+            .then(|| format!("says it was built from {named}, REV itself")),
+        (None, _) => None,
+    };
+    if let Some(why) = stale {
         return Err(format!(
-            "{who}'s laned-bench ({}) says it was built from {built}, not {commit}: a stale build; \
+            "{who}'s laned-bench ({}) {why}: a stale build; \
              remove target/against-target/{LAST_BUILT} and run again",
             binary.display()
         ));
@@ -851,10 +869,12 @@ fn sitting(args: &[String]) -> Result<(), String> {
                 [false, true]
             };
             for is_before in order {
-                let (bin, who, side, built_from) = if is_before {
-                    (&before_bin, before.as_str(), "before", &commit)
+                let (bin, who, side, built) = if is_before {
+                    (&before_bin, before.as_str(), "before", Built::From(&commit))
+                } else if head_commit == commit {
+                    (&after_bin, "the working tree", "after", Built::From(&head_commit))
                 } else {
-                    (&after_bin, "the working tree", "after", &head_commit)
+                    (&after_bin, "the working tree", "after", Built::NotFrom(&commit))
                 };
                 eprintln!(
                     "bench --against: round {}/{}, scenario {}/{n} {scenario:?}: {side} ({who}), {:.0} s in",
@@ -866,7 +886,7 @@ fn sitting(args: &[String]) -> Result<(), String> {
                 let out = runs
                     .join(format!("scenario-{}", s + 1))
                     .join(format!("{side}-{}", round + 1));
-                let got = run_once(bin, scenario, &out, who, built_from)?;
+                let got = run_once(bin, scenario, &out, who, built)?;
                 figures_of[s][usize::from(!is_before)].push(got);
             }
         }

@@ -24,36 +24,15 @@ Exits non-zero on the first check that fails, saying which; prints one
 line saying what held.
 """
 
-import faulthandler
-import json
 import os
-import sys
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
+from triton_common import OWN, arm, end, load
 
-faulthandler.dump_traceback_later(200, exit=True)
+arm()
 
-
-def end(status=0):
-    """Ends the script now (see triton_grpc.py: not through the
-    interpreter's teardown), a failed check's message on stderr."""
-    if isinstance(status, str):
-        print(status, file=sys.stderr)
-        status = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
-
-
-spec = json.load(open(sys.argv[1]))
-S, P = spec["sequences"], spec["pulses"]
-shape = spec["in_shape"]
-pulses = np.fromfile(spec["pulses_file"], "<f4").reshape(S, P, *shape)
-answers = np.fromfile(spec["answers_file"], "<f4").reshape(S, P, -1)
-model, in_name, out_name = spec["model"], spec["input"], spec["output"]
-OWN = [("grpc.use_local_subchannel_pool", 1)]
+spec, S, P, shape, pulses, answers, model, in_name, out_name = load()
 
 
 def connect(url=None):

@@ -10,46 +10,17 @@ statistics adding up to them), "repository" (the index, load and unload),
 refused). Exits non-zero on the first check that fails, saying which.
 """
 
-import faulthandler
-import json
 import os
-import sys
-import time
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+from triton_common import CLEANUP, OWN, arm, end, load
 
-faulthandler.dump_traceback_later(200, exit=True)
+arm()
 
-
-def end(status=0):
-    """Ends now (not through the interpreter's teardown: tritonclient's
-    gRPC client can wait forever in `__del__`, see triton_grpc.py)."""
-    if isinstance(status, str):
-        print(status, file=sys.stderr)
-        status = 1
-    for undo in CLEANUP:
-        try:
-            undo()
-        except Exception:
-            pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
-
-
-# What end() undoes first (the shared memory regions made here).
-CLEANUP = []
-
-spec = json.load(open(sys.argv[1]))
-S, P = spec["sequences"], spec["pulses"]
-shape = spec["in_shape"]
-pulses = np.fromfile(spec["pulses_file"], "<f4").reshape(S, P, *shape)
-answers = np.fromfile(spec["answers_file"], "<f4").reshape(S, P, -1)
-model, in_name, out_name = spec["model"], spec["input"], spec["output"]
-OWN = [("grpc.use_local_subchannel_pool", 1)]
+spec, S, P, shape, pulses, answers, model, in_name, out_name = load()
 H = httpclient.InferenceServerClient(url=spec["http"])
 G = grpcclient.InferenceServerClient(url=spec["grpc"], channel_args=OWN)
 FRONTS = [("http", httpclient, H), ("grpc", grpcclient, G)]

@@ -13,47 +13,20 @@ Each client is a connection of its own (a local subchannel pool: gRPC
 would otherwise share one connection between the clients of a process).
 """
 
-import faulthandler
-import json
 import os
 import queue
 import signal
-import sys
 import time
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
+from triton_common import OWN, arm, end, load
 
-# A script stuck past its test's time says where (every thread's stack)
-# and exits, instead of being killed without a word.
-faulthandler.dump_traceback_later(200, exit=True)
+arm()
 
+spec, S, P, shape, pulses, answers, model, in_name, out_name = load()
 
-def end(status=0):
-    """Ends the script now, a message (a failed check) on stderr with
-    status 1. Not through the interpreter's teardown: tritonclient's clients
-    close their gRPC channels in `__del__`, and one such close waited
-    forever at exit in a full suite's run (the script had printed its
-    success; faulthandler's dump showed the wait in `grpc._channel`'s
-    `_close` under `InferenceServerClient.__del__`)."""
-    if isinstance(status, str):
-        print(status, file=sys.stderr)
-        status = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
-
-
-spec = json.load(open(sys.argv[1]))
-S, P = spec["sequences"], spec["pulses"]
-shape = spec["in_shape"]
-pulses = np.fromfile(spec["pulses_file"], "<f4").reshape(S, P, *shape)
-answers = np.fromfile(spec["answers_file"], "<f4").reshape(S, P, -1)
-model, in_name, out_name = spec["model"], spec["input"], spec["output"]
-
-
-OWN = [("grpc.use_local_subchannel_pool", 1)]
 
 
 def connect(url):

@@ -10,7 +10,6 @@ host:port} for a rolling restart mid-sequence. Exits non-zero on the
 first check that fails, saying which.
 """
 
-import json
 import os
 import signal
 import sys
@@ -19,14 +18,10 @@ import time
 import numpy as np
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+from triton_common import load
 
-spec = json.load(open(sys.argv[1]))
-S, P = spec["sequences"], spec["pulses"]
-shape = spec["in_shape"]
+spec, S, P, shape, pulses, answers, model, in_name, out_name = load()
 per_pulse = int(np.prod(shape))
-pulses = np.fromfile(spec["pulses_file"], "<f4").reshape(S, P, *shape)
-answers = np.fromfile(spec["answers_file"], "<f4").reshape(S, P, -1)
-model, in_name, out_name = spec["model"], spec["input"], spec["output"]
 
 
 def client(url):

@@ -1,8 +1,8 @@
 //! The KServe v2 (Open Inference Protocol) REST messages, as Triton's
 //! clients (`tritonclient.http`) send and read them, with Triton's
 //! sequence parameters and its binary tensor extension: what an infer
-//! request asks ([`Request::parse`]) and its answer's bytes
-//! ([`answer`]). The routes and the sequences' life are the server's and
+//! request asks (`Request::parse`) and its answer's bytes
+//! (`answer`). The routes and the sequences' life are the server's and
 //! the session's; this is the format.
 //!
 //! An infer request (`POST /v2/models/NAME/infer`) is JSON: `{"id"?,

@@ -92,10 +92,7 @@ pub(crate) enum Request {
     Cancel(Arc<Slot<CallResult>>),
     /// A stream reads its state, with the pulses it fed (read together,
     /// between the same two turns).
-    ReadState {
-        stream: Grant,
-        slot: Arc<Slot<ReadResult>>,
-    },
+    ReadState { stream: Grant, slot: Arc<Slot<ReadResult>> },
     /// Whether a stream can still be served, and why not (`None`: it can).
     Status {
         stream: Grant,

@@ -763,10 +763,12 @@ fn run_once(binary: &Path, args: &[String], out: &Path, who: &str, built: Built<
     let json = Json::parse(&text).map_err(|e| format!("{who}: {}: {e}", path.display()))?;
     let named = json.get("machine").and_then(|m| m.get("commit")).and_then(Json::str);
     let stale = match (named, built) {
-        (Some(named), Built::From(commit)) => (describes(named, commit) == Some(false))
-            .then(|| format!("says it was built from {named}, not {commit}")),
-        (Some(named), Built::NotFrom(commit)) => (describes(named, commit) == Some(true))
-            .then(|| format!("says it was built from {named}, REV itself")),
+        (Some(named), Built::From(commit)) => {
+            (describes(named, commit) == Some(false)).then(|| format!("says it was built from {named}, not {commit}"))
+        }
+        (Some(named), Built::NotFrom(commit)) => {
+            (describes(named, commit) == Some(true)).then(|| format!("says it was built from {named}, REV itself"))
+        }
         (None, _) => None,
     };
     if let Some(why) = stale {

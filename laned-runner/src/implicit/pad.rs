@@ -35,7 +35,9 @@ pub(super) fn lift(model: &mut TypedModel, node: &TypedNode) -> TractResult<Rewr
     let Some(pulse) = fact.shape[op.axis].to_usize().ok() else {
         return Ok(Rewrite::Left(format!("its pulse on axis {} is not concrete", op.axis)));
     };
-    let step = pulse.checked_sub(op.overlap).context("PulsePad: an overlap longer than its pulse")?;
+    let step = pulse
+        .checked_sub(op.overlap)
+        .context("PulsePad: an overlap longer than its pulse")?;
     let name = format!("{}.laned", node.name);
     let lane_pad = LanePad {
         axis: op.axis,
@@ -165,7 +167,11 @@ impl LanePadState {
     /// by the caller against what the stream could have reached).
     pub(crate) fn write_lane(&mut self, lane: usize, lanes: usize, position: &Tensor) -> TractResult<()> {
         let value = position.try_as_plain_ram()?.as_slice::<i64>()?;
-        ensure!(value.len() == 1, "LanePad takes one position a lane, got {}", value.len());
+        ensure!(
+            value.len() == 1,
+            "LanePad takes one position a lane, got {}",
+            value.len()
+        );
         ensure!(value[0] >= 0, "LanePad: a negative stream position {}", value[0]);
         self.sized(lanes)?[lane] = value[0];
         Ok(())
@@ -211,7 +217,12 @@ impl LanePad {
     /// the stream's limits `(end_input, after)` resolved
     /// ([`LanePadState::limits`]); the padded pulse and each seat's next
     /// position.
-    fn pad(&self, (end_input, after): (usize, usize), input: TValue, positions: &[i64]) -> TractResult<(TValue, TVec<i64>)> {
+    fn pad(
+        &self,
+        (end_input, after): (usize, usize),
+        input: TValue,
+        positions: &[i64],
+    ) -> TractResult<(TValue, TVec<i64>)> {
         let dt = input.datum_type();
         let pulse = input.shape()[self.axis];
         let mut next = TVec::with_capacity(positions.len());

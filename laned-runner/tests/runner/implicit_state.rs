@@ -239,7 +239,9 @@ fn the_served_plan_batched_by_hand_is_what_the_runner_serves() {
 /// Run `pulses` pulses of stream `seed` on `h`, then end it with a last
 /// pulse of one real frame: every output, the end's included.
 fn run_and_finish(fixture: &Fixture, h: &mut LanedStateHandle, seed: u64, from: usize, to: usize) -> Vec<Vec<Tensor>> {
-    (from..to).map(|c| data(h.run(pulse(fixture, seed, c)).unwrap())).collect()
+    (from..to)
+        .map(|c| data(h.run(pulse(fixture, seed, c)).unwrap()))
+        .collect()
 }
 
 /// A stream moved mid-stream (3 pulses on one runner, its state through
@@ -256,7 +258,12 @@ fn a_stream_moved_mid_stream_ends_at_its_own_length() {
             let unmoved = runner(&fixture, mode, 1, 4);
             let mut h = unmoved.try_spawn().unwrap();
             let mut want = run_and_finish(&fixture, &mut h, seed, 0, 5);
-            want.extend(h.finish(Some(pulse(&fixture, seed, 5)), 1).unwrap().into_iter().map(data));
+            want.extend(
+                h.finish(Some(pulse(&fixture, seed, 5)), 1)
+                    .unwrap()
+                    .into_iter()
+                    .map(data),
+            );
 
             let (a_runner, b_runner) = (runner(&fixture, mode, 1, 4), runner(&fixture, mode, 1, 4));
             let mut a = a_runner.try_spawn().unwrap();
@@ -268,8 +275,17 @@ fn a_stream_moved_mid_stream_ends_at_its_own_length() {
             let mut b = b_runner.try_spawn().unwrap();
             b.import_state(&state).unwrap();
             got.extend(run_and_finish(&fixture, &mut b, seed, 3, 5));
-            got.extend(b.finish(Some(pulse(&fixture, seed, 5)), 1).unwrap().into_iter().map(data));
-            assert_eq!(got.len(), want.len(), "{mode:?}: moved, the stream ends after another count of pulses");
+            got.extend(
+                b.finish(Some(pulse(&fixture, seed, 5)), 1)
+                    .unwrap()
+                    .into_iter()
+                    .map(data),
+            );
+            assert_eq!(
+                got.len(),
+                want.len(),
+                "{mode:?}: moved, the stream ends after another count of pulses"
+            );
             assert_eq!(got, want, "{mode:?}: the moved stream's end differs");
         });
     }

@@ -28,7 +28,7 @@ import os
 
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
-from triton_common import OWN, arm, end, load
+from triton_common import OWN, arm, end, load, take
 
 arm()
 
@@ -104,22 +104,7 @@ class Stream:
         self.client.async_stream_infer(model, one(s, p), request_id=f"{s}:{p}", **kw)
 
     def take(self, n, within):
-        import queue
-        import time
-
-        got, errors = {}, []
-        until = time.time() + within
-        while len(got) + len(errors) < n and time.time() < until:
-            try:
-                result, error = self.answers.get(timeout=max(0.01, until - time.time()))
-            except queue.Empty:
-                break
-            if error is not None:
-                errors.append(str(error))
-                continue
-            s, p = map(int, result.get_response().id.split(":"))
-            got[(s, p)] = result.as_numpy(out_name)
-        return got, errors
+        return take(self.answers, n, within, out_name)
 
 
 def hold_the_lane():

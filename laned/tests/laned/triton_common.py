@@ -9,7 +9,9 @@ first on its path).
 import faulthandler
 import json
 import os
+import queue
 import sys
+import time
 
 import numpy as np
 
@@ -60,3 +62,22 @@ def load(path=None):
     pulses = np.fromfile(spec["pulses_file"], "<f4").reshape(S, P, *shape)
     answers = np.fromfile(spec["answers_file"], "<f4").reshape(S, P, -1)
     return spec, S, P, shape, pulses, answers, spec["model"], spec["input"], spec["output"]
+
+
+def take(answers, n, within, out_name):
+    """Up to `n` answers from a gRPC stream's queue of (result, error)
+    pairs, within `within` seconds: the results by (sequence, pulse) (their
+    request ids say `s:p`), and the errors' texts in order."""
+    got, errors = {}, []
+    until = time.time() + within
+    while len(got) + len(errors) < n and time.time() < until:
+        try:
+            result, error = answers.get(timeout=max(0.01, until - time.time()))
+        except queue.Empty:
+            break
+        if error is not None:
+            errors.append(str(error))
+            continue
+        s, p = map(int, result.get_response().id.split(":"))
+        got[(s, p)] = result.as_numpy(out_name)
+    return got, errors

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
-from triton_common import OWN, arm, end, load
+from triton_common import OWN, arm, end, load, take
 
 arm()
 
@@ -69,19 +69,7 @@ class Stream:
 
     def take(self, n, within=10.0):
         """Up to `n` answers (results by (s, p), and errors), within a time."""
-        got, errors = {}, []
-        until = time.time() + within
-        while len(got) + len(errors) < n and time.time() < until:
-            try:
-                result, error = self.answers.get(timeout=max(0.01, until - time.time()))
-            except queue.Empty:
-                break
-            if error is not None:
-                errors.append(str(error))
-                continue
-            s, p = map(int, result.get_response().id.split(":"))
-            got[(s, p)] = result.as_numpy(out_name)
-        return got, errors
+        return take(self.answers, n, within, out_name)
 
     def stop(self):
         try:

@@ -94,16 +94,17 @@ impl LanedStateHandle {
         crate::drive::value(w, shard, &slot).await
     }
 
-    /// The stream's state and the pulses it fed, read together.
-    async fn read<W: Wait>(&self, w: &mut W) -> Result<(TVec<Tensor>, u64), RunError> {
+    /// The stream's state and the pulses it fed, read together; for
+    /// `export`, refused once the stream lost its state.
+    async fn read<W: Wait>(&self, export: bool, w: &mut W) -> Result<(TVec<Tensor>, u64), RunError> {
         let stream = self.stream.grant;
-        self.ask(w, |slot| Request::ReadState { stream, slot })
+        self.ask(w, |slot| Request::ReadState { stream, export, slot })
             .await
             .map_err(|e| self.stream.core.told(e))
     }
 
     async fn snapshot<W: Wait>(&self, w: &mut W) -> Result<TVec<Tensor>, RunError> {
-        Ok(self.read(w).await?.0)
+        Ok(self.read(false, w).await?.0)
     }
 
     /// Overwrite the stream's state; with `pulses`, the count it fed too.
@@ -124,7 +125,7 @@ impl LanedStateHandle {
     }
 
     async fn export<W: Wait>(&self, w: &mut W) -> Result<StreamState, RunError> {
-        let (tensors, pulses) = self.read(w).await?;
+        let (tensors, pulses) = self.read(true, w).await?;
         self.stream.core.wire.export(&tensors, pulses)
     }
 
@@ -153,7 +154,11 @@ impl LanedStateHandle {
     }
 
     /// Overwrite this stream's explicit state (as `state_snapshot` gives
-    /// it); the next call continues from it.
+    /// it); the next call continues from it. Where the model keeps a
+    /// stream position (a PulsePad's, kept per lane), the stream then
+    /// stands at the pulse that position says, so `finish` ends it at its
+    /// own length; a position no pulse reaches is refused, the stream's
+    /// state left as it was.
     pub fn restore_state(&mut self, state: TVec<Tensor>) -> Result<(), RunError> {
         crate::drive::block(self.restore(state, &mut Thread))
     }

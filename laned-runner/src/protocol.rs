@@ -92,7 +92,13 @@ pub(crate) enum Request {
     Cancel(Arc<Slot<CallResult>>),
     /// A stream reads its state, with the pulses it fed (read together,
     /// between the same two turns).
-    ReadState { stream: Grant, slot: Arc<Slot<ReadResult>> },
+    /// `export`: for a state that travels, refused once the stream lost
+    /// its state (what is left of it is not the stream's).
+    ReadState {
+        stream: Grant,
+        export: bool,
+        slot: Arc<Slot<ReadResult>>,
+    },
     /// Whether a stream can still be served, and why not (`None`: it can).
     Status {
         stream: Grant,

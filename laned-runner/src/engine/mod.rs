@@ -180,8 +180,11 @@ impl Engine {
             Request::Call(call) => self.enqueue(call),
             Request::Release(grant) => self.release(grant),
             Request::Cancel(slot) => self.cancel(&slot),
-            Request::ReadState { stream, slot } => {
+            Request::ReadState { stream, export, slot } => {
                 let read = self.streams.own(stream).and_then(|lane| {
+                    if let (true, Some(why)) = (export, self.streams.lost(LaneId(lane))) {
+                        return Err(RunError::new(RunErrorKind::Lost(why.clone())));
+                    }
                     self.model
                         .read(lane)
                         .map(|state| (state, self.streams.pulses(lane)))
@@ -213,10 +216,14 @@ impl Engine {
                 slot,
             } => {
                 let written = self.streams.own(stream).and_then(|lane| {
-                    self.model
+                    let implied = self
+                        .model
                         .write(lane, &state)
                         .map_err(|why| RunError::new(RunErrorKind::State(why)))?;
-                    if let Some(pulses) = pulses {
+                    // An import says the stream's count (checked against
+                    // its positions); a restore's is where its kept
+                    // position stands, if the model keeps one.
+                    if let Some(pulses) = pulses.or(implied) {
                         self.streams.set_pulses(LaneId(lane), pulses);
                     }
                     Ok(())

@@ -203,8 +203,10 @@ impl Model {
 
     /// Overwrite `lane`'s state, as [`Model::read`] gives it. Every tensor
     /// is checked before any is written, so a refused write leaves the
-    /// lane as it was.
-    pub(super) fn write(&mut self, lane: usize, state: &[Tensor]) -> Result<(), String> {
+    /// lane as it was. Returns the pulses a kept stream position implies
+    /// (`position / step`, every position agreeing), where the model keeps
+    /// one: a restored state moves the stream to that pulse.
+    pub(super) fn write(&mut self, lane: usize, state: &[Tensor]) -> Result<Option<u64>, String> {
         let explicit = self.iface.state.len();
         let expected = explicit + self.iface.kept.len();
         if state.len() != expected {
@@ -214,6 +216,7 @@ impl Model {
             ));
         }
         let (ours, kept) = state.split_at(explicit);
+        let mut implied: Option<u64> = None;
         for (kept, t) in self.iface.kept.iter().zip(kept) {
             if t.datum_type() != kept.kept.datum_type || t.shape() != &*kept.kept.lane_shape {
                 return Err(format!(
@@ -225,18 +228,38 @@ impl Model {
                     t.shape()
                 ));
             }
+            if let Some(step) = kept.kept.step {
+                let position = t
+                    .try_as_plain_ram()
+                    .and_then(|t| t.as_slice::<i64>().map(|s| s[0]))
+                    .map_err(|e| format!("{e:#}"))?;
+                let pulses = (position >= 0 && step > 0 && position % step == 0).then(|| (position / step) as u64);
+                match (pulses, implied) {
+                    (None, _) => return Err(format!(
+                        "the stream position {position} of {:?} is no pulse's (a stream moves {step} a pulse from 0)",
+                        kept.kept.node
+                    )),
+                    (Some(p), Some(q)) if p != q => {
+                        return Err(format!(
+                            "the stream positions disagree: {:?} stands at pulse {p}, another at {q}",
+                            kept.kept.node
+                        ))
+                    }
+                    (Some(p), _) => implied = Some(p),
+                }
+            }
         }
         self.explicit.write(lane, ours)?;
         let lanes = self.lanes;
         let iface = self.iface.clone();
         if iface.kept.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let state = self.simple_state_mut().ok_or("the laned state is closed")?;
         for (kept, t) in iface.kept.iter().zip(kept) {
             kept.write(state, lane, lanes, t).map_err(|e| format!("{e:#}"))?;
         }
-        Ok(())
+        Ok(implied)
     }
 
     /// The state as tract's plain state, where the runner's own ops keep

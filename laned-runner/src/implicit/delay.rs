@@ -34,6 +34,12 @@ pub(super) fn lift(model: &mut TypedModel, node: &TypedNode) -> TractResult<Rewr
     }
     let input = node.inputs[0];
     let fact = model.outlet_fact(input)?.without_value();
+    if !fact.datum_type.is_copy() {
+        return Ok(Rewrite::Left(format!(
+            "it delays {:?}, not plain numbers",
+            fact.datum_type
+        )));
+    }
     let axis = op.axis;
     fact.shape[axis]
         .to_usize()

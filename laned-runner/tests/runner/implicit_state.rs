@@ -357,3 +357,87 @@ fn an_unreachable_stream_position_is_refused_at_import() {
         });
     }
 }
+
+/// A stream restored from another's snapshot (3 pulses on one runner,
+/// `state_snapshot`, `restore_state` on a fresh stream of another, 2 more
+/// pulses) stands where its kept position says: it ends at its own
+/// length, and its state exports and imports as any stream's.
+#[test]
+fn a_restored_stream_stands_where_its_position_says() {
+    let fixture = fixtures::end_padded().unwrap();
+    for mode in MODES {
+        let fixture = fixture.clone();
+        bounded("restoring a snapshot", move || {
+            let seed = 12;
+            let unmoved = runner(&fixture, mode, 1, 4);
+            let mut h = unmoved.try_spawn().unwrap();
+            let mut want = run_and_finish(&fixture, &mut h, seed, 0, 5);
+            want.extend(
+                h.finish(Some(pulse(&fixture, seed, 5)), 1)
+                    .unwrap()
+                    .into_iter()
+                    .map(data),
+            );
+
+            let (a_runner, b_runner) = (runner(&fixture, mode, 1, 4), runner(&fixture, mode, 1, 4));
+            let mut a = a_runner.try_spawn().unwrap();
+            let mut got = run_and_finish(&fixture, &mut a, seed, 0, 3);
+            let snapshot = a.state_snapshot().unwrap();
+            drop(a);
+            let mut b = b_runner.try_spawn().unwrap();
+            b.restore_state(snapshot).unwrap();
+            got.extend(run_and_finish(&fixture, &mut b, seed, 3, 4));
+            // Its export carries the pulses it stands at, and is taken.
+            let exported = b.export_state().unwrap();
+            assert_eq!(exported.pulses, Some(4), "{mode:?}");
+            b_runner.check_state(&exported).unwrap();
+            got.extend(run_and_finish(&fixture, &mut b, seed, 4, 5));
+            got.extend(
+                b.finish(Some(pulse(&fixture, seed, 5)), 1)
+                    .unwrap()
+                    .into_iter()
+                    .map(data),
+            );
+            assert_eq!(got, want, "{mode:?}: the restored stream's end differs");
+        });
+    }
+}
+
+/// A snapshot whose stream position is no pulse's (negative, or off the
+/// step) is refused whole by `restore_state`: the stream keeps its state.
+#[test]
+fn a_restore_of_an_unreachable_position_is_refused_whole() {
+    let fixture = fixtures::small_tdnn();
+    for mode in MODES {
+        let r = runner(&fixture, mode, 1, 4);
+        let mut a = r.try_spawn().unwrap();
+        for c in 0..2 {
+            a.run(pulse(&fixture, 31, c)).unwrap();
+        }
+        let snapshot = a.state_snapshot().unwrap();
+        let at = snapshot
+            .iter()
+            .position(|t| t.datum_type() == i64::datum_type() && t.shape() == [1])
+            .expect("a position among the state's tensors");
+        let step = snapshot[at].try_as_plain_ram().unwrap().as_slice::<i64>().unwrap()[0] / 2;
+        let want = alone(&fixture, 31, 4);
+        let mut got: Vec<Vec<Tensor>> = vec![];
+        for bad in [-step, step + 1] {
+            let mut broken = snapshot.clone();
+            broken[at] = tensor1(&[bad]);
+            let zeros: TVec<Tensor> = snapshot
+                .iter()
+                .map(|t| Tensor::zero_dt(t.datum_type(), t.shape()).unwrap())
+                .collect();
+            broken.iter_mut().zip(zeros).enumerate().for_each(|(i, (t, z))| {
+                if i != at {
+                    *t = z;
+                }
+            });
+            let e = a.restore_state(broken).unwrap_err();
+            assert!(e.to_string().contains("position"), "{mode:?}, {bad}: {e}");
+        }
+        got.extend((2..4).map(|c| data(a.run(pulse(&fixture, 31, c)).unwrap())));
+        assert_eq!(got, want[2..], "{mode:?}: a refused restore changed the stream");
+    }
+}

@@ -235,10 +235,12 @@ impl Model {
                     .map_err(|e| format!("{e:#}"))?;
                 let pulses = (position >= 0 && step > 0 && position % step == 0).then(|| (position / step) as u64);
                 match (pulses, implied) {
-                    (None, _) => return Err(format!(
+                    (None, _) => {
+                        return Err(format!(
                         "the stream position {position} of {:?} is no pulse's (a stream moves {step} a pulse from 0)",
                         kept.kept.node
-                    )),
+                    ))
+                    }
                     (Some(p), Some(q)) if p != q => {
                         return Err(format!(
                             "the stream positions disagree: {:?} stands at pulse {p}, another at {q}",

@@ -236,12 +236,27 @@ fn the_served_plan_batched_by_hand_is_what_the_runner_serves() {
     }
 }
 
-/// Run `pulses` pulses of stream `seed` on `h`, then end it with a last
-/// pulse of one real frame: every output, the end's included.
-fn run_and_finish(fixture: &Fixture, h: &mut LanedStateHandle, seed: u64, from: usize, to: usize) -> Vec<Vec<Tensor>> {
+/// Pulses `from..to` of stream `seed` of `fixture` through `h`: their
+/// outputs.
+fn run_calls(fixture: &Fixture, h: &mut LanedStateHandle, seed: u64, from: usize, to: usize) -> Vec<Vec<Tensor>> {
     (from..to)
         .map(|c| data(h.run(pulse(fixture, seed, c)).unwrap()))
         .collect()
+}
+
+/// Stream `seed` of `fixture` on one runner, never moved: 5 pulses, then
+/// its end (a last pulse of one real frame): every output.
+fn unmoved_to_its_end(fixture: &Fixture, mode: Mode, seed: u64) -> Vec<Vec<Tensor>> {
+    let unmoved = runner(fixture, mode, 1, 4);
+    let mut h = unmoved.try_spawn().unwrap();
+    let mut outputs = run_calls(fixture, &mut h, seed, 0, 5);
+    outputs.extend(
+        h.finish(Some(pulse(fixture, seed, 5)), 1)
+            .unwrap()
+            .into_iter()
+            .map(data),
+    );
+    outputs
 }
 
 /// A stream moved mid-stream (3 pulses on one runner, its state through
@@ -255,26 +270,18 @@ fn a_stream_moved_mid_stream_ends_at_its_own_length() {
         let fixture = fixture.clone();
         bounded("finishing a moved stream", move || {
             let seed = 11;
-            let unmoved = runner(&fixture, mode, 1, 4);
-            let mut h = unmoved.try_spawn().unwrap();
-            let mut want = run_and_finish(&fixture, &mut h, seed, 0, 5);
-            want.extend(
-                h.finish(Some(pulse(&fixture, seed, 5)), 1)
-                    .unwrap()
-                    .into_iter()
-                    .map(data),
-            );
+            let want = unmoved_to_its_end(&fixture, mode, seed);
 
             let (a_runner, b_runner) = (runner(&fixture, mode, 1, 4), runner(&fixture, mode, 1, 4));
             let mut a = a_runner.try_spawn().unwrap();
-            let mut got = run_and_finish(&fixture, &mut a, seed, 0, 3);
+            let mut got = run_calls(&fixture, &mut a, seed, 0, 3);
             let json = serde_json::to_string(&a.export_state().unwrap()).unwrap();
             drop(a);
             let state: StreamState = serde_json::from_str(&json).unwrap();
             assert_eq!(state.pulses, Some(3), "the exported state carries the pulses fed");
             let mut b = b_runner.try_spawn().unwrap();
             b.import_state(&state).unwrap();
-            got.extend(run_and_finish(&fixture, &mut b, seed, 3, 5));
+            got.extend(run_calls(&fixture, &mut b, seed, 3, 5));
             got.extend(
                 b.finish(Some(pulse(&fixture, seed, 5)), 1)
                     .unwrap()
@@ -369,29 +376,21 @@ fn a_restored_stream_stands_where_its_position_says() {
         let fixture = fixture.clone();
         bounded("restoring a snapshot", move || {
             let seed = 12;
-            let unmoved = runner(&fixture, mode, 1, 4);
-            let mut h = unmoved.try_spawn().unwrap();
-            let mut want = run_and_finish(&fixture, &mut h, seed, 0, 5);
-            want.extend(
-                h.finish(Some(pulse(&fixture, seed, 5)), 1)
-                    .unwrap()
-                    .into_iter()
-                    .map(data),
-            );
+            let want = unmoved_to_its_end(&fixture, mode, seed);
 
             let (a_runner, b_runner) = (runner(&fixture, mode, 1, 4), runner(&fixture, mode, 1, 4));
             let mut a = a_runner.try_spawn().unwrap();
-            let mut got = run_and_finish(&fixture, &mut a, seed, 0, 3);
+            let mut got = run_calls(&fixture, &mut a, seed, 0, 3);
             let snapshot = a.state_snapshot().unwrap();
             drop(a);
             let mut b = b_runner.try_spawn().unwrap();
             b.restore_state(snapshot).unwrap();
-            got.extend(run_and_finish(&fixture, &mut b, seed, 3, 4));
+            got.extend(run_calls(&fixture, &mut b, seed, 3, 4));
             // Its export carries the pulses it stands at, and is taken.
             let exported = b.export_state().unwrap();
             assert_eq!(exported.pulses, Some(4), "{mode:?}");
             b_runner.check_state(&exported).unwrap();
-            got.extend(run_and_finish(&fixture, &mut b, seed, 4, 5));
+            got.extend(run_calls(&fixture, &mut b, seed, 4, 5));
             got.extend(
                 b.finish(Some(pulse(&fixture, seed, 5)), 1)
                     .unwrap()

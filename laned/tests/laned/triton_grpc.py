@@ -28,7 +28,6 @@ arm()
 spec, S, P, shape, pulses, answers, model, in_name, out_name = load()
 
 
-
 def connect(url):
     """A client on a connection of its own."""
     return grpcclient.InferenceServerClient(url=url, channel_args=OWN)

@@ -37,7 +37,12 @@ impl Redis {
     /// Started and answering `PING`, or `None` after a `SKIPPED` line
     /// where `redis-server` is not installed.
     pub fn start() -> Option<Redis> {
-        let port = free_port();
+        Redis::start_at(free_port())
+    }
+
+    /// As [`Redis::start`], on `port` (one a Redis killed a moment ago
+    /// held: a store restarted empty where its clients look for it).
+    pub fn start_at(port: u16) -> Option<Redis> {
         let dir = std::env::temp_dir().join(format!("laned-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a directory for redis-server");
         let child = Command::new("redis-server")

@@ -10,6 +10,7 @@ mod cpus;
 mod links;
 #[cfg(test)]
 mod readme;
+mod soak;
 mod test;
 
 use std::env;
@@ -67,6 +68,12 @@ tasks:
                            (.ci/run adds cargo deny, packaging, MSRV, downstream smoke)
   links                    every relative link and #anchor of the workspace's markdown
                            resolves (xtask/src/links.rs; CI runs it)
+  soak [--minutes N | --seconds N] [--seed S]
+                           the seeded soak (default 30 minutes, seed 69): three `laned
+                           serve` replicas behind HAProxy with Redis, clients on every
+                           front, faults drawn from the seed, every answer checked against
+                           its stream alone; figures in target/laned-soak.json
+                           (laned/tests/laned/soak/; the suite runs 75 s of it)
   loom                     model-check the answer slot and the inbox's sleeper rule
                            with loom (laned-runner built with --cfg loom, in
                            target/loom so the main build is left alone)
@@ -95,6 +102,7 @@ fn main() {
         "ci" => ci(),
         "loom" => loom(),
         "links" => links::task(rest),
+        "soak" => soak::task(rest),
         "device" => device(rest),
         "help" | "--help" | "-h" => {
             print!("{TASKS}");

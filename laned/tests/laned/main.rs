@@ -11,6 +11,7 @@ mod js;
 mod kserve;
 mod mux;
 mod serve;
+mod soak;
 
 use laned_models::fetch::or_skip;
 use laned_server::testing::free_port;

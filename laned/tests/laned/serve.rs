@@ -58,13 +58,19 @@ impl Drop for Serving {
     }
 }
 
-/// Starts `laned serve ARGS --listen 127.0.0.1:0` and waits for its
-/// address; `Err` with its output where it exits first.
+/// Starts `laned serve ARGS --listen 127.0.0.1:0` (unless ARGS name
+/// `--listen`) and waits for its address; `Err` with its output where it
+/// exits first.
 pub fn serve(args: &[&str]) -> Result<Serving, String> {
+    let listen: &[&str] = if args.contains(&"--listen") {
+        &[]
+    } else {
+        &["--listen", "127.0.0.1:0"]
+    };
     let mut child = Command::new(env!("CARGO_BIN_EXE_laned"))
         .arg("serve")
         .args(args)
-        .args(["--listen", "127.0.0.1:0"])
+        .args(listen)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -105,56 +111,84 @@ pub fn checked_spec(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
 /// state `pairs` (input, output) fed back by hand from zeros, or from the
 /// initial value the model's spec gives.
 pub fn solo(spec: &Path, pairs: &[(usize, usize)], pulses: &[Vec<u8>]) -> Vec<Vec<u8>> {
-    let spec = Spec::from_toml_file(spec).unwrap();
-    let loaded = spec.model.load().unwrap();
-    let interface = Interface::of(&loaded, pairs).unwrap();
-    let plan = &loaded.plan;
-    let mut state = plan.spawn().unwrap();
-    // A pair's initial value where the model's spec gives one (a
-    // built-in's), else zeros.
-    let initial = |ix: usize| match &loaded.state {
-        StateSpec::Pairs(given) => given
+    Alone::new(spec, pairs).answers(pulses)
+}
+
+/// A model loaded once to run streams alone ([`solo`]) one after another.
+pub struct Alone {
+    loaded: laned_models::spec::Loaded,
+    interface: Interface,
+    pairs: Vec<(usize, usize)>,
+}
+
+impl Alone {
+    /// The model of `spec`, its explicit state the `pairs`.
+    pub fn new(spec: &Path, pairs: &[(usize, usize)]) -> Alone {
+        let loaded = Spec::from_toml_file(spec).unwrap().model.load().unwrap();
+        let interface = Interface::of(&loaded, pairs).unwrap();
+        Alone {
+            loaded,
+            interface,
+            pairs: pairs.to_vec(),
+        }
+    }
+
+    /// The interface the model is served with.
+    pub fn interface(&self) -> &Interface {
+        &self.interface
+    }
+
+    /// One stream's answers, from a fresh state.
+    pub fn answers(&self, pulses: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        let (loaded, interface, pairs) = (&self.loaded, &self.interface, &self.pairs);
+        let plan = &loaded.plan;
+        let mut state = plan.spawn().unwrap();
+        // A pair's initial value where the model's spec gives one (a
+        // built-in's), else zeros.
+        let initial = |ix: usize| match &loaded.state {
+            StateSpec::Pairs(given) => given
+                .iter()
+                .find(|p| p.input == PortRef::Index(ix))
+                .and_then(|p| p.initial.as_ref()),
+            _ => None,
+        };
+        let mut held: Vec<(usize, TValue)> = pairs
             .iter()
-            .find(|p| p.input == PortRef::Index(ix))
-            .and_then(|p| p.initial.as_ref()),
-        _ => None,
-    };
-    let mut held: Vec<(usize, TValue)> = pairs
-        .iter()
-        .map(|(i, _)| {
-            let fact = plan.input_fact(*i).unwrap();
-            let shape: Vec<usize> = fact.shape.dims().iter().map(|d| d.to_usize().unwrap_or(1)).collect();
-            let value = match initial(*i) {
-                Some(init) => {
-                    let values: Vec<f32> = init.values.iter().map(|v| *v as f32).collect();
-                    Tensor::from_shape(&init.shape, &values).unwrap()
+            .map(|(i, _)| {
+                let fact = plan.input_fact(*i).unwrap();
+                let shape: Vec<usize> = fact.shape.dims().iter().map(|d| d.to_usize().unwrap_or(1)).collect();
+                let value = match initial(*i) {
+                    Some(init) => {
+                        let values: Vec<f32> = init.values.iter().map(|v| *v as f32).collect();
+                        Tensor::from_shape(&init.shape, &values).unwrap()
+                    }
+                    None => Tensor::zero_dt(fact.datum_type, &shape).unwrap(),
+                };
+                (*i, value.into_tvalue())
+            })
+            .collect();
+        pulses
+            .iter()
+            .map(|p| {
+                let mut data = interface.call_inputs(p).unwrap().into_iter();
+                let inputs: TVec<TValue> = (0..plan.input_count())
+                    .map(|ix| match held.iter().find(|(i, _)| *i == ix) {
+                        Some((_, v)) => v.clone(),
+                        None => data.next().unwrap(),
+                    })
+                    .collect();
+                let out = state.run(inputs).unwrap();
+                for (k, (_, o)) in pairs.iter().enumerate() {
+                    held[k].1 = out[*o].clone();
                 }
-                None => Tensor::zero_dt(fact.datum_type, &shape).unwrap(),
-            };
-            (*i, value.into_tvalue())
-        })
-        .collect();
-    pulses
-        .iter()
-        .map(|p| {
-            let mut data = interface.call_inputs(p).unwrap().into_iter();
-            let inputs: TVec<TValue> = (0..plan.input_count())
-                .map(|ix| match held.iter().find(|(i, _)| *i == ix) {
-                    Some((_, v)) => v.clone(),
-                    None => data.next().unwrap(),
-                })
-                .collect();
-            let out = state.run(inputs).unwrap();
-            for (k, (_, o)) in pairs.iter().enumerate() {
-                held[k].1 = out[*o].clone();
-            }
-            let answer: Vec<TValue> = (0..out.len())
-                .filter(|o| !pairs.iter().any(|(_, p)| p == o))
-                .map(|o| out[o].clone())
-                .collect();
-            interface.answer_bytes(&answer).unwrap()
-        })
-        .collect()
+                let answer: Vec<TValue> = (0..out.len())
+                    .filter(|o| !pairs.iter().any(|(_, p)| p == o))
+                    .map(|o| out[o].clone())
+                    .collect();
+                interface.answer_bytes(&answer).unwrap()
+            })
+            .collect()
+    }
 }
 
 /// `count` pulses of `bytes` each: seeded noise as `f32`, in [-1, 1).
@@ -297,7 +331,7 @@ fn a_gru_and_a_conv_the_test_writes_are_served_exactly() {
 }
 
 /// The body of `GET path` from `addr` (empty where nothing answers).
-fn http_get(addr: &str, path: &str) -> String {
+pub fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(addr) else {
         return String::new();

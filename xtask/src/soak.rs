@@ -31,7 +31,10 @@ pub fn task(args: &[String]) -> bool {
     let mut command = super::cargo();
     command
         .args(["test", "-p", "laned", "--all-features", "--test", "laned", "--"])
-        .args(["--exact", "soak::a_seeded_soak_under_faults_answers_every_stream_exactly_and_loses_none_silently"])
+        .args([
+            "--exact",
+            "soak::a_seeded_soak_under_faults_answers_every_stream_exactly_and_loses_none_silently",
+        ])
         .arg("--nocapture")
         .env("LANED_SOAK_SECONDS", seconds.to_string())
         .env("LANED_SOAK_SEED", seed.to_string())

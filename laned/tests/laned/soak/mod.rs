@@ -108,7 +108,9 @@ impl Ctx {
 
     /// As [`Ctx::plan`], of model `model`.
     pub fn plan_of(&self, front: &str, slot: usize, k: usize, model: usize) -> Plan {
-        let front_no = front.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
+        let front_no = front
+            .bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
         let seed = self.seed ^ front_no.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ((slot as u64) << 32) ^ k as u64;
         let mut rng = fastrand::Rng::with_seed(seed);
         let count = rng.usize(100..=400);

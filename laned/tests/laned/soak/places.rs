@@ -103,9 +103,7 @@ impl Held {
         let sockets = std::fs::read_dir(format!("/proc/{pid}/fd"))
             .map(|d| {
                 d.filter_map(Result::ok)
-                    .filter(|e| {
-                        std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
-                    })
+                    .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:")))
                     .count() as u64
             })
             .unwrap_or(0);
@@ -191,11 +189,7 @@ impl Proxy {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let proxy = Proxy {
-            child,
-            addr,
-            _dir: dir,
-        };
+        let proxy = Proxy { child, addr, _dir: dir };
         let until = Instant::now() + Duration::from_secs(10);
         while !super::super::serve::http_get(&proxy.addr, "/ready").starts_with("model") {
             assert!(Instant::now() < until, "haproxy never forwarded /ready");
@@ -226,15 +220,15 @@ fn config(shipped: &str, front: &str, replicas: &Replicas, models: &[&str]) -> S
         "the shipped config's addresses changed"
     );
     let start = shipped.find("# Model `vad`'s streams.").expect("the per-model backend");
-    let end = shipped[start..].find("\n# Every other model").map(|e| start + e).expect("its end");
+    let end = shipped[start..]
+        .find("\n# Every other model")
+        .map(|e| start + e)
+        .expect("its end");
     let per_model = &shipped[start..end];
     let mut cfg = shipped[..start].to_string();
     let use_line = "    use_backend laned_vad if { path_beg /v1/models/vad/ }\n";
     assert!(cfg.contains(use_line), "the shipped use_backend line changed");
-    let uses: String = models
-        .iter()
-        .map(|m| use_line.replace("vad", m))
-        .collect();
+    let uses: String = models.iter().map(|m| use_line.replace("vad", m)).collect();
     cfg = cfg.replace(use_line, &uses);
     for m in models {
         cfg.push_str(&per_model.replace("vad", m));

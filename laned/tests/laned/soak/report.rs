@@ -101,7 +101,10 @@ impl Figures {
             }
             for b in &run.broken {
                 f.wrong += 1;
-                f.name_wrong(format!("seed {}: stream {} ({}): {b}", config.seed, run.plan.id, run.front));
+                f.name_wrong(format!(
+                    "seed {}: stream {} ({}): {b}",
+                    config.seed, run.plan.id, run.front
+                ));
             }
             let want = alone(run.plan.model, &run.plan.pulses);
             for a in &run.answers {
@@ -162,8 +165,14 @@ impl Figures {
             self.restarted_at_0,
             self.late_answers,
             self.slowest_answer_ms,
-            self.replicas_start.iter().map(|h| (h.rss_kib, h.sockets)).collect::<Vec<_>>(),
-            self.replicas_end.iter().map(|h| (h.rss_kib, h.sockets)).collect::<Vec<_>>(),
+            self.replicas_start
+                .iter()
+                .map(|h| (h.rss_kib, h.sockets))
+                .collect::<Vec<_>>(),
+            self.replicas_end
+                .iter()
+                .map(|h| (h.rss_kib, h.sockets))
+                .collect::<Vec<_>>(),
         )
     }
 
@@ -171,19 +180,30 @@ impl Figures {
     /// lost silently, every front carried streams and every kind of fault
     /// happened.
     pub fn assert_green(&self) {
-        let replay = format!("replay: cargo xtask soak --seconds {} --seed {}", self.seconds, self.seed);
+        let replay = format!(
+            "replay: cargo xtask soak --seconds {} --seed {}",
+            self.seconds, self.seed
+        );
         assert!(
             self.wrong == 0,
             "{} wrong: {:#?}\n{replay}",
             self.wrong,
             self.wrong_named
         );
-        assert!(self.lost_silently == 0, "{} streams lost silently\n{replay}", self.lost_silently);
+        assert!(
+            self.lost_silently == 0,
+            "{} streams lost silently\n{replay}",
+            self.lost_silently
+        );
         for front in ["ws", "mux", "rest", "grpc"] {
             assert!(self.fronts.get(front).is_some_and(|n| *n > 0), "no stream on {front}");
         }
         if self.seconds >= 60 {
-            assert!(self.faults.len() == 6, "not every kind of fault happened: {:?}", self.faults);
+            assert!(
+                self.faults.len() == 6,
+                "not every kind of fault happened: {:?}",
+                self.faults
+            );
         }
     }
 }
@@ -232,7 +252,14 @@ mod tests {
             seed: 7,
             json: "/dev/null".into(),
         };
-        let f = Figures::of(&config, &[run.clone(), lost], &[fault], alone, (vec![], vec![]), started);
+        let f = Figures::of(
+            &config,
+            &[run.clone(), lost],
+            &[fault],
+            alone,
+            (vec![], vec![]),
+            started,
+        );
         assert_eq!((f.wrong, f.lost_silently, f.answers, f.late_answers), (1, 1, 3, 3));
         let named = &f.wrong_named[0];
         for words in ["seed 7", "stream s", "pulse 2", "Sigkill on replica 1"] {

@@ -83,7 +83,10 @@ fn request(ctx: &Ctx, plan: &Plan, id: &str, pulse: usize) -> ModelInferRequest 
 /// One sequence, pulse by pulse, moved to the next replica where its own
 /// is unavailable, started again where it is told to.
 async fn sequence(ctx: &Ctx, channels: &[Channel], plan: Plan) -> Run {
-    let hash = plan.id.bytes().fold(7u64, |h, b| h.wrapping_mul(131).wrapping_add(b as u64));
+    let hash = plan
+        .id
+        .bytes()
+        .fold(7u64, |h, b| h.wrapping_mul(131).wrapping_add(b as u64));
     let mut replica = hash as usize % channels.len();
     let mut run = Run::new("grpc", plan);
     let (mut next, mut last, mut interrupted, mut restarts) = (0, None, Interrupted::default(), 0);
@@ -100,7 +103,9 @@ async fn sequence(ctx: &Ctx, channels: &[Channel], plan: Plan) -> Run {
         last = Some(sent);
         let mut grpc = tonic::client::Grpc::new(channels[replica].clone());
         let answered = async {
-            grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+            grpc.ready()
+                .await
+                .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
             grpc.unary::<_, ModelInferResponse, _>(
                 tonic::Request::new(request(ctx, &run.plan, &id, next)),
                 PathAndQuery::from_static(INFER),

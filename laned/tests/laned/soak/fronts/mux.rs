@@ -213,9 +213,9 @@ async fn connection(
         };
         for (kind, tag, payload) in records(&got) {
             let Some(place) = places.iter_mut().find(|p| {
-                p.as_ref().is_some_and(|s| {
-                    matches!(s.phase, Phase::Opening(t, _) | Phase::Live(t, _) | Phase::Ending(t, _) if t == tag)
-                })
+                p.as_ref().is_some_and(
+                    |s| matches!(s.phase, Phase::Opening(t, _) | Phase::Live(t, _) | Phase::Ending(t, _) if t == tag),
+                )
             }) else {
                 continue;
             };
@@ -223,18 +223,24 @@ async fn connection(
             match kind {
                 OPENED => {
                     let at = u64::from_le_bytes(payload[..8].try_into().unwrap()) as usize;
-                    s.next = s.run.resume_at(at, s.next, || "mux: opened at 0 (no record of the stream)".into());
+                    s.next = s
+                        .run
+                        .resume_at(at, s.next, || "mux: opened at 0 (no record of the stream)".into());
                     s.phase = Phase::Live(tag, None);
                     s.last = None;
                 }
                 ANSWER => {
                     let n = u64::from_le_bytes(payload[..8].try_into().unwrap()) as usize;
                     let Phase::Live(_, Some((pulse, sent))) = s.phase else {
-                        s.run.broken.push(format!("an answer numbered {n} with no pulse in flight"));
+                        s.run
+                            .broken
+                            .push(format!("an answer numbered {n} with no pulse in flight"));
                         continue;
                     };
                     if n != pulse {
-                        s.run.broken.push(format!("an answer numbered {n} where pulse {pulse} was due"));
+                        s.run
+                            .broken
+                            .push(format!("an answer numbered {n} where pulse {pulse} was due"));
                     }
                     s.run.answers.push(Answer {
                         pulse,

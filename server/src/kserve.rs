@@ -21,7 +21,9 @@
 //! "outputs": [{"name", "datatype", "shape", "data"}]}`, an output's data
 //! as JSON numbers, or binary (its `parameters.binary_data_size`, the
 //! bytes after the JSON, the header saying the JSON's length) where the
-//! request asked so for it or for all. An error is `{"error": "..."}`.
+//! request asked so for it or for all; an output asked into shared
+//! memory has neither data nor parameters (as Triton answers it). An error
+//! is `{"error": "..."}`.
 
 use laned_models::spec::{Interface, Port};
 use serde_json::{json, Map, Value};
@@ -470,7 +472,7 @@ fn element(bytes: &[u8], dtype: &str) -> Value {
 
 /// The answer to `request` of model `model`: its JSON, and the binary part
 /// (empty where every output is JSON); an output asked into shared memory
-/// written there, its answer the place and no data (`Err` where the
+/// written there, its answer no data and no parameters (`Err` where the
 /// region can no longer hold it).
 pub(crate) fn answer(
     model: &str,
@@ -490,12 +492,11 @@ pub(crate) fn answer(
         }
         let mut o = json!({ "name": port.name, "datatype": datatype(&port.dtype), "shape": port.shape });
         if let Some(place) = &request.shm_out[k] {
+            // Its name, datatype and shape alone, as Triton answers it:
+            // Triton's C++ client (perf_analyzer's) reads an output's
+            // `parameters` as its binary data's and fails on one without
+            // `binary_data_size`.
             place.region.write(place.offset, bytes)?;
-            o["parameters"] = json!({
-                "shared_memory_region": place.region.name,
-                "shared_memory_byte_size": n,
-                "shared_memory_offset": place.offset,
-            });
         } else if request.binary[k] {
             o["parameters"] = json!({ "binary_data_size": n });
             binary.extend_from_slice(bytes);

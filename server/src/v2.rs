@@ -58,8 +58,11 @@ pub(crate) fn routes(router: Router<Routes>, endpoints: &[Arc<Endpoint>]) -> Rou
         .route("/v2/cudasharedmemory/status", get(no_cuda))
         .route("/v2/cudasharedmemory/region/{region}/status", get(no_cuda))
         .route("/v2/cudasharedmemory/region/{region}/register", post(no_cuda))
-        .route("/v2/cudasharedmemory/unregister", post(no_cuda))
-        .route("/v2/cudasharedmemory/region/{region}/unregister", post(no_cuda))
+        .route("/v2/cudasharedmemory/unregister", post(no_cuda_to_unregister))
+        .route(
+            "/v2/cudasharedmemory/region/{region}/unregister",
+            post(no_cuda_to_unregister),
+        )
         .route("/v2/models/stats", get(all_stats))
         .route("/v2/models/{name}/stats", get(model_stats))
         .route("/v2/models/{name}/versions/{version}/stats", get(version_stats))
@@ -188,9 +191,17 @@ async fn shm_unregister(State(routes): State<Routes>, Path(name): Path<String>) 
     StatusCode::OK
 }
 
-/// CUDA shared memory's every route.
+/// CUDA shared memory's routes but its unregister.
 async fn no_cuda() -> Response {
     error(StatusCode::NOT_IMPLEMENTED, crate::shm::NO_CUDA)
+}
+
+/// CUDA shared memory's unregister (all, or a region): done, there being
+/// none to undo, as Triton built without GPUs answers it. Clients that
+/// clean up both kinds (perf_analyzer's `--shared-memory system`, at its
+/// end) would otherwise fail their cleanup.
+async fn no_cuda_to_unregister() -> StatusCode {
+    StatusCode::OK
 }
 
 /// The `model_repository` extension's index: every served model, version

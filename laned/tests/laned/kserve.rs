@@ -902,7 +902,11 @@ fn the_repository_lists_the_served_model_and_refuses_changes_by_name() {
 /// refused over both fronts by name (an offset or size past the file's
 /// end, an unknown key, a duplicate name, CUDA, an unknown region, an
 /// input or output past its region's end, a byte size not the tensor's);
-/// a region unregistered is gone and refused at use.
+/// a region unregistered is gone and refused at use. As Triton (and so
+/// perf_analyzer's `--shared-memory system`, whose C++ client reads any
+/// `parameters` of an output as its binary data's): an HTTP answer's
+/// output in shared memory has neither data nor parameters, and
+/// unregistering CUDA regions, none registered, is done over both fronts.
 #[test]
 fn sixteen_sequences_run_exact_through_shared_memory_and_bad_regions_are_refused() {
     let Some(said) = extensions("shm", (16, 5)) else { return };

@@ -159,8 +159,13 @@ def shm():
         y.set_shared_memory("out", per_out, offset=s * per_out)
         r = c.infer(model, [x], outputs=[y], sequence_id=s + 1, sequence_start=p == 0, sequence_end=p == P - 1)
         said = r.get_output(out_name)
-        params = said["parameters"] if isinstance(said, dict) else {k: v for k, v in said.parameters.items()}
-        if "shared_memory_region" not in params:
+        if isinstance(said, dict):
+            # HTTP: name, datatype and shape alone, as Triton answers it
+            # (Triton's C++ client, perf_analyzer's, reads any `parameters`
+            # of an output as its binary data's, `binary_data_size` wanted).
+            if "parameters" in said or "data" in said:
+                end(f"sequence {s} pulse {p}: over HTTP, an output in shared memory answered with more than Triton's: {said}")
+        elif "shared_memory_region" not in said.parameters:
             end(f"sequence {s} pulse {p}: the answer's output names no region: {said}")
         got = shm.get_contents_as_numpy(h_out, np.float32, [per_out // 4], offset=s * per_out)
         want = answers[s, p]
@@ -180,6 +185,14 @@ def shm():
         refused(f"{front}: no such key", lambda: c.register_system_shared_memory("bad", f"/laned_none_{tag}", 8), "laned_none")
         refused(f"{front}: a duplicate", lambda: c.register_system_shared_memory("in", key_in, 8), "\"in\"", "registered already")
         refused(f"{front}: CUDA", lambda: c.register_cuda_shared_memory("gpu", "eA==", 0, 8), "CUDA shared memory is not served")
+        # Unregistering CUDA regions, none being registered, is done (as
+        # Triton built without GPUs answers it): perf_analyzer's cleanup of
+        # --shared-memory system unregisters both kinds.
+        try:
+            c.unregister_cuda_shared_memory()
+            c.unregister_cuda_shared_memory("gpu")
+        except InferenceServerException as e:
+            end(f"{front}: unregistering CUDA shared memory (none registered) refused: {e}")
 
         def bad_input(region, size, offset):
             x = lib.InferInput(in_name, shape, "FP32")

@@ -419,3 +419,10 @@ pub struct SystemSharedMemoryUnregisterRequest {
     #[prost(string, tag = "1")]
     pub name: String,
 }
+
+/// Answered done with nothing to undo: no CUDA region is ever registered.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CudaSharedMemoryUnregisterRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+}

@@ -280,8 +280,16 @@ where
                     });
                     grpc(small).unary(h, req).await
                 }
-                Some("CudaSharedMemoryStatus" | "CudaSharedMemoryRegister" | "CudaSharedMemoryUnregister") => {
+                Some("CudaSharedMemoryStatus" | "CudaSharedMemoryRegister") => {
                     Status::unimplemented(crate::shm::NO_CUDA).into_http()
+                }
+                // Done, there being none to undo, as Triton built without
+                // GPUs answers it (perf_analyzer's cleanup unregisters both
+                // kinds).
+                Some("CudaSharedMemoryUnregister") => {
+                    let h =
+                        Handler(|_: Request<CudaSharedMemoryUnregisterRequest>| async { Ok(Response::new(Empty {})) });
+                    grpc(small).unary(h, req).await
                 }
                 Some("ModelStatistics") => {
                     let h = Handler(move |r: Request<ModelStatisticsRequest>| {

@@ -185,9 +185,12 @@ enum Ending {
 
 /// One connection as stream `id`: sends the pulses from the hello's
 /// position on, each answered in turn, the answers appended to `answers`.
+/// `generation`: the stream's generation the last hello said, sent back
+/// (`x-resume-generation`) so that the server never resumes the stream
+/// from a record older than it knew; set from this hello.
 async fn once(
     args: &Args,
-    id: &str,
+    (id, generation): (&str, &mut Option<u64>),
     pulses: &mut Option<Vec<Vec<u8>>>,
     answers: &mut Vec<Vec<u8>>,
 ) -> Result<Ending, Exit> {
@@ -198,6 +201,9 @@ async fn once(
     request
         .headers_mut()
         .insert("x-stream-id", id.parse().map_err(|_| Exit::Input)?);
+    if let Some(g) = *generation {
+        request.headers_mut().insert("x-resume-generation", g.into());
+    }
     let mut ws = match tokio_tungstenite::connect_async(request).await {
         Ok((ws, _)) => ws,
         // An answer without the upgrade (an unknown model: 404; 503 past
@@ -229,6 +235,12 @@ async fn once(
     let pulses = pulses.as_ref().expect("read above");
     let json = hello["format"] == "json";
     let from = hello["resume"].as_u64().unwrap_or(0) as usize;
+    if let Some(why) = hello["restarted"].as_str() {
+        eprintln!("laned client: the server restarts the stream at pulse 0: {why}");
+    }
+    if let Some(g) = hello["generation"].as_u64() {
+        *generation = Some(g);
+    }
     if from > answers.len() {
         eprintln!(
             "laned client: the server resumes at pulse {from}, {} answered here",
@@ -286,12 +298,12 @@ async fn stream(args: &Args) -> Exit {
             }
         },
     };
-    let (mut pulses, mut answers) = (None, Vec::new());
+    let (mut pulses, mut answers, mut generation) = (None, Vec::new(), None);
     let mut interrupted: Option<tokio::time::Instant> = None;
     let window = Duration::from_millis(args.resume_for_ms);
     let exit = loop {
         let answered = answers.len();
-        let ending = match once(args, &id, &mut pulses, &mut answers).await {
+        let ending = match once(args, (&id, &mut generation), &mut pulses, &mut answers).await {
             Ok(e) => e,
             Err(exit) => break exit,
         };

@@ -45,7 +45,9 @@ pub struct Args {
     /// Serve the KServe v2 gRPC protocol (Triton's clients) here too.
     #[arg(long)]
     pub grpc_listen: Option<SocketAddr>,
-    /// The hand-over store, a Redis URL [default: none].
+    /// The hand-over store, a Redis URL (`redis://host:port/`) or a Redis
+    /// Cluster's nodes (`redis+cluster://host:port,host:port,...`)
+    /// [default: none].
     #[arg(long)]
     pub store: Option<String>,
     /// A checkpoint of each stream with an id every this many pulses.

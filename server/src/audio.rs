@@ -10,7 +10,7 @@ use laned_models::silero::{Context, CHUNK, CONTEXT};
 use serde_json::{Map, Value};
 use tract_core::internal::*;
 
-use crate::protocol::{query_value, Conversation, Protocol};
+use crate::protocol::{query_value, Conversation, Opened, Protocol};
 
 /// Speech starts at a probability at or above this.
 pub const START_THRESHOLD: f32 = 0.5;
@@ -133,8 +133,15 @@ struct VadStream {
 }
 
 impl Conversation for VadStream {
-    fn hello(&self, _id: Option<&str>, resume: u64, handing: bool) -> Option<String> {
-        handing.then(|| format!("{{\"resume\":{resume}}}"))
+    fn hello(&self, _id: Option<&str>, opened: &Opened) -> Option<String> {
+        let mut hello = serde_json::json!({ "resume": opened.resume });
+        if let Some(generation) = opened.generation {
+            hello["generation"] = generation.into();
+        }
+        if let Some(why) = opened.restarted {
+            hello["restarted"] = why.into();
+        }
+        opened.handing.then(|| hello.to_string())
     }
 
     fn take(&mut self, frame: &[u8]) -> Result<(), String> {

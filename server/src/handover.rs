@@ -34,7 +34,16 @@
 //! generation, or of the same generation and owner, so a session that
 //! resumed from an older record (or a second session resuming from the
 //! same one, on another replica) can never overwrite a newer one; a clean
-//! close deletes the record only if it is still its own. On one replica,
+//! close deletes the record only if it is still its own. A client
+//! reconnecting claims the generation it was told (`x-resume-generation`):
+//! a record of a lower one (the newer lost: Redis replicates
+//! asynchronously, so a failover may lose the last writes) is never
+//! resumed from; the stream restarts at 0, told why ([`RESTARTED`]).
+//!
+//! The store is one Redis (`redis://`) or a Redis Cluster
+//! (`redis+cluster://host:port,...`, [`cluster_nodes`]): every operation is
+//! a script on one key, so on a cluster it runs on the key's slot's
+//! master, the client following `MOVED` and `ASK`. On one replica,
 //! a stream id is live in one session at most: a second connection with
 //! the id is refused (1008) while the first lives.
 
@@ -43,6 +52,7 @@ use std::time::{Duration, Instant};
 
 use laned_runner::StreamState;
 use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
 use serde::{Deserialize, Serialize};
 
 /// The version [`Record`]s are written in, and the only one read (2: the
@@ -151,6 +161,24 @@ impl Record {
     }
 }
 
+/// The reasons a stream whose client claims a generation
+/// (`x-resume-generation`) is restarted at 0, as its hello's `restarted`
+/// says them; the first word is the kind, and the outcome
+/// `laned_resume_total` counts it under.
+pub const RESTARTED: [&str; 4] = [STALE, LOST, UNREAD, REFUSED];
+
+/// The record held is of an older generation than the client knew: the
+/// newer one was lost (a store's failover, or its restart).
+pub const STALE: &str =
+    "stale: the record held is of an older generation than the stream's (a newer one was lost): restarted at chunk 0";
+/// No record is held for a stream the client had started.
+pub const LOST: &str = "lost: no record is held for the stream: restarted at chunk 0";
+/// The store failed the lookup.
+pub const UNREAD: &str = "unread: the store could not be read: restarted at chunk 0";
+/// The record held could not be resumed from (unreadable, too large, of
+/// another model or version).
+pub const REFUSED: &str = "refused: the record held could not be resumed from: restarted at chunk 0";
+
 /// A stream id from a client (the `x-stream-id` header or the `stream`
 /// URL parameter), checked: 1 to [`MAX_ID_BYTES`] bytes of ASCII letters,
 /// digits, `-`, `_`, `.`, `:`.
@@ -242,13 +270,15 @@ end
 return 0
 "#;
 
-/// The hand-over store: a Redis server, connected lazily, every operation
-/// bounded by `timeout`, and a *circuit*: after an operation fails, none is
-/// tried for [`Store::cooldown`] (each fails at once, said so), so a store
-/// down or hung costs the streams no wait.
+/// The hand-over store: a Redis server or a Redis Cluster, connected
+/// lazily, every operation bounded by `timeout`, and a *circuit*: after an
+/// operation fails, none is tried for [`Store::cooldown`] (each fails at
+/// once, said so), so a store down or hung costs the streams no wait.
+/// Every operation is a script on one key, so on a cluster it goes to the
+/// master of the key's slot (the cluster client follows `MOVED` and `ASK`).
 pub(crate) struct Store {
-    client: redis::Client,
-    connection: Mutex<Option<MultiplexedConnection>>,
+    client: Client,
+    connection: Mutex<Option<Connection>>,
     timeout: Duration,
     ttl_s: u64,
     /// Until when the circuit is open (no operation tried).
@@ -256,6 +286,93 @@ pub(crate) struct Store {
     put: redis::Script,
     get: redis::Script,
     remove_own: redis::Script,
+}
+
+/// The client of the store a URL names.
+enum Client {
+    /// `redis://` (or `rediss://`, `unix://`): one server.
+    Single(redis::Client),
+    /// `redis+cluster://host:port,...`: a cluster, found from its nodes
+    /// (boxed: the larger of the two by far).
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+/// A connection to the store, cheap to clone (both are multiplexed).
+#[derive(Clone)]
+enum Connection {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Connection {
+    /// Runs `cmd` on the master of `key`'s slot (the one server, where
+    /// there is one), on the connection the store's scripts use.
+    async fn on_master_of(&mut self, key: &[u8], cmd: redis::Cmd) -> redis::RedisResult<redis::Value> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+        match self {
+            Connection::Single(c) => cmd.query_async(c).await,
+            Connection::Cluster(c) => {
+                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                c.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)))
+                    .await
+            }
+        }
+    }
+}
+
+/// The scheme of a Redis Cluster store's URL.
+pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// The nodes a `redis+cluster://host:port,host:port,...` URL lists, as
+/// `redis://host:port/` URLs (a trailing `/` is let through); `Err` naming
+/// the URL and what was wanted for anything else.
+pub fn cluster_nodes(url: &str) -> Result<Vec<String>, String> {
+    let wanted = "a redis+cluster URL is redis+cluster://host:port,host:port,... (one node or more)";
+    let Some(list) = url.strip_prefix(CLUSTER_SCHEME) else {
+        return Err(format!("store {url:?}: {wanted}"));
+    };
+    let list = list.strip_suffix('/').unwrap_or(list);
+    list.split(',')
+        .map(|node| {
+            let port = node.rsplit_once(':').and_then(|(host, port)| {
+                let plain =
+                    !host.is_empty() && host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.[]:".contains(&b));
+                port.parse::<u16>().ok().filter(|p| plain && *p > 0)
+            });
+            match port {
+                Some(_) => Ok(format!("redis://{node}/")),
+                None => Err(format!("store {url:?}: {node:?} is not a host:port; {wanted}")),
+            }
+        })
+        .collect()
 }
 
 /// Why a store operation failed.
@@ -277,9 +394,23 @@ pub(crate) enum Found {
 }
 
 impl Store {
-    /// A store at `url` (`redis://host:port/`); nothing is connected yet.
+    /// A store at `url`: `redis://host:port/` (one server) or
+    /// `redis+cluster://host:port,...` (a cluster, any of its nodes);
+    /// nothing is connected yet.
     pub(crate) fn open(url: &str, timeout: Duration, ttl_s: u64) -> Result<Store, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("store {url:?}: {e}"))?;
+        let client = if url.starts_with(CLUSTER_SCHEME) {
+            // The cluster client's timeouts are per node and overall: the
+            // setting, so none of its defaults cuts an operation first
+            // (each operation is bounded by the setting here too).
+            let cluster = redis::cluster::ClusterClientBuilder::new(cluster_nodes(url)?)
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .build()
+                .map_err(|e| format!("store {url:?}: {e}"))?;
+            Client::Cluster(Box::new(cluster))
+        } else {
+            Client::Single(redis::Client::open(url).map_err(|e| format!("store {url:?}: {e}"))?)
+        };
         Ok(Store {
             client,
             connection: Mutex::new(None),
@@ -301,15 +432,26 @@ impl Store {
     /// The connection, made within the timeout if there is none. The
     /// client's own connect and response timeouts are the setting too, so
     /// that none of its defaults (1 s, 500 ms) cuts an operation first.
-    async fn connection(&self, until: Instant) -> Result<MultiplexedConnection, StoreError> {
+    async fn connection(&self, until: Instant) -> Result<Connection, StoreError> {
         if let Some(c) = self.connection.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Ok(c);
         }
         let left = until.saturating_duration_since(Instant::now());
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(left))
-            .set_response_timeout(Some(self.timeout));
-        let c = tokio::time::timeout(left, self.client.get_multiplexed_async_connection_with_config(&config))
+        let connecting = async {
+            match &self.client {
+                Client::Single(client) => {
+                    let config = redis::AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(left))
+                        .set_response_timeout(Some(self.timeout));
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await
+                        .map(Connection::Single)
+                }
+                Client::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
+            }
+        };
+        let c = tokio::time::timeout(left, connecting)
             .await
             .map_err(|_| StoreError(format!("no connection to the store within {:?}", self.timeout)))?
             .map_err(|e| StoreError(format!("connecting to the store: {e}")))?;
@@ -322,7 +464,7 @@ impl Store {
     /// circuit.
     async fn bounded<T, F, Fut>(&self, what: &str, op: F) -> Result<T, StoreError>
     where
-        F: FnOnce(MultiplexedConnection) -> Fut,
+        F: FnOnce(Connection) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
         if let Some(until) = *self.open_until.lock().unwrap_or_else(|e| e.into_inner()) {
@@ -386,6 +528,42 @@ impl Store {
             )));
         }
         Ok(n)
+    }
+
+    /// Waits until a replica of `key`'s master holds every write this
+    /// store made there before (`WAIT 1`, for half the timeout), where the
+    /// master has a replica (`INFO replication`); at once where it has
+    /// none. For a write a failover must not undo: a v2 sequence's record
+    /// marked no longer current (else the replica promoted would hold it
+    /// current again, and another replica continue the sequence from its
+    /// old position).
+    pub(crate) async fn replicated(&self, key: &str) -> Result<(), StoreError> {
+        let wait_ms = (self.timeout.as_millis() as u64 / 2).max(1);
+        let key_bytes = key.as_bytes().to_vec();
+        let acked: i64 = self
+            .bounded("waiting for a replica", |mut c| async move {
+                let mut info = redis::cmd("INFO");
+                info.arg("replication");
+                let info: String = redis::from_redis_value(c.on_master_of(&key_bytes, info).await?)?;
+                let replicas = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("connected_slaves:"))
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+                if replicas == 0 {
+                    return Ok(-1);
+                }
+                let mut wait = redis::cmd("WAIT");
+                wait.arg(1).arg(wait_ms);
+                Ok::<i64, redis::RedisError>(redis::from_redis_value(c.on_master_of(&key_bytes, wait).await?)?)
+            })
+            .await?;
+        match acked {
+            0 => Err(StoreError(format!(
+                "waiting for a replica: none holds the write within {wait_ms} ms"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// What is under stream `id`: its bytes when at most

@@ -37,14 +37,30 @@ pub trait Protocol: Send + Sync + 'static {
     }
 }
 
+/// Where a stream opens, as its hello tells the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    /// The chunk (pulse) it resumes at: the client resends from there.
+    pub resume: u64,
+    /// The stream has an id and the server a store, so it hands over and
+    /// checkpoints; the two fields below are set only then.
+    pub handing: bool,
+    /// The session's generation, on every record it writes: a client
+    /// reconnecting sends it back (`x-resume-generation`), so no record
+    /// older than what it knew is resumed from.
+    pub generation: Option<u64>,
+    /// Why a stream the client had started (it sent a generation) starts
+    /// again at 0: one of [`crate::handover::RESTARTED`].
+    pub restarted: Option<&'static str>,
+}
+
 /// One connection's side of a protocol: what it holds between frames
 /// (samples not yet a chunk, a chunk's context, hysteresis) and how it
 /// answers.
 pub trait Conversation: Send + Sync {
-    /// The first message after the upgrade, for a stream resuming at
-    /// `resume` (`handing`: the stream has an id and the server a store,
-    /// so it hands over and checkpoints) with id `id`; `None`: none.
-    fn hello(&self, id: Option<&str>, resume: u64, handing: bool) -> Option<String>;
+    /// The first message after the upgrade, for stream `id` opening as
+    /// `opened` says; `None`: none.
+    fn hello(&self, id: Option<&str>, opened: &Opened) -> Option<String>;
 
     /// Take a non-empty binary frame; `Err` is the reason it is refused
     /// (closed 1003).

@@ -219,7 +219,8 @@ pub struct Limits {
     /// address can fail them. `None`: none (the main address's reserve
     /// answers them).
     pub probe_listen: Option<SocketAddr>,
-    /// The hand-over store, a Redis URL (`redis://127.0.0.1:6379/`);
+    /// The hand-over store, a Redis URL (`redis://127.0.0.1:6379/`), or a
+    /// Redis Cluster's nodes (`redis+cluster://host:port,host:port,...`);
     /// `None`: no hand-over (a drained stream is closed 1001, a stream
     /// always starts fresh). See [`crate::handover`].
     pub store: Option<String>,
@@ -408,7 +409,11 @@ impl Limits {
             return Err("max_connections is 0: no client could connect (at least 1)".into());
         }
         if let Some(url) = &self.store {
-            redis::Client::open(url.as_str()).map_err(|e| format!("store {url:?} is not a Redis URL: {e}"))?;
+            if url.starts_with(crate::handover::CLUSTER_SCHEME) {
+                crate::handover::cluster_nodes(url)?;
+            } else {
+                redis::Client::open(url.as_str()).map_err(|e| format!("store {url:?} is not a Redis URL: {e}"))?;
+            }
         }
         if self.handover_ttl_s == 0 {
             return Err("handover_ttl_s is 0: every record would expire at once (at least 1)".into());

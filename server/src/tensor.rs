@@ -34,7 +34,7 @@ use laned_models::spec::Interface;
 use serde_json::{json, Map, Value};
 use tract_core::internal::*;
 
-use crate::protocol::{query_value, Conversation, Protocol};
+use crate::protocol::{query_value, Conversation, Opened, Protocol};
 
 /// The version of the protocol the hello announces.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -97,19 +97,25 @@ struct TensorStream {
 }
 
 impl Conversation for TensorStream {
-    fn hello(&self, id: Option<&str>, resume: u64, _handing: bool) -> Option<String> {
+    fn hello(&self, id: Option<&str>, opened: &Opened) -> Option<String> {
         let i = &self.protocol.interface;
         let mut hello = json!({
             "protocol": PROTOCOL_VERSION,
             "model": self.protocol.name,
             "stream": id,
-            "resume": resume,
+            "resume": opened.resume,
             "format": if self.json { "json" } else { "binary" },
             "inputs": i.inputs,
             "outputs": i.outputs,
         });
         if let Some(audio) = &i.audio {
             hello["audio"] = json!(audio);
+        }
+        if let Some(generation) = opened.generation {
+            hello["generation"] = json!(generation);
+        }
+        if let Some(why) = opened.restarted {
+            hello["restarted"] = json!(why);
         }
         Some(hello.to_string())
     }

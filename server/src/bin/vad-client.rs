@@ -11,6 +11,9 @@
 //! is not the end: the client reconnects with the same id, to whichever
 //! replica the proxy picks, and resends its audio from the chunk the new
 //! connection names; answers it already printed are not printed again.
+//! A reconnect sends the generation the last upgrade said
+//! (`x-resume-generation`), so a record older than it is never resumed
+//! from (the server restarts the stream at 0 instead).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -355,6 +358,10 @@ async fn main() {
     // Set once a reconnection resumed the stream: the next interruption
     // starts a window of its own (each interruption gets `resume_for_ms`).
     let mut resumed_since = false;
+    // The stream's generation, as the last upgrade said it
+    // (`x-resume-generation`): sent back on a reconnect, so the server
+    // never resumes from a record older than it (it restarts at 0, said).
+    let mut generation: Option<tokio_tungstenite::tungstenite::http::HeaderValue> = None;
     let ending = loop {
         let mut request = match url.as_str().into_client_request() {
             Ok(r) => r,
@@ -370,6 +377,9 @@ async fn main() {
                 std::process::exit(Exit::Input as i32)
             }
         };
+        if let Some(g) = &generation {
+            request.headers_mut().insert("x-resume-generation", g.clone());
+        }
         let (ws, response) = match tokio_tungstenite::connect_async(request).await {
             Ok(c) => c,
             Err(e) => match resuming_until {
@@ -387,6 +397,9 @@ async fn main() {
             .headers()
             .get("x-resume-chunk")
             .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+        if let Some(g) = response.headers().get("x-resume-generation") {
+            generation = Some(g.clone());
+        }
         let from = match (from, resuming_until.is_some()) {
             (Some(f), _) => {
                 resumable = true;

@@ -58,7 +58,8 @@ struct Args {
     /// `/metrics`), whatever floods the main one [default: none].
     #[arg(long, env = "VAD_PROBE_LISTEN")]
     probe_listen: Option<std::net::SocketAddr>,
-    /// The hand-over store, a Redis URL (`redis://127.0.0.1:6379/`)
+    /// The hand-over store, a Redis URL (`redis://127.0.0.1:6379/`) or a
+    /// Redis Cluster's nodes (`redis+cluster://host:port,host:port,...`)
     /// [default: none, no hand-over].
     #[arg(long, env = "VAD_STORE")]
     store: Option<String>,

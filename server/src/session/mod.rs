@@ -6,12 +6,14 @@
 //! 1. Before the upgrade ([`upgrade`]): the protocol opens the
 //!    connection's conversation from its query; with a store and a stream
 //!    id, the record held for the id is looked up and checked (the
-//!    runner's checks, then the protocol's), so that the position the
+//!    runner's checks, then the protocol's, and against the generation
+//!    the client claims, `x-resume-generation`), so that the position the
 //!    upgrade's `x-resume-chunk` names is where the stream resumes.
 //! 2. Admission ([`Session::admit`]): a refused query closes 1003, a bad
-//!    id 1008; during a drain a stream with an id is sent elsewhere
+//!    id or claimed generation 1008; during a drain a stream with an id is sent elsewhere
 //!    (1012); a second live session of an id is refused (1008); the
-//!    protocol's hello goes out (the position a record found resumes at).
+//!    protocol's hello goes out (the position a record found resumes at,
+//!    the session's generation, why a claimed stream restarted at 0).
 //! 3. The lane ([`Session::take_lane`]), at the stream's first non-empty
 //!    binary frame, not before: a connection that never sends holds a
 //!    connection place (the cap's), never a lane, so idle connections
@@ -70,7 +72,7 @@ pub(crate) use close::close_with;
 use close::refuse_transport_error;
 use cost::{too_many_frames, ControlBudget, Taken};
 pub use cost::{CONTROL_BURST, CONTROL_PER_SEC};
-use resume::{checkpoint, closed_by_client, look_up, try_hand_over, Resume};
+use resume::{checkpoint, claimed_generation, closed_by_client, look_up, restamp, try_hand_over, Resume};
 
 use crate::handover::{self, Store};
 use crate::protocol::{Conversation, Protocol};
@@ -220,6 +222,9 @@ fn stream_id_of(headers: &axum::http::HeaderMap, query: Option<&str>) -> Result<
 struct Opening {
     conversation: Result<Box<dyn Conversation>, String>,
     id: Result<Option<String>, String>,
+    /// The generation the client last knew (`x-resume-generation`), read
+    /// with the id.
+    claimed: Result<Option<u64>, String>,
     resume: Resume,
 }
 
@@ -233,15 +238,21 @@ pub(crate) async fn upgrade(
 ) -> Response {
     let mut conversation = endpoint.protocol.open(query.as_deref());
     let id = stream_id_of(&headers, query.as_deref());
-    let resume = match (&shared.store, &id, conversation.as_mut()) {
-        (Some(store), Ok(Some(id)), Ok(conversation)) => look_up(&endpoint, store, id, Some(conversation)).await,
-        (Some(store), Ok(Some(id)), Err(_)) => look_up(&endpoint, store, id, None).await,
+    let claimed = claimed_generation(&headers, query.as_deref());
+    let resume = match (&shared.store, &id, &claimed, conversation.as_mut()) {
+        (Some(store), Ok(Some(id)), Ok(claimed), Ok(conversation)) => {
+            look_up(&endpoint, store, (id, *claimed), Some(conversation)).await
+        }
+        (Some(store), Ok(Some(id)), Ok(claimed), Err(_)) => look_up(&endpoint, store, (id, *claimed), None).await,
         _ => Resume::None,
     };
     let resume_chunk = resume.position();
+    // The session's generation ([`handover::Writer::after`]).
+    let generation = resume_chunk.map(|_| resume.found_generation().unwrap_or(0).saturating_add(1));
     let opening = Opening {
         conversation,
         id,
+        claimed,
         resume,
     };
     // Oversized frames are refused by the session with 1009: the transport
@@ -269,6 +280,11 @@ pub(crate) async fn upgrade(
         response
             .headers_mut()
             .insert("x-resume-chunk", axum::http::HeaderValue::from(chunk));
+    }
+    if let Some(generation) = generation {
+        response
+            .headers_mut()
+            .insert("x-resume-generation", axum::http::HeaderValue::from(generation));
     }
     response
 }
@@ -417,6 +433,11 @@ impl Session {
             }
             Err(_) => None,
         };
+        // A claimed generation likewise (it is read only with an id).
+        if let (Err(why), Some(_), Some(_)) = (&opening.claimed, &id, &shared.store) {
+            close_with(&mut socket, crate::close::IDLE, why).await;
+            return None;
+        }
         let handing = id.clone().filter(|_| shared.store.is_some());
         // Draining already: a stream with an id is told to go elsewhere with
         // its record untouched.
@@ -448,12 +469,13 @@ impl Session {
         // conversation restored by the latter); its state goes in with the
         // lane.
         let found = opening.resume.found_generation();
+        let restarted = opening.resume.restarted();
         let (chunk, resume_from) = match (opening.resume, &handing) {
             (Resume::From(record), Some(_)) => (record.chunk, Some(record)),
             _ => (0, None),
         };
         let admitted = (conversation, chunk, resume_from);
-        Session::serving(socket, shared, endpoint, admitted, found, handing, live_id).await
+        Session::serving(socket, shared, endpoint, admitted, (found, restarted), handing, live_id).await
     }
 
     /// Step 3: the stream's lane, taken at its first pulse (waited for up
@@ -483,25 +505,32 @@ impl Session {
         shared: Arc<Shared>,
         endpoint: Arc<Endpoint>,
         (conversation, chunk, resume_from): (Box<dyn Conversation>, u64, Option<Box<handover::Record>>),
-        found: Option<u64>,
+        (found, restarted): (Option<u64>, Option<&'static str>),
         handing: Option<String>,
         live_id: Option<LiveId>,
     ) -> Option<Session> {
-        if let Some(hello) = conversation.hello(handing.as_deref(), chunk, handing.is_some()) {
+        let writer = handover::Writer::after(found);
+        let opened = crate::protocol::Opened {
+            resume: chunk,
+            handing: handing.is_some(),
+            generation: handing.as_ref().map(|_| writer.generation),
+            restarted: handing.as_ref().and(restarted),
+        };
+        if let Some(hello) = conversation.hello(handing.as_deref(), &opened) {
             if socket.send(Message::Text(hello.into())).await.is_err() {
                 return None;
             }
         }
         let idle = Duration::from_millis(shared.limits.idle_ms);
         let idle_until = tokio::time::Instant::now() + idle;
-        Some(Session {
+        let session = Session {
             socket,
             stream: Some(Stream {
                 handle: None,
                 resume_from,
                 conversation,
                 chunk,
-                writer: handover::Writer::after(found),
+                writer,
                 written: Arc::new(tokio::sync::Mutex::new(None)),
             }),
             handing,
@@ -517,7 +546,12 @@ impl Session {
             taken: Taken::new(idle),
             shared,
             endpoint,
-        })
+        };
+        // The record resumed from, this session's own from now on.
+        if let (Some(store), Some(id), Some(stream)) = (&session.shared.store, &session.handing, &session.stream) {
+            restamp((&session.shared, &session.endpoint), store, id, stream);
+        }
+        Some(session)
     }
 
     fn idle(&self) -> Duration {

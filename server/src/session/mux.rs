@@ -417,7 +417,7 @@ impl Connection {
             (Some(store), Some(id)) => {
                 let (endpoint, store, id) = (self.endpoint.clone(), store.clone(), id.clone());
                 self.pending.push(Box::pin(async move {
-                    let resume = look_up(&endpoint, &store, &id, None).await;
+                    let resume = look_up(&endpoint, &store, (&id, None), None).await;
                     Event::Looked { tag, serial, resume }
                 }));
                 true

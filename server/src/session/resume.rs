@@ -10,24 +10,32 @@ use axum::extract::ws::WebSocket;
 
 use super::{close_with, Endpoint, LiveId, Shared, Stream};
 use crate::close;
-use crate::handover::{self, Record, Store};
+use crate::handover::{self, Record, Store, LOST, REFUSED, STALE, UNREAD};
 use crate::protocol::Conversation;
 
 /// What a connection resumes from: `None` without a store or an id.
 pub(crate) enum Resume {
     None,
-    /// Position 0, nothing held (or nothing usable); the generation of a
-    /// record refused, if one was read (the new session's is above it).
-    Fresh(Option<u64>),
+    /// Position 0, nothing held (or nothing usable).
+    Fresh {
+        /// The generation the new session's records must be above: the
+        /// record refused, if one was read, or the client's claim, the
+        /// higher.
+        above: Option<u64>,
+        /// Why a stream the client had already started (it claimed a
+        /// generation) starts again at 0: one of [`handover::RESTARTED`].
+        restarted: Option<&'static str>,
+    },
     From(Box<Record>),
 }
 
 impl Resume {
-    /// The generation of the record this session found, if any.
+    /// The generation this session's records must be above (the record
+    /// found, or the client's claim, the higher), if any.
     pub(crate) fn found_generation(&self) -> Option<u64> {
         match self {
             Resume::None => None,
-            Resume::Fresh(generation) => *generation,
+            Resume::Fresh { above, .. } => *above,
             Resume::From(record) => Some(record.generation),
         }
     }
@@ -36,8 +44,16 @@ impl Resume {
     pub(crate) fn position(&self) -> Option<u64> {
         match self {
             Resume::None => None,
-            Resume::Fresh(_) => Some(0),
+            Resume::Fresh { .. } => Some(0),
             Resume::From(r) => Some(r.chunk),
+        }
+    }
+
+    /// Why a stream the client had started starts again at 0, if it does.
+    pub(crate) fn restarted(&self) -> Option<&'static str> {
+        match self {
+            Resume::Fresh { restarted, .. } => *restarted,
+            _ => None,
         }
     }
 }
@@ -50,25 +66,72 @@ fn generation_in(bytes: &[u8]) -> Option<u64> {
         .as_u64()
 }
 
+/// The generation a reconnecting client says it last knew: its
+/// `x-resume-generation` header, else its `generation` URL parameter
+/// (browsers); `Err` naming it for one that is not a number from 1 to
+/// [`handover::MAX_RECORD_CHUNK`].
+pub(crate) fn claimed_generation(headers: &axum::http::HeaderMap, query: Option<&str>) -> Result<Option<u64>, String> {
+    let claim = match headers.get("x-resume-generation") {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| "the x-resume-generation header is not ASCII".to_string())?
+                .to_string(),
+        ),
+        None => query
+            .unwrap_or("")
+            .split('&')
+            .filter_map(|pair| pair.split_once('='))
+            .find(|(key, _)| *key == "generation")
+            .map(|(_, value)| value.to_string()),
+    };
+    match claim {
+        None => Ok(None),
+        Some(g) => match g.trim().parse::<u64>() {
+            Ok(n) if (1..=handover::MAX_RECORD_CHUNK).contains(&n) => Ok(Some(n)),
+            _ => Err(format!(
+                "a resume generation of {g:?}: a number from 1 to {} (the hello's \"generation\")",
+                handover::MAX_RECORD_CHUNK
+            )),
+        },
+    }
+}
+
 /// The record under `id`, if it is one this server may continue (and
 /// `conversation` restored from it): every other outcome starts the stream
 /// fresh, with a log line where something was wrong (the store failing, a
 /// record too large, unreadable, out of range, of another model or refused
-/// by the runner's or the protocol's checks). Decided here, before the
+/// by the runner's or the protocol's checks). `claimed`: the generation
+/// the client last knew ([`claimed_generation`]): a record of a lower one
+/// (an older record that survived a store's failover, the newer lost) is
+/// never resumed from, and a stream so claimed that starts at 0 for any
+/// reason is told why ([`Resume::restarted`]). Decided here, before the
 /// upgrade, so that where the client is told to resume from is where the
 /// stream resumes.
 pub(crate) async fn look_up(
     endpoint: &Endpoint,
     store: &Store,
-    id: &str,
+    (id, claimed): (&str, Option<u64>),
     conversation: Option<&mut Box<dyn Conversation>>,
 ) -> Resume {
     let who = &endpoint.who;
+    // A fresh start above both the record refused and the claim, told why
+    // where the client claimed a generation.
+    let fresh = |found: Option<u64>, why: &'static str| Resume::Fresh {
+        above: found.max(claimed),
+        restarted: claimed.map(|_| why),
+    };
     let bytes = match store.get(&endpoint.key(id)).await {
         Ok(handover::Found::Bytes(b)) => b,
         Ok(handover::Found::Nothing) => {
-            handover::count("laned_resume_total", &endpoint.name, "fresh");
-            return Resume::Fresh(None);
+            if let Some(g) = claimed {
+                eprintln!("{who}: stream {id}: no record is held for it (its client knew generation {g}): it restarts at 0, told so");
+            }
+            handover::count(
+                "laned_resume_total",
+                &endpoint.name,
+                if claimed.is_some() { "lost" } else { "fresh" },
+            );
+            return fresh(None, LOST);
         }
         Ok(handover::Found::TooBig(n)) => {
             eprintln!(
@@ -76,18 +139,18 @@ pub(crate) async fn look_up(
                 handover::MAX_RECORD_BYTES
             );
             handover::count("laned_resume_total", &endpoint.name, "refused");
-            return Resume::Fresh(None);
+            return fresh(None, REFUSED);
         }
         Err(e) => {
             eprintln!("{who}: stream {id}: no record read ({e}): it starts fresh");
             handover::count("laned_resume_total", &endpoint.name, "failed");
-            return Resume::Fresh(None);
+            return fresh(None, UNREAD);
         }
     };
     let refused = |why: String, generation: Option<u64>| {
         eprintln!("{who}: stream {id}: the record held for it is refused ({why}): it starts fresh");
         handover::count("laned_resume_total", &endpoint.name, "refused");
-        Resume::Fresh(generation)
+        fresh(generation, REFUSED)
     };
     let record = match Record::from_bytes(&bytes) {
         Ok(r) => r,
@@ -95,6 +158,16 @@ pub(crate) async fn look_up(
         // still be read.
         Err(why) => return refused(format!("{} bytes, {why}", bytes.len()), generation_in(&bytes)),
     };
+    // Older than what the client knew: the stream's newer records were
+    // lost, and this one may be at a position the client no longer holds.
+    if let Some(g) = claimed.filter(|g| record.generation < *g) {
+        eprintln!(
+            "{who}: stream {id}: the record held for it (chunk {}, generation {}) is older than generation {g} its client knew (a newer one was lost): it restarts at 0, told so",
+            record.chunk, record.generation
+        );
+        handover::count("laned_resume_total", &endpoint.name, "stale");
+        return fresh(Some(record.generation), STALE);
+    }
     // The runner's own check: its format, its model's identity (naming
     // both), each tensor's type and shape.
     if let Err(e) = endpoint.runner.check_state(&record.state) {
@@ -199,6 +272,37 @@ pub(crate) async fn checkpoint(
                     .checkpoint_said
                     .say(|| format!("{key}: a checkpoint skipped ({why})"));
             }
+        }
+    });
+}
+
+/// The record a session resumes from, written back as its own (its
+/// generation and owner) before any checkpoint of it, off the answer path:
+/// a reconnect claiming this session's generation (its hello's) then finds
+/// a record of it at the position the hello named, even where the session
+/// writes nothing more (no checkpoints, or killed before its first); else
+/// the record it resumed from, one generation older, would restart the
+/// stream at 0. Lost to a failover, it costs that restart, told.
+pub(crate) fn restamp(
+    (shared, endpoint): (&Arc<Shared>, &Arc<Endpoint>),
+    store: &Arc<Store>,
+    id: &str,
+    stream: &Stream,
+) {
+    let Some(record) = stream.resume_from.as_deref() else {
+        return;
+    };
+    let Ok(written) = stream.written.clone().try_lock_owned() else {
+        return;
+    };
+    let mut own = record.clone();
+    (own.generation, own.owner, own.current) = (stream.writer.generation, stream.writer.owner.clone(), false);
+    let (shared, key, store) = (shared.clone(), endpoint.key(id), store.clone());
+    tokio::spawn(async move {
+        if let Err(why) = put_after(&store, &key, &own, written).await {
+            shared
+                .checkpoint_said
+                .say(|| format!("{key}: the record resumed from not written back as this session's ({why})"));
         }
     });
 }

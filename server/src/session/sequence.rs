@@ -14,7 +14,9 @@
 //!    its record only where the record is current (a replica that drained
 //!    handed it over at its last answer: [`handover::Record::current`]),
 //!    marking it not current in the store before the call (so it is
-//!    continued once); else it is refused by name: "not held here" where
+//!    continued once; the mark held by a replica of the store, where it
+//!    has one, before the call, so that no failover brings the record back
+//!    current); else it is refused by name: "not held here" where
 //!    a record is held that may be behind the sequence's last answer (a
 //!    checkpoint: the sequence was reaped or its replica killed since),
 //!    "never started" where none is. Triton's rule: a sequence the server
@@ -222,7 +224,7 @@ impl Sequences {
         }
         let live_id = LiveId(shared.clone(), key.to_string());
         let resume = match &shared.store {
-            Some(store) => look_up(endpoint, store, id, None).await,
+            Some(store) => look_up(endpoint, store, (id, None), None).await,
             None => Resume::None,
         };
         let found = resume.found_generation();
@@ -243,7 +245,14 @@ impl Sequences {
                 // before any answer of this session.
                 let mut mark = (*record).clone();
                 (mark.current, mark.generation, mark.owner) = (false, writer.generation, writer.owner.clone());
-                if let Err(e) = store.put(key, &mark).await {
+                // Held by a replica too: a failover must not bring the
+                // record back current (another replica would continue the
+                // sequence from its old position).
+                let marked = match store.put(key, &mark).await {
+                    Ok(_) => store.replicated(key).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = marked {
                     return refused(
                         StatusCode::SERVICE_UNAVAILABLE,
                         format!("sequence {shown} could not be taken over ({e}): try again"),
@@ -254,7 +263,11 @@ impl Sequences {
             (Resume::From(record), Some(store)) if record.current => {
                 // A fresh start over a sequence handed over: its record
                 // goes first, so that nothing continues the old sequence.
-                if let Err(e) = store.remove_own(key, &writer).await {
+                let removed = match store.remove_own(key, &writer).await {
+                    Ok(()) => store.replicated(key).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = removed {
                     return refused(
                         StatusCode::SERVICE_UNAVAILABLE,
                         format!("sequence {shown}: its old record could not be removed ({e}): try again"),

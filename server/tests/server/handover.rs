@@ -73,6 +73,17 @@ impl Replica {
         Replica { child, addr, lines }
     }
 
+    /// Its process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id().expect("a live vad-server")
+    }
+
+    /// SIGKILLs it and waits for its end.
+    pub(crate) async fn kill(&mut self) {
+        self.child.start_kill().unwrap();
+        self.child.wait().await.unwrap();
+    }
+
     pub(crate) fn said(&self, part: &str) -> Vec<String> {
         self.lines
             .lock()

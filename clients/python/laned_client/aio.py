@@ -90,8 +90,8 @@ class _Connecting:
     """`connect`'s answer: awaited, the stream; `async with`, the stream
     closed at the block's end."""
 
-    def __init__(self, url, stream, format, open_timeout):
-        self._args = (url, stream, format, open_timeout)
+    def __init__(self, url, stream, format, open_timeout, generation=None):
+        self._args = (url, stream, format, open_timeout, generation)
         self._stream = None
 
     def __await__(self):
@@ -105,21 +105,25 @@ class _Connecting:
         await self._stream.close()
 
 
-def connect(url, stream=None, format="binary", open_timeout=10.0):
+def connect(url, stream=None, format="binary", open_timeout=10.0, generation=None):
     """Connect to `url` (`ws://HOST:PORT/v1/models/NAME/stream`) as stream
     id `stream` (sent as `x-stream-id`; `None`: none) asking for `format`
     answers, and read the hello. `await connect(...)` gives the `Stream`;
     `async with connect(...) as s:` closes it after. Raises `HttpRefused`
     (`UnknownModel`, `Unavailable`), `Closed` (`Busy`, ...) for a close
-    before the hello, `ConnectFailed`, `ProtocolError`."""
-    return _Connecting(url, stream, format, open_timeout)
+    before the hello, `ConnectFailed`, `ProtocolError`. `generation`: the
+    one the stream's last hello said, on a reconnect."""
+    return _Connecting(url, stream, format, open_timeout, generation)
 
 
-async def _open(url, stream, format, open_timeout):
+async def _open(url, stream, format, open_timeout, generation=None):
     target = stream_url(url, format)
     try:
         ws = await ws_connect(
-            target, additional_headers=transport.headers(stream), open_timeout=open_timeout, **transport.OPTIONS
+            target,
+            additional_headers=transport.headers(stream, generation),
+            open_timeout=open_timeout,
+            **transport.OPTIONS,
         )
     except Exception as e:  # noqa: BLE001 - every failure becomes one of ours
         error = transport.connect_error(url, e)
@@ -159,7 +163,9 @@ async def stream_all(url, pulses, stream=None, format="binary", resume_for=30.0,
     run = Resumption(pulses, resume_for)
     while True:
         try:
-            async with connect(url, stream, format, open_timeout) as s:
+            async with connect(url, stream, format, open_timeout, run.generation) as s:
+                if s.hello.restarted and on_event is not None:
+                    on_event(f"stream {stream}: restarted at pulse 0: {s.hello.restarted}")
                 start = time.monotonic()
                 for k, pulse in enumerate(run.start(s.hello)):
                     wait = pause(start, k, every)

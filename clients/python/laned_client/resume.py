@@ -35,11 +35,15 @@ class Resumption:
         self.connected = False
         self._interrupted = None
         self._answered = 0
+        # The generation the last hello said, sent back on a reconnect.
+        self.generation = None
 
     def start(self, hello):
         """A connection's hello: the pulses to send on it, from its
         `resume` on (answers past it dropped: they will come again)."""
         self.connected = True
+        if hello.generation is not None:
+            self.generation = hello.generation
         if self.pulses is None:
             source = self._source(hello) if callable(self._source) else self._source
             self.pulses = [hello.pulse(p) for p in source]

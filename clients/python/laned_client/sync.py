@@ -78,7 +78,7 @@ class Stream:
         self.close()
 
 
-def connect(url, stream=None, format="binary", open_timeout=10.0):
+def connect(url, stream=None, format="binary", open_timeout=10.0, generation=None):
     """Connect to `url` as stream id `stream` asking for `format` answers,
     read the hello and return the `Stream` (usable as `with`). Raises as
     `laned_client.connect` does."""
@@ -86,7 +86,7 @@ def connect(url, stream=None, format="binary", open_timeout=10.0):
     try:
         ws = ws_connect(
             target,
-            additional_headers=transport.headers(stream),
+            additional_headers=transport.headers(stream, generation),
             open_timeout=open_timeout,
             **transport.OPTIONS,
         )
@@ -118,7 +118,9 @@ def run(url, pulses, stream=None, format="binary", resume_for=30.0, every=0.0, o
     progress = Resumption(pulses, resume_for)
     while True:
         try:
-            with connect(url, stream, format, open_timeout) as s:
+            with connect(url, stream, format, open_timeout, progress.generation) as s:
+                if s.hello.restarted and on_event is not None:
+                    on_event(f"stream {stream}: restarted at pulse 0: {s.hello.restarted}")
                 start = time.monotonic()
                 for k, pulse in enumerate(progress.start(s.hello)):
                     wait = pause(start, k, every)

@@ -13,9 +13,16 @@ from .errors import Closed, ConnectFailed, ConnectionLost, HttpRefused, InputErr
 OPTIONS = {"max_size": None, "compression": None}
 
 
-def headers(stream):
-    """The upgrade's headers for stream id `stream` (`None`: none)."""
-    return {"x-stream-id": stream} if stream else None
+def headers(stream, generation=None):
+    """The upgrade's headers for stream id `stream` (`None`: none), and the
+    generation its last hello said (`None`: none), sent back on a
+    reconnect so that the server never resumes the stream from an older
+    record (it restarts it at 0, its hello saying why in `restarted`)."""
+    if not stream:
+        return None
+    if generation is None:
+        return {"x-stream-id": stream}
+    return {"x-stream-id": stream, "x-resume-generation": str(int(generation))}
 
 
 def connect_error(url, e):

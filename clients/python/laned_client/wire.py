@@ -106,6 +106,10 @@ class Hello:
     outputs: list
     audio: Audio = None
     raw: dict = field(default=None, repr=False, compare=False)
+    # The stream's generation (a store and an id), to send back on a
+    # reconnect; why a stream the client had started restarted at 0.
+    generation: int = None
+    restarted: str = None
 
     @staticmethod
     def parse(message):
@@ -136,6 +140,8 @@ class Hello:
             outputs=[Port.of(p) for p in outputs],
             audio=Audio.of(h.get("audio")),
             raw=h,
+            generation=h.get("generation"),
+            restarted=h.get("restarted"),
         )
 
     @property

@@ -68,9 +68,10 @@ tasks:
                            (.ci/run adds cargo deny, packaging, MSRV, downstream smoke)
   links                    every relative link and #anchor of the workspace's markdown
                            resolves (xtask/src/links.rs; CI runs it)
-  soak [--minutes N | --seconds N] [--seed S]
+  soak [--minutes N | --seconds N] [--seed S] [--cluster]
                            the seeded soak (default 30 minutes, seed 69): three `laned
-                           serve` replicas behind HAProxy with Redis, clients on every
+                           serve` replicas behind HAProxy with Redis (--cluster: a Redis
+                           Cluster, masters killed), clients on every
                            front, faults drawn from the seed, every answer checked against
                            its stream alone; figures in target/laned-soak.json
                            (laned/tests/laned/soak/; the suite runs 75 s of it)

@@ -1,7 +1,8 @@
-//! `cargo xtask soak --minutes N --seed S`: the seeded soak of
+//! `cargo xtask soak --minutes N --seed S [--cluster]`: the seeded soak of
 //! `laned/tests/laned/soak/` run long. The suite runs 75 s of it with seed
 //! 69; this runs the same test with the length and seed given (through
-//! `LANED_SOAK_SECONDS` and `LANED_SOAK_SEED`), its output shown, its
+//! `LANED_SOAK_SECONDS` and `LANED_SOAK_SEED`; `--cluster`: the store on
+//! a Redis Cluster, `LANED_SOAK_STORE=cluster`), its output shown, its
 //! figures written to `target/laned-soak.json`. A red run names the seed
 //! to replay.
 
@@ -9,9 +10,13 @@ use std::path::Path;
 
 /// The task; false on bad flags or a red soak.
 pub fn task(args: &[String]) -> bool {
-    let (mut seconds, mut seed) = (None::<u64>, 69u64);
+    let (mut seconds, mut seed, mut cluster) = (None::<u64>, 69u64, false);
     let mut it = args.iter();
     while let Some(arg) = it.next() {
+        if arg == "--cluster" {
+            cluster = true;
+            continue;
+        }
         let value = it.next().map(|v| v.parse::<u64>());
         match (arg.as_str(), value) {
             ("--minutes", Some(Ok(m))) if m > 0 => seconds = Some(m * 60),
@@ -20,7 +25,7 @@ pub fn task(args: &[String]) -> bool {
             (other, _) => {
                 eprintln!(
                     "cargo xtask soak: {other:?} wants a whole number (usage: cargo xtask soak \
-                     [--minutes N | --seconds N] [--seed S])"
+                     [--minutes N | --seconds N] [--seed S] [--cluster])"
                 );
                 return false;
             }
@@ -38,7 +43,8 @@ pub fn task(args: &[String]) -> bool {
         .arg("--nocapture")
         .env("LANED_SOAK_SECONDS", seconds.to_string())
         .env("LANED_SOAK_SEED", seed.to_string())
-        .env("LANED_SOAK_JSON", &json);
+        .env("LANED_SOAK_JSON", &json)
+        .env("LANED_SOAK_STORE", if cluster { "cluster" } else { "redis" });
     let ok = super::run(command);
     eprintln!(
         "soak of {seconds} s, seed {seed}: {}; the figures in {}",

@@ -1,7 +1,9 @@
 //! The soak's faults: drawn from the seed (kind, target, moment,
-//! length), one at a time, from the traffic's start to its end. The six
-//! kinds come in a shuffled round, so every kind comes once in every six
-//! faults.
+//! length), one at a time, from the traffic's start to its end. The kinds
+//! come in a shuffled round, so every kind comes once a round (six with a
+//! single Redis; with a cluster, a master killed in place of a restart
+//! empty, and a master stalled past the node timeout, so that it fails
+//! over too).
 
 use std::time::{Duration, Instant};
 
@@ -24,15 +26,31 @@ pub enum Kind {
     StoreEmpty,
     /// A client's connection dropped between a pulse and its answer.
     ClientDrop,
+    /// A Redis Cluster's master killed outright (SIGKILL), its replica
+    /// promoted: what a cluster's store goes through in place of a
+    /// restart (while a master has a replica to take over).
+    Failover,
     /// A replica stopped (SIGSTOP) for 2 to 4 s: a stall, not a death.
     ReplicaStall,
 }
 
-const KINDS: [Kind; 6] = [
+/// The kinds with a single Redis as the store.
+pub const KINDS: [Kind; 6] = [
     Kind::Sigterm,
     Kind::Sigkill,
     Kind::StoreStall,
     Kind::StoreEmpty,
+    Kind::ClientDrop,
+    Kind::ReplicaStall,
+];
+
+/// The kinds with a Redis Cluster as the store (a store stall is a
+/// master's, past the node timeout: it fails over too).
+pub const CLUSTER_KINDS: [Kind; 6] = [
+    Kind::Sigterm,
+    Kind::Sigkill,
+    Kind::StoreStall,
+    Kind::Failover,
     Kind::ClientDrop,
     Kind::ReplicaStall,
 ];
@@ -57,7 +75,11 @@ pub fn run(ctx: &Ctx, replicas: &mut Replicas, store: &mut Store) {
     std::thread::sleep(Duration::from_secs(3));
     while ctx.open() {
         if round.is_empty() {
-            round = KINDS.to_vec();
+            round = if store.is_cluster() {
+                CLUSTER_KINDS.to_vec()
+            } else {
+                KINDS.to_vec()
+            };
             rng.shuffle(&mut round);
         }
         let kind = round.pop().unwrap();
@@ -94,6 +116,12 @@ pub fn run(ctx: &Ctx, replicas: &mut Replicas, store: &mut Store) {
                 replicas.restart(r);
                 at
             }
+            Kind::StoreStall if store.is_cluster() => {
+                let at = log("a cluster master".into());
+                let port = store.stall_master(&format!("soak-stall-{}", rng.u32(..)), stall);
+                ctx.faults.lock().unwrap()[at].target = format!("cluster master :{port}");
+                at
+            }
             Kind::StoreStall => {
                 let at = log("redis".into());
                 store.signal("-STOP");
@@ -104,6 +132,19 @@ pub fn run(ctx: &Ctx, replicas: &mut Replicas, store: &mut Store) {
             Kind::StoreEmpty => {
                 let at = log("redis".into());
                 store.restart_empty();
+                at
+            }
+            Kind::Failover => {
+                let at = log("a cluster master".into());
+                match store.fail_over() {
+                    Some(port) => ctx.faults.lock().unwrap()[at].target = format!("cluster master :{port}"),
+                    None => {
+                        // No master has a replica left to take over:
+                        // nothing done.
+                        ctx.faults.lock().unwrap().remove(at);
+                        continue;
+                    }
+                }
                 at
             }
             Kind::ClientDrop => {

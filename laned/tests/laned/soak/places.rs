@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use laned_server::testing::{free_port, Redis};
+use laned_server::testing::{free_port, Redis, RedisCluster};
 
 use super::super::serve::{serve, Serving};
 
@@ -112,39 +112,51 @@ impl Held {
 }
 
 /// The store: a Redis (Debian's `redis-server`) on a port that stays its
-/// own across a restart, so the replicas' `--store` URL stays right.
-pub struct Store {
-    pub redis: Option<Redis>,
+/// own across a restart, so the replicas' `--store` URL stays right; or a
+/// Redis Cluster of three masters with a replica each.
+pub enum Store {
+    Single(Option<Redis>),
+    Cluster { cluster: RedisCluster },
 }
 
 impl Store {
     /// Started, or `None` after `SKIPPED` where redis-server is missing.
-    pub fn start() -> Option<Store> {
-        Some(Store {
-            redis: Some(Redis::start()?),
+    pub fn start(cluster: bool) -> Option<Store> {
+        if !cluster {
+            return Some(Store::Single(Some(Redis::start()?)));
+        }
+        Some(Store::Cluster {
+            cluster: RedisCluster::start()?,
         })
     }
 
     /// The URL the replicas are given.
     pub fn url(&self) -> String {
-        self.redis.as_ref().expect("a store").url()
+        match self {
+            Store::Single(redis) => redis.as_ref().expect("a store").url(),
+            Store::Cluster { cluster, .. } => cluster.url(),
+        }
     }
 
-    /// Killed outright and started again empty on the same port.
+    /// Killed outright and started again empty on the same port (a single
+    /// Redis only).
     pub fn restart_empty(&mut self) {
-        let port: u16 = self
-            .url()
+        let Store::Single(redis) = self else {
+            panic!("a cluster is not restarted empty: its masters fail over")
+        };
+        let url = redis.as_ref().expect("a store").url();
+        let port: u16 = url
             .trim_end_matches('/')
             .rsplit(':')
             .next()
             .and_then(|p| p.parse().ok())
             .expect("a port in the store's URL");
-        drop(self.redis.take());
+        drop(redis.take());
         let until = Instant::now() + Duration::from_secs(20);
         loop {
             match Redis::start_at(port) {
                 Some(r) => {
-                    self.redis = Some(r);
+                    *redis = Some(r);
                     return;
                 }
                 None if Instant::now() < until => std::thread::sleep(Duration::from_millis(100)),
@@ -153,10 +165,69 @@ impl Store {
         }
     }
 
-    /// Sends the store `signal` (`-STOP`, `-CONT`).
+    /// Sends a single Redis `signal` (`-STOP`, `-CONT`).
     pub fn signal(&self, signal: &str) {
-        self.redis.as_ref().expect("a store").signal(signal);
+        match self {
+            Store::Single(redis) => redis.as_ref().expect("a store").signal(signal),
+            Store::Cluster { .. } => panic!("a cluster's nodes are not signalled as one"),
+        }
     }
+
+    /// Whether it is a cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Store::Cluster { .. })
+    }
+
+    /// A cluster's master killed outright (one with a replica to take
+    /// over), its replica promoted; the killed master's port, `None` where
+    /// no master has a replica left (nothing done).
+    pub fn fail_over(&mut self) -> Option<u16> {
+        let Store::Cluster { cluster } = self else {
+            panic!("only a cluster fails over")
+        };
+        let key = (0..1000)
+            .map(|i| format!("soak-failover-{i}"))
+            .find(|k| replicas_of(cluster.master_of(k)) > 0)?;
+        Some(cluster.kill_master_of(&key))
+    }
+
+    /// A cluster's master serving `key` stopped (SIGSTOP) for `stall`,
+    /// past the node timeout: its replica takes over, and the master, let
+    /// go on, rejoins as the replica's replica. Its port.
+    pub fn stall_master(&self, key: &str, stall: Duration) -> u16 {
+        let Store::Cluster { cluster } = self else {
+            panic!("only a cluster's master is stalled")
+        };
+        let port = cluster.master_of(key);
+        // A cluster node's process title is `redis-server 127.0.0.1:PORT [cluster]`.
+        let found = Command::new("pgrep")
+            .args(["-f", &format!("redis-server 127.0.0.1:{port} ")])
+            .output()
+            .expect("pgrep");
+        let pid: u32 = String::from_utf8_lossy(&found.stdout)
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no redis-server process on port {port}"));
+        signal(pid, "-STOP");
+        std::thread::sleep(stall);
+        signal(pid, "-CONT");
+        port
+    }
+}
+
+/// How many replicas the Redis node on `port` has connected
+/// (`INFO replication`'s `connected_slaves`).
+fn replicas_of(port: u16) -> u32 {
+    let info = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "INFO", "replication"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_slaves:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// HAProxy on the shipped `deploy/haproxy/laned.cfg`: its two servers

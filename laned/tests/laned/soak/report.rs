@@ -21,6 +21,8 @@ pub const LATE: Duration = Duration::from_secs(1);
 pub struct Figures {
     pub seed: u64,
     pub seconds: u64,
+    /// `redis` or `cluster`.
+    pub store: &'static str,
     pub streams: usize,
     /// Streams by front.
     pub fronts: BTreeMap<&'static str, usize>,
@@ -77,6 +79,7 @@ impl Figures {
         let mut f = Figures {
             seed: config.seed,
             seconds: config.seconds,
+            store: if config.cluster { "cluster" } else { "redis" },
             streams: runs.len(),
             replicas_start,
             replicas_end,
@@ -149,11 +152,12 @@ impl Figures {
     /// The figures in a few lines.
     pub fn summary(&self) -> String {
         format!(
-            "soak, seed {} ({} s): {} streams {:?}, {} answers; faults {:?}\n\
+            "soak, seed {} ({} s, the store on {}): {} streams {:?}, {} answers; faults {:?}\n\
              wrong answers {}; lost silently {}, lost told {:?}; resumed {} times; restarted at 0 {:?}\n\
              answers later than 1 s {} (slowest {} ms); replicas (RSS KiB, sockets) at start {:?}, at end {:?}",
             self.seed,
             self.seconds,
+            self.store,
             self.streams,
             self.fronts,
             self.answers,
@@ -251,6 +255,7 @@ mod tests {
             seconds: 1,
             seed: 7,
             json: "/dev/null".into(),
+            cluster: false,
         };
         let f = Figures::of(
             &config,

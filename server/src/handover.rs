@@ -692,6 +692,28 @@ mod tests {
         refused(&|r| r.generation = 0, "generation");
     }
 
+    /// A `redis+cluster://` URL lists host:port nodes; anything else is
+    /// refused naming the URL, the part and the form wanted.
+    #[test]
+    fn cluster_urls_list_nodes_or_are_refused_by_name() {
+        assert_eq!(
+            cluster_nodes("redis+cluster://127.0.0.1:7000,redis-b:7001/").unwrap(),
+            ["redis://127.0.0.1:7000/", "redis://redis-b:7001/"]
+        );
+        for bad in [
+            "redis+cluster://",
+            "redis+cluster://h:7000,,h:7001",
+            "redis+cluster://h",
+            "redis+cluster://h:0",
+            "redis+cluster://h:99999",
+            "redis+cluster://:pw@h:7000",
+            "redis://h:7000",
+        ] {
+            let e = cluster_nodes(bad).unwrap_err();
+            assert!(e.contains(bad) && e.contains("host:port"), "{bad}: {e}");
+        }
+    }
+
     /// Each session's writer is one generation past what it resumed, with
     /// a token of its own.
     #[test]

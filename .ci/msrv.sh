@@ -3,7 +3,7 @@
 # no toolchain but the one installed (rustup downloads fail), so
 # `cargo +1.91 check` cannot run here. What is checked instead:
 #
-# 1. every package the five library crates build with (normal and build
+# 1. every package the six library crates build with (normal and build
 #    dependencies, every feature) declares a rust-version no newer than
 #    ours, or none: the toolchain resolving them is not the bound;
 # 2. our own code uses no std API newer than ours: clippy's
@@ -17,7 +17,7 @@ python3 - <<'PY'
 import json, sys
 meta = json.load(open("target/msrv-metadata.json"))
 pkgs = {p["id"]: p for p in meta["packages"]}
-libs = ["lane-table", "laned-metrics", "kernel-memo", "laned-runner", "laned-testkit"]
+libs = ["lane-table", "laned-metrics", "kernel-memo", "laned-wire", "laned-runner", "laned-testkit"]
 ours = {p["name"]: p for p in meta["packages"] if p["name"] in libs and p["source"] is None}
 msrv = {p["rust_version"] for p in ours.values()}
 if len(msrv) != 1 or None in msrv:

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use laned_server::close;
+use laned_wire::close;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 

@@ -1,64 +1,20 @@
-//! The KServe v2 (Open Inference Protocol) REST messages, as Triton's
-//! clients (`tritonclient.http`) send and read them, with Triton's
-//! sequence parameters and its binary tensor extension: what an infer
-//! request asks (`Request::parse`) and its answer's bytes
-//! (`answer`). The routes and the sequences' life are the server's and
-//! the session's; this is the format.
-//!
-//! An infer request (`POST /v2/models/NAME/infer`) is JSON: `{"id"?,
-//! "parameters"?: {"sequence_id": int or string, "sequence_start": bool,
-//! "sequence_end": bool, "binary_data_output": bool}, "inputs": [{"name",
-//! "shape", "datatype", "data"? , "parameters"?: {"binary_data_size":
-//! N}}], "outputs"?: [{"name", "parameters"?: {"binary_data": bool}}]}`.
-//! With the binary extension, the header `Inference-Header-Content-Length:
-//! J` says the JSON is the body's first `J` bytes, and each input with a
-//! `binary_data_size` takes that many bytes from what follows, in order
-//! (little-endian, row-major). Each fed input of the model is given once,
-//! by its name, its datatype as v2 names it (`FP32`, `INT64`, ...), its
-//! shape one stream's (1 on the batch axis).
-//!
-//! The answer: `{"model_name", "model_version": "1", "id"?, "parameters"?,
-//! "outputs": [{"name", "datatype", "shape", "data"}]}`, an output's data
-//! as JSON numbers, or binary (its `parameters.binary_data_size`, the
-//! bytes after the JSON, the header saying the JSON's length) where the
-//! request asked so for it or for all; an output asked into shared
-//! memory has neither data nor parameters (as Triton answers it). An error
-//! is `{"error": "..."}`.
+//! The KServe v2 (Open Inference Protocol) REST front's requests checked
+//! against a model, and their answers: what an infer request asks
+//! (`Request::parse`, the whole request checked before any model runs)
+//! and its answer's bytes (`answer`). The format every model shares (the
+//! datatypes, sequence ids, shapes, JSON data, the binary extension's
+//! header) is [`laned_wire::kserve`]'s; the routes and the sequences' life
+//! are the server's and the session's.
 
 use laned_models::spec::{Interface, Port};
+use laned_wire::kserve::{data_bytes, datatype, element, SequenceId, HEADER_LENGTH};
+use laned_wire::tensor::width;
 use serde_json::{json, Map, Value};
-use tract_core::prelude::f16;
 
-/// The header giving the JSON part's length in a binary request or answer.
-pub const HEADER_LENGTH: &str = "inference-header-content-length";
-
-/// A port's datatype as v2 names it, from the tensor protocol's name.
-pub fn datatype(dtype: &str) -> &'static str {
-    match dtype {
-        "bool" => "BOOL",
-        "u8" => "UINT8",
-        "u16" => "UINT16",
-        "u32" => "UINT32",
-        "u64" => "UINT64",
-        "i8" => "INT8",
-        "i16" => "INT16",
-        "i32" => "INT32",
-        "i64" => "INT64",
-        "f16" => "FP16",
-        "f32" => "FP32",
-        "f64" => "FP64",
-        _ => "BYTES",
-    }
-}
-
-/// The bytes of one element of a port's dtype.
-pub fn width(dtype: &str) -> usize {
-    match dtype {
-        "bool" | "u8" | "i8" => 1,
-        "u16" | "i16" | "f16" => 2,
-        "u32" | "i32" | "f32" => 4,
-        _ => 8,
-    }
+/// A port's pulse in bytes: its elements times its dtype's width (8 for
+/// a dtype the wire has no width for, as `BYTES`).
+pub fn port_bytes(port: &Port) -> usize {
+    port.len() * width(&port.dtype).unwrap_or(8)
 }
 
 /// A port as model metadata lists it: the batch axis `-1`.
@@ -70,42 +26,15 @@ pub fn metadata(port: &Port) -> Value {
     json!({ "name": port.name, "datatype": datatype(&port.dtype), "shape": shape })
 }
 
-/// A sequence's id, as Triton's are: a positive integer or a string, two
-/// kinds (17 and `"17"` are two sequences; `0`, `""` or absent: none).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum SequenceId {
-    Number(u64),
-    Name(String),
-}
-
-impl SequenceId {
-    /// Its id among the model's streams (its records' key, the one live
-    /// stream an id may have): a string as it is (a WebSocket stream's id
-    /// is one), checked as stream ids are; a number `#N` (no string id
-    /// holds `#`).
-    pub fn stream_id(&self) -> Result<String, String> {
-        match self {
-            SequenceId::Number(n) => Ok(format!("#{n}")),
-            SequenceId::Name(s) => crate::handover::check_id(s).map(|()| s.clone()),
-        }
-    }
-
-    /// As the request gave it, for its answer's parameters.
-    pub fn json(&self) -> Value {
-        match self {
-            SequenceId::Number(n) => json!(n),
-            SequenceId::Name(s) => json!(s),
-        }
-    }
-}
-
-impl std::fmt::Display for SequenceId {
-    /// A number as it is, a string quoted.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SequenceId::Number(n) => write!(f, "{n}"),
-            SequenceId::Name(s) => write!(f, "{s:?}"),
-        }
+/// Sequence `id`'s id among the model's streams (its records' key, the
+/// one live stream an id may have): a string as it is (a WebSocket
+/// stream's id is one), checked as stream ids are; a number `#N` (no
+/// string id holds `#`).
+pub fn stream_id(id: &SequenceId) -> Result<String, String> {
+    match id {
+        SequenceId::Name(s) => crate::handover::check_id(s).map(|()| s.clone()),
+        SequenceId::Number(n) => Ok(format!("#{n}")),
+        other => Err(format!("sequence id {other}: not a kind this server keeps")),
     }
 }
 
@@ -190,21 +119,7 @@ impl Request {
             .cloned()
             .unwrap_or_default();
         let flag = |m: &Map<String, Value>, name: &str| m.get(name).and_then(Value::as_bool).unwrap_or(false);
-        let sequence = match params.get("sequence_id") {
-            None | Some(Value::Null) => None,
-            Some(Value::Number(n)) => match n.as_u64() {
-                Some(0) => None,
-                Some(n) => Some(SequenceId::Number(n)),
-                None => {
-                    return Err(refuse(format!(
-                        "sequence_id {n}: wanted a positive integer or a string"
-                    )))
-                }
-            },
-            Some(Value::String(s)) if s.is_empty() => None,
-            Some(Value::String(s)) => Some(SequenceId::Name(s.clone())),
-            Some(other) => return Err(refuse(format!("sequence_id {other}: wanted an integer or a string"))),
-        };
+        let sequence = SequenceId::from_json(params.get("sequence_id")).map_err(|e| refuse(e.to_string()))?;
         let inputs = head
             .get("inputs")
             .and_then(Value::as_array)
@@ -213,7 +128,8 @@ impl Request {
         for input in inputs {
             let name = input.get("name").and_then(Value::as_str).unwrap_or("");
             let got_type = input.get("datatype").and_then(Value::as_str).unwrap_or("");
-            let shape = shape_of(name, input.get("shape"))?;
+            let shape =
+                laned_wire::kserve::shape(input.get("shape")).map_err(|e| refuse(format!("input {name:?}: {e}")))?;
             let k = pulse.port(name, got_type, &shape)?;
             let in_params = input.get("parameters").and_then(Value::as_object);
             let shm = shm_place(regions, &format!("input {name:?}"), in_params)?;
@@ -221,7 +137,7 @@ impl Request {
                 Some(place) => {
                     let port = &interface.inputs[k];
                     place
-                        .input(&format!("input {name:?}"), port.len() * width(&port.dtype))
+                        .input(&format!("input {name:?}"), port_bytes(port))
                         .map_err(Refused)?
                 }
                 None => match in_params
@@ -245,7 +161,7 @@ impl Request {
                             .get("data")
                             .ok_or_else(|| refuse(format!("input {name:?}: no data and no binary_data_size")))?;
                         let dtype = &interface.inputs[k].dtype;
-                        json_data(data, dtype).map_err(|why| refuse(format!("input {name:?}: {why}")))?
+                        data_bytes(data, dtype).map_err(|why| refuse(format!("input {name:?}: {why}")))?
                     }
                 },
             };
@@ -265,9 +181,7 @@ impl Request {
                 let what = format!("output {name:?}");
                 if let Some(place) = shm_place(regions, &what, o.get("parameters").and_then(Value::as_object))? {
                     let port = &interface.outputs[k];
-                    place
-                        .check_output(&what, port.len() * width(&port.dtype))
-                        .map_err(Refused)?;
+                    place.check_output(&what, port_bytes(port)).map_err(Refused)?;
                     shm_out[k] = Some(place);
                 }
                 if let Some(b) = o
@@ -356,7 +270,7 @@ impl<'a> Pulse<'a> {
     /// Input `k`'s bytes (little-endian, row-major), checked by length.
     pub fn give(&mut self, k: usize, bytes: Vec<u8>) -> Result<(), Refused> {
         let port = &self.interface.inputs[k];
-        let wanted = port.len() * width(&port.dtype);
+        let wanted = port_bytes(port);
         if bytes.len() != wanted {
             return Err(Refused(format!(
                 "input {:?}: {} bytes of {}, wanted {wanted} ({:?})",
@@ -380,96 +294,6 @@ impl<'a> Pulse<'a> {
     }
 }
 
-/// Input `name`'s `shape`: a JSON array of integers, each entry checked
-/// (one that is not an integer, `"x"` or `40.0`, is refused naming it,
-/// never dropped).
-fn shape_of(name: &str, shape: Option<&Value>) -> Result<Vec<i64>, Refused> {
-    let Some(shape) = shape else {
-        return Err(Refused(format!("input {name:?}: no shape")));
-    };
-    let Some(entries) = shape.as_array() else {
-        return Err(Refused(format!(
-            "input {name:?}: shape {shape}, wanted an array of integers"
-        )));
-    };
-    entries
-        .iter()
-        .enumerate()
-        .map(|(k, d)| {
-            d.as_i64().ok_or_else(|| {
-                Refused(format!(
-                    "input {name:?}: shape {shape}: entry {k} is {d}, wanted an integer"
-                ))
-            })
-        })
-        .collect()
-}
-
-/// Flattened JSON numbers (or booleans) as little-endian bytes of `dtype`.
-fn json_data(data: &Value, dtype: &str) -> Result<Vec<u8>, String> {
-    let mut flat = Vec::new();
-    fn walk<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
-        match v {
-            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
-            other => out.push(other),
-        }
-    }
-    walk(data, &mut flat);
-    let mut bytes = Vec::with_capacity(flat.len() * width(dtype));
-    for v in flat {
-        let x = match v {
-            Value::Bool(b) => f64::from(u8::from(*b)),
-            Value::Number(n) => n.as_f64().unwrap_or(0.0),
-            other => return Err(format!("a {other} in data: wanted numbers")),
-        };
-        match dtype {
-            "bool" => bytes.push(u8::from(x != 0.0)),
-            "u8" => bytes.push(x as u8),
-            "i8" => bytes.push(x as i8 as u8),
-            "u16" => bytes.extend((x as u16).to_le_bytes()),
-            "i16" => bytes.extend((x as i16).to_le_bytes()),
-            "u32" => bytes.extend((x as u32).to_le_bytes()),
-            "i32" => bytes.extend((x as i32).to_le_bytes()),
-            "u64" => bytes.extend((x as u64).to_le_bytes()),
-            "i64" => bytes.extend(match v.as_i64() {
-                Some(i) => i.to_le_bytes(),
-                None => (x as i64).to_le_bytes(),
-            }),
-            "f16" => bytes.extend(f16::from_f64(x).to_le_bytes()),
-            "f32" => bytes.extend((x as f32).to_le_bytes()),
-            "f64" => bytes.extend(x.to_le_bytes()),
-            other => return Err(format!("{other} cannot be given as JSON data: send it binary")),
-        }
-    }
-    Ok(bytes)
-}
-
-/// One element of `dtype` from its little-endian bytes, as JSON.
-fn element(bytes: &[u8], dtype: &str) -> Value {
-    let b = |n: usize| -> [u8; 8] {
-        let mut a = [0u8; 8];
-        a[..n].copy_from_slice(&bytes[..n]);
-        a
-    };
-    match dtype {
-        "bool" => json!(bytes[0] != 0),
-        "u8" => json!(bytes[0]),
-        "i8" => json!(bytes[0] as i8),
-        "u16" => json!(u16::from_le_bytes([bytes[0], bytes[1]])),
-        "i16" => json!(i16::from_le_bytes([bytes[0], bytes[1]])),
-        "u32" => json!(u32::from_le_bytes(b(4)[..4].try_into().expect("4"))),
-        "i32" => json!(i32::from_le_bytes(b(4)[..4].try_into().expect("4"))),
-        "u64" => json!(u64::from_le_bytes(b(8))),
-        "i64" => json!(i64::from_le_bytes(b(8))),
-        // Every f16 is an f64 exactly, written as the shortest decimal that
-        // reads back to it: read as f64 and rounded to f16, the same bits.
-        "f16" => json!(f16::from_le_bytes([bytes[0], bytes[1]]).to_f64()),
-        "f32" => json!(f32::from_le_bytes(b(4)[..4].try_into().expect("4"))),
-        "f64" => json!(f64::from_le_bytes(b(8))),
-        _ => Value::Null,
-    }
-}
-
 /// The answer to `request` of model `model`: its JSON, and the binary part
 /// (empty where every output is JSON); an output asked into shared memory
 /// written there, its answer no data and no parameters (`Err` where the
@@ -484,7 +308,7 @@ pub(crate) fn answer(
     let mut binary = Vec::new();
     let mut at = 0;
     for (k, port) in interface.outputs.iter().enumerate() {
-        let n = port.len() * width(&port.dtype);
+        let n = port_bytes(port);
         let bytes = &answer_bytes[at..at + n];
         at += n;
         if !request.wanted[k] {
@@ -501,7 +325,7 @@ pub(crate) fn answer(
             o["parameters"] = json!({ "binary_data_size": n });
             binary.extend_from_slice(bytes);
         } else {
-            let w = width(&port.dtype);
+            let w = width(&port.dtype).unwrap_or(8);
             o["data"] = Value::Array(bytes.chunks(w).map(|e| element(e, &port.dtype)).collect());
         }
         outputs.push(o);
@@ -514,11 +338,6 @@ pub(crate) fn answer(
         head["parameters"] = json!({ "sequence_id": s.json() });
     }
     Ok((head.to_string().into_bytes(), binary))
-}
-
-/// An error's body.
-pub fn error(why: &str) -> String {
-    json!({ "error": why }).to_string()
 }
 
 #[cfg(test)]
@@ -583,7 +402,8 @@ mod tests {
 
     /// Issue 68 row 6: an FP16 output answered as JSON numbers (it was
     /// `null`), each read back as a number and rounded to f16 the same
-    /// bits as the binary answer: every finite f16.
+    /// bits as the binary answer (every finite f16: `laned_wire::kserve`'s
+    /// tests).
     #[test]
     fn fp16_answers_are_json_numbers_that_read_back_exactly() {
         let i = interface();
@@ -604,20 +424,6 @@ mod tests {
             .flat_map(|v| f16::from_f64(v.as_f64().unwrap_or_else(|| panic!("{head}"))).to_le_bytes())
             .collect();
         assert_eq!(back, answer, "{head}");
-        for bits in 0..=u16::MAX {
-            let x = f16::from_bits(bits);
-            if !x.is_finite() {
-                continue;
-            }
-            let text = element(&bits.to_le_bytes(), "f16").to_string();
-            let read: f64 = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{bits:#x}: {text}: {e}"));
-            assert_eq!(f16::from_f64(read).to_bits(), bits, "{text}");
-            // And given back as JSON data, the same bits.
-            assert_eq!(
-                json_data(&serde_json::from_str(&text).unwrap(), "f16").unwrap(),
-                bits.to_le_bytes()
-            );
-        }
     }
 
     fn answer_of(request: &Request, i: &Interface, bytes: &[u8]) -> (Value, Vec<u8>) {

@@ -17,23 +17,26 @@
 //! Files by job: [`settings`] (what a server is told), [`protocol`] (what
 //! frames mean, per model: [`audio`], [`tensor`]), `session` (one
 //! connection's life, the same for every model, and the multiplexed
-//! front's, whose bytes are [`mux`]'s), [`handover`] (the
-//! store), `accept` (the accept loop, the cap, the probes), `server` (the
-//! routes, the listeners, the drain), [`kserve`] and `v2` (the KServe v2
-//! REST front's messages and routes, Triton's sequences a laned stream
-//! each), `grpc` (the same over gRPC, with Triton's streams), [`web`]
-//! (`laned serve --web`'s microphone page), [`close`] (the close codes by
-//! name); `testing` (hidden: the fixtures this crate's and the `laned`
-//! tool's tests share).
+//! front's), [`handover`] (the store), `accept` (the accept loop, the
+//! cap, the probes), `server` (the routes, the listeners, the drain),
+//! `routes` (what every route's handler shares: the served models, the
+//! readiness), [`kserve`] and `v2` (the KServe v2 REST front's request
+//! check and routes, Triton's sequences a laned stream each), `grpc` (the
+//! same over gRPC, with Triton's streams), [`web`] (`laned serve --web`'s
+//! microphone page); `testing` (hidden: the fixtures this crate's and the
+//! `laned` tool's tests share).
+//!
+//! The bytes of every front (the close codes, the multiplexed records, the
+//! tensor protocol's framing, the KServe v2 messages) are
+//! [`laned_wire`]'s, which clients use without this crate.
 
 mod accept;
 pub mod audio;
-pub mod close;
 pub mod grpc;
 pub mod handover;
 pub mod kserve;
-pub mod mux;
 pub mod protocol;
+mod routes;
 mod server;
 mod session;
 pub mod settings;

@@ -24,6 +24,7 @@ use tract_core::internal::*;
 use crate::accept::{self, open_files_limit, PROBE_RESERVE};
 use crate::handover::{self, Store};
 use crate::protocol::Protocol;
+use crate::routes::{readiness, Routes};
 use crate::session::{self, Endpoint, Shared};
 use crate::settings::{Limits, Settings};
 use crate::PROBE_PLACES;
@@ -509,78 +510,6 @@ impl Server {
     }
 }
 
-/// What every route sees.
-#[derive(Clone)]
-pub(crate) struct Routes {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) endpoints: Vec<Arc<Endpoint>>,
-    /// The KServe v2 front's live sequences ([`crate::v2`]).
-    pub(crate) sequences: Arc<session::sequence::Sequences>,
-    /// Each endpoint's statistics (the `statistics` extension), in the
-    /// endpoints' order.
-    pub(crate) stats: Arc<Vec<crate::stats::ModelStats>>,
-    /// The `system_shared_memory` extension's regions, the server's.
-    pub(crate) regions: Arc<crate::shm::Regions>,
-}
-
-impl Routes {
-    pub(crate) fn endpoint(&self, name: &str) -> Option<Arc<Endpoint>> {
-        self.endpoints.iter().find(|e| e.name == name).cloned()
-    }
-
-    /// Model `name`'s statistics.
-    pub(crate) fn stats(&self, name: &str) -> Option<&crate::stats::ModelStats> {
-        let k = self.endpoints.iter().position(|e| e.name == name)?;
-        self.stats.get(k)
-    }
-
-    /// The `model_repository` extension's index: every served model,
-    /// `(name, ready)`, version "1".
-    pub(crate) fn index(&self) -> Vec<(String, bool)> {
-        self.endpoints
-            .iter()
-            .map(|e| (e.name.clone(), readiness(&e.runner).0))
-            .collect()
-    }
-
-    /// A repository load of model `name`: served already (a no-op), or
-    /// refused by name.
-    pub(crate) fn load(&self, name: &str) -> Result<(), String> {
-        match self.endpoint(name) {
-            Some(_) => Ok(()),
-            None => Err(format!(
-                "laned serves the models of its spec; {name:?} is not one (the models are {})",
-                self.endpoints
-                    .iter()
-                    .map(|e| e.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
-        }
-    }
-
-    /// A repository unload of model `name`: refused by name.
-    pub(crate) fn unload(&self, name: &str) -> String {
-        format!("unloading {name:?} refused: models are fixed at start (laned serves the models of its spec)")
-    }
-
-    /// Every served model's statistics as Triton's JSON, or model `name`'s
-    /// only (`None` where it is not served).
-    pub(crate) fn stats_json(&self, name: Option<&str>) -> Option<serde_json::Value> {
-        let models: Vec<serde_json::Value> = self
-            .endpoints
-            .iter()
-            .zip(self.stats.iter())
-            .filter(|(e, _)| name.is_none_or(|n| n == e.name))
-            .map(|(e, s)| s.json(&e.name))
-            .collect();
-        if name.is_some() && models.is_empty() {
-            return None;
-        }
-        Some(serde_json::json!({ "model_stats": models }))
-    }
-}
-
 /// What a request (not a probe) is told once the drain has ended and the
 /// server is closing: 503, `restarting`, as JSON (the v2 routes' errors).
 pub(crate) const CLOSING: &str = "restarting: the server is shutting down: send it to another replica";
@@ -605,21 +534,11 @@ async fn restarting_when_closed(
                 (axum::http::header::CONTENT_TYPE, "application/json"),
                 (axum::http::header::CONNECTION, "close"),
             ],
-            crate::kserve::error(CLOSING),
+            laned_wire::kserve::error(CLOSING),
         )
             .into_response();
     }
     next.run(request).await
-}
-
-/// One runner's readiness line.
-pub(crate) fn readiness(runner: &LanedRunner) -> (bool, String) {
-    let capacity = runner.capacity();
-    let line = format!(
-        "accepting {} lanes_free {} spawners_waiting {}\n",
-        capacity.accepting, capacity.lanes_free, capacity.spawners_waiting
-    );
-    (capacity.is_ready(), line)
 }
 
 /// Ready when any model is (one model full must not pull the replica out
@@ -696,7 +615,7 @@ async fn models(State(routes): State<Routes>) -> Response {
             json!({
                 "name": e.name,
                 "stream": format!("/v1/models/{}/stream", e.name),
-                "protocol": crate::tensor::PROTOCOL_VERSION,
+                "protocol": laned_wire::tensor::PROTOCOL_VERSION,
                 "speaks": e.protocol.name(),
                 "inputs": inputs,
                 "outputs": outputs,
@@ -754,7 +673,7 @@ async fn stream(
     }
 }
 
-/// Many streams of a model on one connection ([`crate::mux`]).
+/// Many streams of a model on one connection ([`laned_wire::mux`]).
 async fn mux_stream(
     ws: Result<axum::extract::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
     Path(name): Path<String>,

@@ -1,43 +1,20 @@
 //! `laned serve`'s protocol, [`Tensors`]: any model, a binary frame a
-//! pulse, a frame an answer. Protocol version [`PROTOCOL_VERSION`]:
-//!
-//! 1. After the upgrade the server sends one text message, the hello:
-//!    `{"protocol": 1, "model": NAME, "stream": ID or null, "resume": N,
-//!    "format": "binary" | "json", "inputs": [PORT...], "outputs":
-//!    [PORT...]}`, each port `{"index", "name", "dtype", "shape"}` (one
-//!    stream's shape, 1 on the batch axis). A client resends from pulse
-//!    `resume` (0 for a fresh stream). A model fed audio (its spec's
-//!    `[model.audio]`, or a built-in's) adds `"audio": {"sample_rate",
-//!    "hop", "context"}`: pulse `k` is the `context` samples before sample
-//!    `k * hop` (zeros before the first), then `hop` new samples.
-//! 2. The client sends one binary frame a pulse: every input of `inputs`
-//!    in order, each its `shape`'s elements in row-major order,
-//!    little-endian, of its `dtype` (booleans one byte). A frame longer
-//!    than one pulse is refused 1009 (too big); a shorter non-empty one
-//!    1003, naming both lengths; an empty frame is no pulse: it is
-//!    skipped and spent from the control-frame budget, as a ping is.
-//! 3. The server answers each pulse, in order, with one binary frame:
-//!    every output of `outputs` likewise. With `?format=json`, a text
-//!    message `{"pulse": n, "outputs": [[...], ...]}` instead, each output
-//!    flattened, each element a JSON number where it is finite and else
-//!    one of the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (JSON has
-//!    no number for them; these are the names JavaScript's `Number()` and
-//!    Python's `float()` read back). Integers and booleans are numbers.
+//! pulse, a frame an answer. The format (the hello, the frames, the JSON
+//! answers, the version) is [`laned_wire::tensor`]'s; this is the server's
+//! side of it, a frame turned into a call and an answer into a frame.
 //!
 //! Close codes, limits and the hand-over are the session's, the same as
-//! `vad-server`'s ([`crate::close`]).
+//! `vad-server`'s ([`laned_wire::close`]).
 
 use std::sync::Arc;
 
 use axum::extract::ws::Message;
 use laned_models::spec::Interface;
+use laned_wire::tensor::{json_number, PROTOCOL_VERSION};
 use serde_json::{json, Map, Value};
 use tract_core::internal::*;
 
 use crate::protocol::{query_value, Conversation, Opened, Protocol};
-
-/// The version of the protocol the hello announces.
-pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Any model's pulses as tensor bytes.
 #[derive(Debug, Clone)]
@@ -158,35 +135,5 @@ impl Conversation for TensorStream {
             Some(other) => Err(format!("an unknown field {other:?}")),
             None => Ok(()),
         }
-    }
-}
-
-/// One answer element in JSON: a number where it is finite, else the name
-/// `float()` and `Number()` read back (serde_json would write `null` for
-/// all three, and they would be one).
-fn json_number(x: f64) -> Value {
-    if x.is_finite() {
-        json!(x)
-    } else if x.is_nan() {
-        Value::from("NaN")
-    } else if x > 0.0 {
-        Value::from("Infinity")
-    } else {
-        Value::from("-Infinity")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::json_number;
-
-    /// NaN and both infinities stay three values, and finite ones numbers.
-    #[test]
-    fn non_finite_answers_keep_their_names() {
-        assert_eq!(json_number(f64::NAN), "NaN");
-        assert_eq!(json_number(f64::INFINITY), "Infinity");
-        assert_eq!(json_number(f64::NEG_INFINITY), "-Infinity");
-        assert_eq!(json_number(-0.5), serde_json::json!(-0.5));
-        assert!(json_number(3.0).is_number());
     }
 }

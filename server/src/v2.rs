@@ -15,19 +15,13 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use laned_wire::kserve::HEADER_LENGTH;
 use serde_json::json;
 
 use crate::kserve::{self, Request};
-use crate::server::{readiness, Routes};
+use crate::routes::{max_body, readiness, Routes};
 use crate::session::sequence::Sequences;
 use crate::session::{Endpoint, Shared};
-
-/// The largest infer request body for a model of `pulse_bytes`-byte
-/// pulses: its pulse as JSON numbers (up to about 24 characters an
-/// element) and the JSON around it.
-pub(crate) fn max_body(pulse_bytes: usize) -> usize {
-    pulse_bytes.saturating_mul(8).saturating_add(64 << 10)
-}
 
 /// The v2 routes added to `router`.
 pub(crate) fn routes(router: Router<Routes>, endpoints: &[Arc<Endpoint>]) -> Router<Routes> {
@@ -96,7 +90,12 @@ pub(crate) fn tend(shared: Arc<Shared>, endpoints: Vec<Arc<Endpoint>>, sequences
 
 /// An error answer.
 fn error(status: StatusCode, why: &str) -> Response {
-    (status, [(header::CONTENT_TYPE, "application/json")], kserve::error(why)).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        laned_wire::kserve::error(why),
+    )
+        .into_response()
 }
 
 fn no_model(routes: &Routes, name: &str) -> Response {
@@ -110,16 +109,6 @@ fn no_model(routes: &Routes, name: &str) -> Response {
 fn json_answer(value: serde_json::Value) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], value.to_string()).into_response()
 }
-
-/// The extensions served, as `GET /v2` lists them (gRPC's
-/// `ServerMetadata` the same but `binary_tensor_data`, REST's own).
-pub(crate) const EXTENSIONS: &[&str] = &[
-    "binary_tensor_data",
-    "sequence",
-    "statistics",
-    "model_repository",
-    "system_shared_memory",
-];
 
 /// A shared memory refusal's answer.
 fn shm_error(e: crate::shm::ShmError) -> Response {
@@ -238,7 +227,7 @@ async fn server_metadata() -> Response {
     json_answer(json!({
         "name": "laned",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": EXTENSIONS,
+        "extensions": laned_wire::kserve::EXTENSIONS,
     }))
 }
 
@@ -315,7 +304,7 @@ async fn model_config(State(routes): State<Routes>, Path(name): Path<String>) ->
     let port = |p: &laned_models::spec::Port| {
         json!({
             "name": p.name,
-            "data_type": format!("TYPE_{}", kserve::datatype(&p.dtype)),
+            "data_type": format!("TYPE_{}", laned_wire::kserve::datatype(&p.dtype)),
             "dims": p.shape.iter().skip(1).collect::<Vec<_>>(),
         })
     };
@@ -370,18 +359,10 @@ async fn infer_timed(
             ),
         );
     }
-    let json_len = match headers
-        .get(kserve::HEADER_LENGTH)
-        .map(|v| v.to_str().map(str::parse::<usize>))
-    {
+    let json_len = match headers.get(HEADER_LENGTH).map(|v| v.to_str().map(str::parse::<usize>)) {
         None => None,
         Some(Ok(Ok(n))) => Some(n),
-        Some(_) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("{} is not a number", kserve::HEADER_LENGTH),
-            )
-        }
+        Some(_) => return error(StatusCode::BAD_REQUEST, &format!("{} is not a number", HEADER_LENGTH)),
     };
     let request = match Request::parse(body, json_len, interface, &routes.regions) {
         Ok(r) => r,
@@ -423,10 +404,7 @@ async fn infer_timed(
     (
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-            (
-                header::HeaderName::from_static(kserve::HEADER_LENGTH),
-                json_len.to_string(),
-            ),
+            (header::HeaderName::from_static(HEADER_LENGTH), json_len.to_string()),
         ],
         [head, binary].concat(),
     )

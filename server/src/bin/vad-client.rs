@@ -23,7 +23,7 @@ use std::time::Duration;
 use clap::Parser;
 use futures_util::{SinkExt, StreamExt};
 use laned_models::silero::CHUNK;
-use laned_server::close;
+use laned_wire::close;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 

@@ -14,9 +14,8 @@
 //! sequence from its record).
 //!
 //! The service is written by hand over tonic's server (the messages are
-//! prost derives in [`messages`]): no protoc at build time.
+//! prost derives in [`laned_wire::grpc`]): no protoc at build time.
 
-pub mod messages;
 mod places;
 
 use std::collections::HashMap;
@@ -30,25 +29,23 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use futures_util::Stream;
+use laned_wire::grpc::*;
+use laned_wire::kserve::{datatype, SequenceId, EXTENSIONS};
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService};
 use tonic::{Request, Response, Status, Streaming};
 use tonic_prost::ProstCodec;
 
-use crate::kserve::{self, Pulse, SequenceId};
-use crate::server::{readiness, Routes};
-use messages::*;
+use crate::kserve::{self, Pulse};
+use crate::routes::{max_body, readiness, Routes};
 
 /// Sequences one connection's streams may carry at once, all its
 /// `ModelStreamInfer` streams together (a sequence of `ModelInfer`
 /// requests is held by the server's table, not by a connection).
-pub const MAX_SEQUENCES_PER_CONNECTION: usize = crate::mux::MAX_STREAMS;
+pub const MAX_SEQUENCES_PER_CONNECTION: usize = laned_wire::mux::MAX_STREAMS;
 
 /// Requests of one sequence queued on a stream, not yet served.
-const QUEUED_PER_SEQUENCE: usize = crate::mux::MAX_QUEUED;
-
-/// The service's name on the wire.
-const SERVICE: &str = "inference.GRPCInferenceService";
+const QUEUED_PER_SEQUENCE: usize = laned_wire::mux::MAX_QUEUED;
 
 /// The service: every route's state.
 #[derive(Clone)]
@@ -64,7 +61,7 @@ impl Inference {
             .endpoints
             .iter()
             .filter_map(|e| e.protocol.interface())
-            .map(|i| crate::v2::max_body(i.pulse_bytes()))
+            .map(|i| max_body(i.pulse_bytes()))
             .max()
             .unwrap_or(64 << 10);
         Inference { routes, max_request }
@@ -180,7 +177,7 @@ where
                         Ok(Response::new(ServerMetadataResponse {
                             name: "laned".into(),
                             version: env!("CARGO_PKG_VERSION").into(),
-                            extensions: crate::v2::EXTENSIONS
+                            extensions: EXTENSIONS
                                 .iter()
                                 .filter(|e| **e != "binary_tensor_data")
                                 .map(|e| e.to_string())
@@ -323,14 +320,14 @@ where
 /// A v2 datatype's Triton `DataType` number, from the tensor protocol's
 /// name.
 fn triton_type(dtype: &str) -> i32 {
-    data_type(kserve::datatype(dtype))
+    data_type(datatype(dtype))
 }
 
 fn model_metadata(routes: &Routes, name: &str) -> Result<ModelMetadataResponse, Status> {
     let (_, i) = served(routes, name)?;
     let tensor = |p: &laned_models::spec::Port| TensorMetadata {
         name: p.name.clone(),
-        datatype: kserve::datatype(&p.dtype).into(),
+        datatype: datatype(&p.dtype).into(),
         shape: p
             .shape
             .iter()
@@ -584,7 +581,7 @@ fn check(routes: &Routes, r: &ModelInferRequest) -> Result<Checked, Status> {
         let bytes = if let Some(place) = shm {
             let port = &interface.inputs[k];
             place
-                .input(&what, port.len() * kserve::width(&port.dtype))
+                .input(&what, kserve::port_bytes(port))
                 .map_err(Status::invalid_argument)?
         } else if r.raw_input_contents.is_empty() {
             let contents = input
@@ -617,7 +614,7 @@ fn check(routes: &Routes, r: &ModelInferRequest) -> Result<Checked, Status> {
         if let Some(place) = shm_place(routes, &what, &o.parameters)? {
             let port = &interface.outputs[k];
             place
-                .check_output(&what, port.len() * kserve::width(&port.dtype))
+                .check_output(&what, kserve::port_bytes(port))
                 .map_err(Status::invalid_argument)?;
             shm_out[k] = Some(place);
         }
@@ -671,7 +668,7 @@ async fn infer_timed(
     let (mut outputs, mut raw) = (Vec::new(), Vec::new());
     let mut at = 0;
     for (k, p) in interface.outputs.iter().enumerate() {
-        let n = p.len() * kserve::width(&p.dtype);
+        let n = kserve::port_bytes(p);
         let bytes = &answer[at..at + n];
         at += n;
         if !wanted[k] {
@@ -701,7 +698,7 @@ async fn infer_timed(
         }
         outputs.push(InferOutputTensor {
             name: p.name.clone(),
-            datatype: kserve::datatype(&p.dtype).into(),
+            datatype: datatype(&p.dtype).into(),
             shape: p.shape.iter().map(|d| *d as i64).collect(),
             parameters,
             contents: None,

@@ -4,8 +4,7 @@
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
-
-use crate::close;
+use laned_wire::close;
 
 /// The longest close reason a control frame carries (125 bytes less the
 /// code's two).

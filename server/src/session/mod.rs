@@ -163,9 +163,9 @@ pub(crate) async fn lane(
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
             let code = match e {
-                SpawnError::Draining | SpawnError::Closed if handing => crate::close::RESTART,
-                SpawnError::Draining | SpawnError::Closed => crate::close::GOING_AWAY,
-                _ => crate::close::TRY_AGAIN_LATER,
+                SpawnError::Draining | SpawnError::Closed if handing => laned_wire::close::RESTART,
+                SpawnError::Draining | SpawnError::Closed => laned_wire::close::GOING_AWAY,
+                _ => laned_wire::close::TRY_AGAIN_LATER,
             };
             let why = format!("no lane: {e}");
             return Err(NoLane { code, why });
@@ -173,7 +173,7 @@ pub(crate) async fn lane(
         Err(_) => {
             let why = format!("no lane freed up within {wait:?}: try again later");
             return Err(NoLane {
-                code: crate::close::TRY_AGAIN_LATER,
+                code: laned_wire::close::TRY_AGAIN_LATER,
                 why,
             });
         }
@@ -183,9 +183,9 @@ pub(crate) async fn lane(
         // the runner's end.
         if let Err(e) = handle.import_state_async(&record.state).await {
             let code = if e.end_reason().is_some() {
-                crate::close::GOING_AWAY
+                laned_wire::close::GOING_AWAY
             } else {
-                crate::close::INTERNAL
+                laned_wire::close::INTERNAL
             };
             let why = format!("resuming: {e}");
             return Err(NoLane { code, why });
@@ -419,7 +419,7 @@ impl Session {
         let conversation = match opening.conversation {
             Ok(c) => c,
             Err(why) => {
-                close_with(&mut socket, crate::close::UNSUPPORTED, &why).await;
+                close_with(&mut socket, laned_wire::close::UNSUPPORTED, &why).await;
                 return None;
             }
         };
@@ -428,21 +428,21 @@ impl Session {
         let id = match opening.id {
             Ok(id) => id,
             Err(why) if shared.store.is_some() => {
-                close_with(&mut socket, crate::close::IDLE, &why).await;
+                close_with(&mut socket, laned_wire::close::IDLE, &why).await;
                 return None;
             }
             Err(_) => None,
         };
         // A claimed generation likewise (it is read only with an id).
         if let (Err(why), Some(_), Some(_)) = (&opening.claimed, &id, &shared.store) {
-            close_with(&mut socket, crate::close::IDLE, why).await;
+            close_with(&mut socket, laned_wire::close::IDLE, why).await;
             return None;
         }
         let handing = id.clone().filter(|_| shared.store.is_some());
         // Draining already: a stream with an id is told to go elsewhere with
         // its record untouched.
         if handing.is_some() && *shared.handing_over.borrow() {
-            close_with(&mut socket, crate::close::RESTART, "restarting: resume elsewhere").await;
+            close_with(&mut socket, laned_wire::close::RESTART, "restarting: resume elsewhere").await;
             return None;
         }
         // One live session per id: a second is refused while the first
@@ -457,7 +457,7 @@ impl Session {
                     .insert(key.clone())
                 {
                     let why = format!("stream id {id:?} is live in another session");
-                    close_with(&mut socket, crate::close::IDLE, &why).await;
+                    close_with(&mut socket, laned_wire::close::IDLE, &why).await;
                     return None;
                 }
                 Some(LiveId(shared.clone(), key))
@@ -487,7 +487,7 @@ impl Session {
         let taken = tokio::select! {
             r = lane(&self.endpoint, wait, self.handing.is_some(), record) => r,
             _ = &mut self.closing => {
-                return self.refuse(crate::close::GOING_AWAY, "the server is shutting down").await;
+                return self.refuse(laned_wire::close::GOING_AWAY, "the server is shutting down").await;
             }
         };
         match taken {
@@ -615,7 +615,7 @@ impl Session {
     async fn clocks(&mut self) -> Result<(), Ended> {
         if tokio::time::Instant::now() >= self.idle_until {
             let why = format!("no audio for {:?}: the lane goes to others", self.idle());
-            return self.end(crate::close::IDLE, &why).await;
+            return self.end(laned_wire::close::IDLE, &why).await;
         }
         self.untaken().await
     }
@@ -623,7 +623,7 @@ impl Session {
     async fn untaken(&mut self) -> Result<(), Ended> {
         if self.taken.overdue() {
             let why = format!("replies untaken for {:?}: the lane goes to others", self.idle());
-            return self.end(crate::close::IDLE, &why).await;
+            return self.end(laned_wire::close::IDLE, &why).await;
         }
         Ok(())
     }
@@ -663,7 +663,7 @@ impl Session {
         tokio::select! {
             m = read => Ok(m),
             _ = closing => {
-                self.refuse(crate::close::GOING_AWAY, "the server is shutting down").await
+                self.refuse(laned_wire::close::GOING_AWAY, "the server is shutting down").await
             }
             // Handed over at the loop's top (a flag dropped unset, the
             // server gone, is not waited on again).
@@ -697,29 +697,29 @@ impl Session {
                     self.taken.ponged();
                 }
                 if !self.budget.spend() {
-                    return self.refuse(crate::close::IDLE, &too_many_frames()).await;
+                    return self.refuse(laned_wire::close::IDLE, &too_many_frames()).await;
                 }
                 return Ok(());
             }
             Some(Ok(Message::Text(_))) => {
                 let why = self.stream().conversation.text_refused();
-                return self.refuse(crate::close::UNSUPPORTED, why).await;
+                return self.refuse(laned_wire::close::UNSUPPORTED, why).await;
             }
             Some(Ok(Message::Binary(b))) => b,
         };
         if bytes.len() > max {
             let why = format!("frame of {} bytes over the {max}-byte limit", bytes.len());
-            return self.refuse(crate::close::TOO_BIG, &why).await;
+            return self.refuse(laned_wire::close::TOO_BIG, &why).await;
         }
         if bytes.is_empty() {
             if !self.budget.spend() {
-                return self.refuse(crate::close::IDLE, &too_many_frames()).await;
+                return self.refuse(laned_wire::close::IDLE, &too_many_frames()).await;
             }
             return Ok(());
         }
         let taken = self.stream.as_mut().expect("serving").conversation.take(&bytes);
         if let Err(why) = taken {
-            return self.refuse(crate::close::UNSUPPORTED, &why).await;
+            return self.refuse(laned_wire::close::UNSUPPORTED, &why).await;
         }
         // A frame refused takes no lane: the lane after the frame's check.
         if self.stream().handle.is_none() {
@@ -757,7 +757,11 @@ impl Session {
             stream.chunk += 1;
             let mut replies = match stream.conversation.answer(n, out) {
                 Ok(replies) => replies,
-                Err(why) => return self.end(crate::close::INTERNAL, &format!("answering: {why}")).await,
+                Err(why) => {
+                    return self
+                        .end(laned_wire::close::INTERNAL, &format!("answering: {why}"))
+                        .await
+                }
             };
             replies.extend(self.taken.ping(n));
             self.send(replies).await?;
@@ -839,9 +843,9 @@ impl Session {
             Ok(Ok(out)) => Ok(out),
             Ok(Err(e)) => {
                 let code = if e.end_reason().is_some() {
-                    crate::close::GOING_AWAY
+                    laned_wire::close::GOING_AWAY
                 } else {
-                    crate::close::INTERNAL
+                    laned_wire::close::INTERNAL
                 };
                 self.refuse(code, &format!("stream ended: {e}")).await
             }
@@ -855,7 +859,7 @@ impl Session {
                 Err(Ended)
             }
             Err(Read::Closing) => {
-                self.refuse(crate::close::GOING_AWAY, "the server is shutting down")
+                self.refuse(laned_wire::close::GOING_AWAY, "the server is shutting down")
                     .await?;
                 Err(Ended)
             }

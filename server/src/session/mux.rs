@@ -1,5 +1,5 @@
 //! One multiplexed connection: many streams of one model on one WebSocket
-//! (the bytes: [`crate::mux`]). Each stream is what a single-stream
+//! (the bytes: [`laned_wire::mux`]). Each stream is what a single-stream
 //! session's is (a lane from its first pulse, its record, its checkpoints
 //! and its hand-over); the connection is one task that reads records,
 //! starts each stream's next call, and writes every answer ready at once
@@ -49,15 +49,14 @@ use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use laned_models::spec::Interface;
 use laned_runner::LanedStateHandle;
+use laned_wire::{close, mux};
 use serde_json::json;
 use tokio::time::Instant;
 use tract_core::prelude::{TValue, TVec};
 
 use super::resume::{hand_over_stream, look_up, Resume};
 use super::{close_with, Endpoint, LiveGuard, LiveId, Shared, Stream, MAX_WRITE_BUFFER, READ_BUFFER, WRITE_BUFFER};
-use crate::close;
 use crate::handover::{self, Record};
-use crate::mux;
 
 /// How often the idle clock is read.
 const IDLE_TICK: Duration = Duration::from_millis(100);
@@ -184,7 +183,7 @@ impl Connection {
     async fn serve(mut self) {
         let i = &self.interface;
         let mut hello = json!({
-            "protocol": crate::tensor::PROTOCOL_VERSION,
+            "protocol": laned_wire::tensor::PROTOCOL_VERSION,
             "mux": mux::MUX_VERSION,
             "model": self.endpoint.name,
             "inputs": i.inputs,
@@ -279,7 +278,7 @@ impl Connection {
         let records = match mux::records(&bytes) {
             Ok(r) => r,
             Err(why) => {
-                close_with(&mut self.socket, close::UNSUPPORTED, &why).await;
+                close_with(&mut self.socket, close::UNSUPPORTED, &why.to_string()).await;
                 return Err(Ended);
             }
         };

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::ws::WebSocket;
+use laned_wire::close;
 
 use super::{close_with, Endpoint, LiveId, Shared, Stream};
-use crate::close;
 use crate::handover::{self, Record, Store, LOST, REFUSED, STALE, UNREAD};
 use crate::protocol::Conversation;
 

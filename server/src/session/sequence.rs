@@ -42,13 +42,13 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use laned_runner::LanedStateHandle;
+use laned_wire::kserve::SequenceId;
 use tokio::time::Instant;
 use tract_core::prelude::{TValue, TVec};
 
 use super::resume::{checkpoint, hand_over_stream, look_up, Resume};
 use super::{Endpoint, LiveId, Shared, Stream};
 use crate::handover;
-use crate::kserve::SequenceId;
 
 /// Every live sequence of a server, by its model's store key of its id.
 #[derive(Default)]
@@ -102,8 +102,7 @@ impl Sequences {
             clock.ran = Some(std::time::Instant::now());
             return handle.call_async(inputs).await.map_err(|e| call_failed(&e));
         };
-        let id = &sequence_id
-            .stream_id()
+        let id = &crate::kserve::stream_id(sequence_id)
             .map_err(|why| (StatusCode::BAD_REQUEST, format!("sequence_id: {why}")))?;
         let key = endpoint.key(id);
         if *shared.handing_over.borrow() {
@@ -409,8 +408,8 @@ async fn lane(
     super::lane(endpoint, wait, shared.store.is_some(), record)
         .await
         .map_err(|super::NoLane { code, why }| match code {
-            crate::close::INTERNAL => (StatusCode::INTERNAL_SERVER_ERROR, why),
-            crate::close::RESTART | crate::close::GOING_AWAY => {
+            laned_wire::close::INTERNAL => (StatusCode::INTERNAL_SERVER_ERROR, why),
+            laned_wire::close::RESTART | laned_wire::close::GOING_AWAY => {
                 (StatusCode::SERVICE_UNAVAILABLE, format!("restarting: {why}"))
             }
             _ => (StatusCode::SERVICE_UNAVAILABLE, why),

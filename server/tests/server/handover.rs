@@ -631,7 +631,7 @@ fn silero_handover_with_redis_killed_mid_drain_still_ends_by_the_deadline() {
         let plan = plan().unwrap();
         for (s, c) in clients.into_iter().enumerate() {
             let (samples, answers, code) = c.await.unwrap();
-            assert_eq!(code, laned_server::close::GOING_AWAY, "stream {s}");
+            assert_eq!(code, laned_wire::close::GOING_AWAY, "stream {s}");
             assert_eq!(answers, solo(&plan, &samples)[..answers.len()], "stream {s}");
         }
         eprintln!("redis stopped then killed mid-drain: the drain ended {took:?} after SIGTERM");
@@ -892,7 +892,7 @@ fn silero_handover_with_the_store_down_serves_as_without_one() {
             .insert("x-stream-id", "not an id!".parse().unwrap());
         let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
         let (code, reason) = expect_close(&mut ws).await;
-        assert_eq!(code, laned_server::close::IDLE, "{reason}");
+        assert_eq!(code, laned_wire::close::IDLE, "{reason}");
         assert!(reason.contains("stream id"), "{reason}");
     });
 }

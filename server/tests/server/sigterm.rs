@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::*;
 use futures_util::{SinkExt, StreamExt};
 use laned_models::silero::CHUNK;
-use laned_server::close;
+use laned_wire::close;
 use tokio_tungstenite::tungstenite::Message;
 
 /// SIGTERM with 16 live clients: 503 from the signal, answers without a gap

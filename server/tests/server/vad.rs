@@ -10,7 +10,7 @@ use common::*;
 use futures_util::{SinkExt, StreamExt};
 use laned_models::silero::CHUNK;
 use laned_runner::Mode;
-use laned_server::close;
+use laned_wire::close;
 use tokio_tungstenite::tungstenite::Message;
 
 /// 64 concurrent clients (32 lanes on each of 2 shards), in both modes, each with its own

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use laned_models::spec::Interface;
-use laned_server::grpc::messages::{
+use laned_wire::grpc::{
     InferInputTensor, InferParameter, ModelInferRequest, ModelStreamInferResponse, ParameterChoice,
 };
 use tonic::codegen::http::uri::PathAndQuery;
@@ -19,8 +19,6 @@ use tract_core::internal::*;
 
 use crate::pace::Pace;
 use crate::ANSWER_TIMEOUT;
-
-const STREAM_INFER: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
 
 /// One connection's sequences: their requests' sender and the stream of
 /// answers.
@@ -43,7 +41,7 @@ pub(crate) async fn open(addr: std::net::SocketAddr) -> TractResult<Connection> 
     let answers = grpc
         .streaming(
             tonic::Request::new(outgoing),
-            PathAndQuery::from_static(STREAM_INFER),
+            PathAndQuery::try_from(laned_wire::grpc::path("ModelStreamInfer"))?,
             tonic_prost::ProstCodec::default(),
         )
         .await
@@ -59,10 +57,10 @@ fn request(model: &str, interface: &Interface, id: i64, start: bool, bytes: &[u8
     let mut inputs = Vec::new();
     let mut raw = Vec::new();
     for p in &interface.inputs {
-        let n = p.len() * laned_server::kserve::width(&p.dtype);
+        let n = p.len() * laned_wire::tensor::width(&p.dtype).expect("a served port's dtype has a width");
         inputs.push(InferInputTensor {
             name: p.name.clone(),
-            datatype: laned_server::kserve::datatype(&p.dtype).into(),
+            datatype: laned_wire::kserve::datatype(&p.dtype).into(),
             shape: p.shape.iter().map(|d| *d as i64).collect(),
             parameters: HashMap::new(),
             contents: None,

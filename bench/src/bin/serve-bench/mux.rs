@@ -4,12 +4,12 @@
 //! goes in one message, several records in it; each stream waits for its
 //! answer before its next pulse, as a single-stream client does, and a late
 //! answer delays only its own stream. The records are the server's
-//! (`laned_server::mux`).
+//! (`laned_wire::mux`).
 
 use std::time::Instant;
 
 use futures_util::{SinkExt, StreamExt};
-use laned_server::mux::{self, ANSWER, CLOSED, OPEN, OPENED, PULSE};
+use laned_wire::mux::{self, ANSWER, CLOSED, OPEN, OPENED, PULSE};
 use tokio_tungstenite::tungstenite::Message;
 use tract_core::internal::*;
 

@@ -7,9 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use laned_server::grpc::messages::{
-    InferInputTensor, InferParameter, ModelInferRequest, ModelInferResponse, ParameterChoice,
-};
+use laned_wire::grpc::{InferInputTensor, InferParameter, ModelInferRequest, ModelInferResponse, ParameterChoice};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 

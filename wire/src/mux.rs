@@ -62,8 +62,8 @@
 //!    [`queue_budget`] bytes, its messages are left unread.
 //!
 //! The session's own life (when lanes are taken, the clocks, the drain) is
-//! in the session's mux module; this one is the bytes, shared by the
-//! server, the tests and the bench.
+//! the server's; this module is the bytes, shared by the server, the tests
+//! and the bench.
 
 /// The version the hello's `"mux"` announces.
 pub const MUX_VERSION: u32 = 1;
@@ -121,26 +121,24 @@ pub fn put(out: &mut Vec<u8>, kind: u8, tag: u32, payload: &[&[u8]]) {
 
 /// Every record of `message`, in order; `Err` naming where it stops being
 /// whole records (the message is then refused whole: its framing is lost).
-pub fn records(message: &[u8]) -> Result<Vec<Record<'_>>, String> {
+pub fn records(message: &[u8]) -> Result<Vec<Record<'_>>, RecordsError> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < message.len() {
         let rest = &message[at..];
         if rest.len() < HEADER_BYTES {
-            return Err(format!(
-                "a record cut short at byte {at}: {} bytes, a header is {HEADER_BYTES}",
-                rest.len()
-            ));
+            return Err(RecordsError::HeaderCut { at, left: rest.len() });
         }
         let kind = rest[0];
         let tag = u32::from_le_bytes(rest[1..5].try_into().expect("four bytes"));
         let len = u32::from_le_bytes(rest[5..9].try_into().expect("four bytes")) as usize;
         if rest.len() - HEADER_BYTES < len {
-            return Err(format!(
-                "record {} (tag {tag}) says {len} bytes of payload, {} follow",
-                out.len(),
-                rest.len() - HEADER_BYTES
-            ));
+            return Err(RecordsError::PayloadCut {
+                record: out.len(),
+                tag,
+                says: len,
+                follow: rest.len() - HEADER_BYTES,
+            });
         }
         out.push(Record {
             kind,
@@ -151,6 +149,52 @@ pub fn records(message: &[u8]) -> Result<Vec<Record<'_>>, String> {
     }
     Ok(out)
 }
+
+/// Why a message is not whole records ([`records`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordsError {
+    /// Fewer than [`HEADER_BYTES`] bytes left after the last whole record.
+    HeaderCut {
+        /// Where the cut header starts, in bytes from the message's start.
+        at: usize,
+        /// The bytes left there.
+        left: usize,
+    },
+    /// A record's length says more bytes than the message holds.
+    PayloadCut {
+        /// The record's number in the message, from 0.
+        record: usize,
+        /// Its tag.
+        tag: u32,
+        /// The payload's length its header says.
+        says: usize,
+        /// The bytes that follow its header.
+        follow: usize,
+    },
+}
+
+impl std::fmt::Display for RecordsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordsError::HeaderCut { at, left } => write!(
+                f,
+                "a record cut short at byte {at}: {left} bytes, a header is {HEADER_BYTES}"
+            ),
+            RecordsError::PayloadCut {
+                record,
+                tag,
+                says,
+                follow,
+            } => write!(
+                f,
+                "record {record} (tag {tag}) says {says} bytes of payload, {follow} follow"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RecordsError {}
 
 /// The largest message a client of a model with `pulse_bytes`-byte pulses
 /// may send: every stream opened with the longest id and one pulse each,
@@ -205,5 +249,65 @@ mod tests {
                 assert!(records(&m[..cut]).is_err(), "cut at {cut} read as whole");
             }
         }
+    }
+
+    /// Each refusal names what was wrong: a header cut short (where, and
+    /// how many bytes were left), a payload longer than what follows
+    /// (which record, its tag, both lengths).
+    #[test]
+    fn a_bad_message_is_refused_naming_what_was_wrong() {
+        let mut m = Vec::new();
+        put(&mut m, OPENED, 3, &[&5u64.to_le_bytes()]);
+        let header_cut = records(&[&m[..], &[ANSWER, 1, 0]].concat()).unwrap_err();
+        assert_eq!(header_cut, RecordsError::HeaderCut { at: m.len(), left: 3 });
+        assert_eq!(
+            header_cut.to_string(),
+            format!("a record cut short at byte {}: 3 bytes, a header is 9", m.len())
+        );
+        let mut long = m.clone();
+        long.extend([CLOSED, 9, 0, 0, 0, 40, 0, 0, 0]);
+        long.extend(1000u16.to_le_bytes());
+        let payload_cut = records(&long).unwrap_err();
+        assert_eq!(
+            payload_cut,
+            RecordsError::PayloadCut {
+                record: 1,
+                tag: 9,
+                says: 40,
+                follow: 2
+            }
+        );
+        assert_eq!(
+            payload_cut.to_string(),
+            "record 1 (tag 9) says 40 bytes of payload, 2 follow"
+        );
+    }
+
+    /// The server's records read back: an opened position, an answer's
+    /// number and bytes, a close code and its reason.
+    #[test]
+    fn the_servers_records_round_trip() {
+        let mut m = Vec::new();
+        put(&mut m, OPENED, 1, &[&12u64.to_le_bytes()]);
+        put(&mut m, ANSWER, 1, &[&12u64.to_le_bytes(), &[9, 8, 7]]);
+        put(
+            &mut m,
+            CLOSED,
+            1,
+            &[&crate::close::RESTART.to_le_bytes(), b"restarting"],
+        );
+        let r = records(&m).unwrap();
+        assert_eq!(
+            r.iter().map(|r| (r.kind, r.tag)).collect::<Vec<_>>(),
+            [(OPENED, 1), (ANSWER, 1), (CLOSED, 1)]
+        );
+        assert_eq!(u64::from_le_bytes(r[0].payload.try_into().unwrap()), 12);
+        assert_eq!(&r[1].payload[8..], &[9, 8, 7]);
+        assert_eq!(
+            u16::from_le_bytes([r[2].payload[0], r[2].payload[1]]),
+            crate::close::RESTART
+        );
+        assert_eq!(&r[2].payload[2..], b"restarting");
+        assert_eq!(records(&[]).unwrap(), vec![]);
     }
 }

@@ -1,9 +1,40 @@
 //! The messages of `inference.GRPCInferenceService` (KServe v2's gRPC
-//! protocol, with Triton's `ModelStreamInfer` and `ModelConfig`), the
-//! fields this server reads or writes, numbered as the protocol numbers
-//! them (a field left out is skipped by either side's decoder).
+//! protocol, with Triton's `ModelStreamInfer`, `ModelConfig`, statistics,
+//! repository and system shared memory calls), the fields `laned serve`
+//! reads or writes, numbered as the protocol's `.proto` numbers them (a
+//! field left out is skipped by either side's decoder). Prost derives, no
+//! protoc at build time; a client sends them with any gRPC stack (the
+//! bench's uses tonic's client and `tonic-prost`'s codec) to the paths
+//! [`path`] gives.
+//!
+//! Their fields are the protocol's, named as its `.proto` names them: the
+//! KServe v2 and Triton documentation describes each.
+//!
+//! ```
+//! use laned_wire::grpc::{self, InferParameter, ModelInferRequest, ParameterChoice};
+//! use prost::Message;
+//!
+//! let mut request = ModelInferRequest { model_name: "gru".into(), ..Default::default() };
+//! request.parameters.insert(
+//!     "sequence_id".into(),
+//!     InferParameter { parameter_choice: Some(ParameterChoice::Int64(17)) },
+//! );
+//! let bytes = request.encode_to_vec();
+//! assert_eq!(ModelInferRequest::decode(&bytes[..]).unwrap(), request);
+//! assert_eq!(grpc::path("ModelStreamInfer"), "/inference.GRPCInferenceService/ModelStreamInfer");
+//! ```
+#![allow(missing_docs)]
 
 use std::collections::HashMap;
+
+/// The service's name on the wire.
+pub const SERVICE: &str = "inference.GRPCInferenceService";
+
+/// The HTTP/2 path of the service's `method` (`ModelInfer`,
+/// `ModelStreamInfer`, ...).
+pub fn path(method: &str) -> String {
+    format!("/{SERVICE}/{method}")
+}
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ServerLiveRequest {}
@@ -84,6 +115,7 @@ pub struct ModelMetadataResponse {
 
 /// One of a parameter's kinds.
 #[derive(Clone, PartialEq, prost::Oneof)]
+#[non_exhaustive]
 pub enum ParameterChoice {
     #[prost(bool, tag = "1")]
     Bool(bool),
@@ -425,4 +457,57 @@ pub struct SystemSharedMemoryUnregisterRequest {
 pub struct CudaSharedMemoryUnregisterRequest {
     #[prost(string, tag = "1")]
     pub name: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+
+    /// A streamed answer with raw outputs and parameters of every kind
+    /// reads back as written; an unknown datatype is Triton's 0 (invalid).
+    #[test]
+    fn messages_round_trip() {
+        let parameters: HashMap<String, InferParameter> = [
+            ParameterChoice::Bool(true),
+            ParameterChoice::Int64(-4),
+            ParameterChoice::Str("region".into()),
+            ParameterChoice::Double(0.5),
+            ParameterChoice::Uint64(u64::MAX),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(k, p)| {
+            (
+                format!("p{k}"),
+                InferParameter {
+                    parameter_choice: Some(p),
+                },
+            )
+        })
+        .collect();
+        let answer = ModelStreamInferResponse {
+            error_message: String::new(),
+            infer_response: Some(ModelInferResponse {
+                model_name: "gru".into(),
+                model_version: "1".into(),
+                id: "7".into(),
+                parameters,
+                outputs: vec![InferOutputTensor {
+                    name: "y".into(),
+                    datatype: "FP32".into(),
+                    shape: vec![1, 2],
+                    ..Default::default()
+                }],
+                raw_output_contents: vec![[1.0f32, -1.0].iter().flat_map(|x| x.to_le_bytes()).collect()],
+            }),
+        };
+        let bytes = answer.encode_to_vec();
+        assert_eq!(ModelStreamInferResponse::decode(&bytes[..]).unwrap(), answer);
+        assert!(ModelInferRequest::decode(&[0xff][..]).is_err());
+        assert_eq!(data_type("FP32"), 11);
+        assert_eq!(data_type("BYTES"), 13);
+        assert_eq!(data_type("COMPLEX"), 0);
+    }
 }

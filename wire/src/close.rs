@@ -1,6 +1,16 @@
 //! The close codes the servers send and the clients read (RFC 6455), by
-//! name: the server, `vad-client` and `laned client` use these, never the
-//! bare numbers.
+//! name: the server, `vad-client`, `laned client` and the tests use these,
+//! never the bare numbers. The multiplexed front's [`CLOSED`](crate::mux::CLOSED)
+//! records carry the same codes, per stream.
+//!
+//! ```
+//! use laned_wire::close;
+//!
+//! // A client deciding what a close means.
+//! let retry_elsewhere = |code: u16| matches!(code, close::RESTART | close::GOING_AWAY);
+//! assert!(retry_elsewhere(1012));
+//! assert!(!retry_elsewhere(close::TOO_BIG));
+//! ```
 
 /// A stream ended as asked: the client's own close, or a multiplexed
 /// stream the client ended.

@@ -1,5 +1,5 @@
 // laned.js: a client for `laned serve`'s tensor protocol, version 1
-// (server/src/tensor.rs has it byte for byte; docs/serve.md, "A stream").
+// (wire/src/tensor.rs has it byte for byte; docs/serve.md, "A stream").
 // One ES module, no dependencies, no build step: browsers, and Node 20
 // given a WebSocket constructor (the `ws` package's) as an option.
 //

@@ -1,5 +1,5 @@
 """The tensor protocol, version 1, as bytes and JSON (the server's
-`server/src/tensor.rs` says it byte for byte):
+`wire/src/tensor.rs` says it byte for byte):
 
 1. The server's first message is a JSON hello: `protocol`, `model`,
    `stream` (the id, or null), `resume` (the pulse to send from),

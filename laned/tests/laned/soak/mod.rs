@@ -78,6 +78,9 @@ impl Config {
     }
 }
 
+/// A model the replicas serve: its name, spec and explicit state pairs.
+type Served<'a> = (&'static str, &'a Path, Vec<(usize, usize)>);
+
 /// A served model as the clients see it.
 pub struct Model {
     pub name: &'static str,
@@ -103,6 +106,10 @@ pub struct Ctx {
     /// The faults so far, as the faults' thread logs them.
     pub faults: Mutex<Vec<Fault>>,
     pub started: Instant,
+    /// Where the clients hand each stream over as it ends, to be checked
+    /// while the soak goes on (a 30-minute soak's answers, checked at its
+    /// end, took longer than the soak).
+    pub finished: Mutex<std::sync::mpsc::Sender<Run>>,
 }
 
 impl Ctx {
@@ -132,6 +139,12 @@ impl Ctx {
     /// it is no more).
     pub fn take_drop(&self, slot: usize) -> bool {
         self.drops[slot].swap(false, Ordering::SeqCst)
+    }
+
+    /// Stream `run` ended: to the checker.
+    pub fn finish(&self, run: Run) {
+        // The checker lives until every client has returned.
+        let _ = self.finished.lock().unwrap().send(run);
     }
 
     /// Whether new streams may start.
@@ -164,7 +177,7 @@ pub fn soak(config: &Config) -> Option<report::Figures> {
     let conv_spec = checked_spec(dir.path(), "conv.toml", &[&conv, "--pulse", "4"]);
     let vad_spec = dir.path().join("vad.toml");
     std::fs::write(&vad_spec, "[model]\nbuiltin = \"silero\"\n").unwrap();
-    let served: [(&'static str, &Path, Vec<(usize, usize)>); 3] = [
+    let served: [Served; 3] = [
         ("gru", &gru_spec, vec![(1, 1)]),
         ("conv", &conv_spec, vec![]),
         ("vad", &vad_spec, vec![(2, 1)]),
@@ -192,6 +205,7 @@ pub fn soak(config: &Config) -> Option<report::Figures> {
     let held_at_start: Vec<Held> = (0..places::REPLICAS)
         .map(|r| Held::of(replicas.pid(r).unwrap()))
         .collect();
+    let (finished, checking) = std::sync::mpsc::channel::<Run>();
     let ctx = Arc::new(Ctx {
         seed: config.seed,
         end: Instant::now() + Duration::from_secs(config.seconds),
@@ -209,6 +223,7 @@ pub fn soak(config: &Config) -> Option<report::Figures> {
         drops: (0..WS_SLOTS + MUX_SLOTS).map(|_| AtomicBool::new(false)).collect(),
         faults: Mutex::new(vec![]),
         started: Instant::now(),
+        finished: Mutex::new(finished),
     });
     eprintln!(
         "soak: seed {}, {} s, {} replicas behind HAProxy at {}, {} clients, the store {}",
@@ -219,16 +234,27 @@ pub fn soak(config: &Config) -> Option<report::Figures> {
         WS_SLOTS + MUX_SLOTS + REST_SLOTS + GRPC_SLOTS,
         store.url()
     );
-    // The faults on a thread of their own (starting a replica blocks);
-    // the clients on a runtime.
-    let runs = std::thread::scope(|scope| {
+    // The faults on a thread of their own (starting a replica blocks), the
+    // checker on another (each stream checked as it ends), the clients on
+    // a runtime.
+    let mut figures = std::thread::scope(|scope| {
         let faults = scope.spawn(|| faults::run(&ctx, &mut replicas, &mut store));
+        let (checked, alone) = (ctx.clone(), &alone);
+        let checker = scope.spawn(move || {
+            let mut figures = report::Figures::new(config, held_at_start);
+            for run in checking {
+                let want = alone[run.plan.model].answers(&run.plan.pulses);
+                let faults = checked.faults.lock().unwrap().clone();
+                figures.add(&run, &want, &faults, checked.started);
+            }
+            figures
+        });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
-        let runs: Vec<Run> = runtime.block_on(async {
+        runtime.block_on(async {
             let mut tasks = vec![];
             for slot in 0..WS_SLOTS {
                 tasks.push(tokio::spawn(fronts::ws::slot(ctx.clone(), slot)));
@@ -242,27 +268,23 @@ pub fn soak(config: &Config) -> Option<report::Figures> {
             for slot in 0..GRPC_SLOTS {
                 tasks.push(tokio::spawn(fronts::grpc::slot(ctx.clone(), slot)));
             }
-            let mut runs = vec![];
             for t in tasks {
-                runs.extend(t.await.expect("a client panicked"));
+                t.await.expect("a client panicked");
             }
-            runs
         });
         faults.join().expect("the faults' thread panicked");
-        runs
+        // Every client has returned: the checker's channel closes.
+        drop(std::mem::replace(
+            &mut *ctx.finished.lock().unwrap(),
+            std::sync::mpsc::channel().0,
+        ));
+        checker.join().expect("the checker panicked")
     });
     let held_at_end: Vec<Held> = (0..places::REPLICAS)
         .map(|r| replicas.pid(r).map_or_else(Held::default, Held::of))
         .collect();
     let faults = ctx.faults.lock().unwrap().clone();
-    let figures = report::Figures::of(
-        config,
-        &runs,
-        &faults,
-        |model, pulses| alone[model].answers(pulses),
-        (held_at_start, held_at_end),
-        ctx.started,
-    );
+    figures.end(&faults, held_at_end);
     Some(figures)
 }
 

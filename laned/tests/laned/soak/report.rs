@@ -66,6 +66,17 @@ fn general(text: &str, id: &str) -> String {
 }
 
 impl Figures {
+    /// No stream yet.
+    pub fn new(config: &Config, replicas_start: Vec<Held>) -> Figures {
+        Figures {
+            seed: config.seed,
+            seconds: config.seconds,
+            store: if config.cluster { "cluster" } else { "redis" },
+            replicas_start,
+            ..Figures::default()
+        }
+    }
+
     /// The figures of `runs`, each answer checked against `alone(model,
     /// pulses)`, the stream's answers alone.
     pub fn of(
@@ -76,63 +87,66 @@ impl Figures {
         (replicas_start, replicas_end): (Vec<Held>, Vec<Held>),
         started: Instant,
     ) -> Figures {
-        let mut f = Figures {
-            seed: config.seed,
-            seconds: config.seconds,
-            store: if config.cluster { "cluster" } else { "redis" },
-            streams: runs.len(),
-            replicas_start,
-            replicas_end,
-            ..Figures::default()
-        };
-        for fault in faults {
-            *f.faults.entry(fault.kind).or_default() += 1;
-        }
+        let mut f = Figures::new(config, replicas_start);
         for run in runs {
-            *f.fronts.entry(run.front).or_default() += 1;
-            f.answers += run.answers.len();
-            f.resumes += run.resumes as u64;
-            for why in &run.restarts {
-                *f.restarted_at_0.entry(general(why, &run.plan.id)).or_default() += 1;
+            f.add(run, &alone(run.plan.model, &run.plan.pulses), faults, started);
+        }
+        f.end(faults, replicas_end);
+        f
+    }
+
+    /// The faults and the replicas at the end.
+    pub fn end(&mut self, faults: &[Fault], replicas_end: Vec<Held>) {
+        for fault in faults {
+            *self.faults.entry(fault.kind).or_default() += 1;
+        }
+        self.replicas_end = replicas_end;
+    }
+
+    /// One stream, its answers checked against `want` (its answers alone);
+    /// a wrong one named with the last of `faults` before it.
+    pub fn add(&mut self, run: &Run, want: &[Vec<u8>], faults: &[Fault], started: Instant) {
+        let f = self;
+        let seed = f.seed;
+        f.streams += 1;
+        *f.fronts.entry(run.front).or_default() += 1;
+        f.answers += run.answers.len();
+        f.resumes += run.resumes as u64;
+        for why in &run.restarts {
+            *f.restarted_at_0.entry(general(why, &run.plan.id)).or_default() += 1;
+        }
+        match &run.ended {
+            Ended::Done => {}
+            Ended::Lost { told: Some(why) } => {
+                *f.lost_told.entry(general(why, &run.plan.id)).or_default() += 1;
             }
-            match &run.ended {
-                Ended::Done => {}
-                Ended::Lost { told: Some(why) } => {
-                    *f.lost_told.entry(general(why, &run.plan.id)).or_default() += 1;
-                }
-                Ended::Lost { told: None } => f.lost_silently += 1,
-            }
-            for b in &run.broken {
+            Ended::Lost { told: None } => f.lost_silently += 1,
+        }
+        for b in &run.broken {
+            f.wrong += 1;
+            f.name_wrong(format!("seed {seed}: stream {} ({}): {b}", run.plan.id, run.front));
+        }
+        for a in &run.answers {
+            let waited = a.got - a.sent;
+            f.late_answers += (waited > LATE) as usize;
+            f.slowest_answer_ms = f.slowest_answer_ms.max(waited.as_millis() as u64);
+            if want.get(a.pulse) != Some(&a.bytes) {
                 f.wrong += 1;
+                let at = (a.got - started).as_secs_f64();
+                let before = faults
+                    .iter()
+                    .rev()
+                    .find(|x| x.at_s <= at)
+                    .map_or("none".to_string(), |x| {
+                        format!("{:?} on {} at {:.1} s", x.kind, x.target, x.at_s)
+                    });
                 f.name_wrong(format!(
-                    "seed {}: stream {} ({}): {b}",
-                    config.seed, run.plan.id, run.front
+                    "seed {seed}: stream {} ({}), pulse {}: answered at {at:.1} s, not the stream's answer alone; \
+                     the last fault before it: {before}",
+                    run.plan.id, run.front, a.pulse
                 ));
             }
-            let want = alone(run.plan.model, &run.plan.pulses);
-            for a in &run.answers {
-                let waited = a.got - a.sent;
-                f.late_answers += (waited > LATE) as usize;
-                f.slowest_answer_ms = f.slowest_answer_ms.max(waited.as_millis() as u64);
-                if want.get(a.pulse) != Some(&a.bytes) {
-                    f.wrong += 1;
-                    let at = (a.got - started).as_secs_f64();
-                    let before = faults
-                        .iter()
-                        .rev()
-                        .find(|x| x.at_s <= at)
-                        .map_or("none".to_string(), |x| {
-                            format!("{:?} on {} at {:.1} s", x.kind, x.target, x.at_s)
-                        });
-                    f.name_wrong(format!(
-                        "seed {}: stream {} ({}), pulse {}: answered at {at:.1} s, not the stream's answer alone; \
-                         the last fault before it: {before}",
-                        config.seed, run.plan.id, run.front, a.pulse
-                    ));
-                }
-            }
         }
-        f
     }
 
     fn name_wrong(&mut self, what: String) {

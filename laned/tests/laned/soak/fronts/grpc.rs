@@ -18,7 +18,7 @@ use super::rest::says_restart;
 const INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
 
 /// Sequences one after another on slot `slot` until the soak stops.
-pub async fn slot(ctx: Arc<Ctx>, slot: usize) -> Vec<Run> {
+pub async fn slot(ctx: Arc<Ctx>, slot: usize) {
     let channels: Vec<Channel> = ctx
         .grpc
         .iter()
@@ -30,14 +30,12 @@ pub async fn slot(ctx: Arc<Ctx>, slot: usize) -> Vec<Run> {
                 .connect_lazy()
         })
         .collect();
-    let mut runs = vec![];
     let mut k = 0;
     while ctx.open() {
         let plan = ctx.plan("grpc", slot, k);
-        runs.push(sequence(&ctx, &channels, plan).await);
+        ctx.finish(sequence(&ctx, &channels, plan).await);
         k += 1;
     }
-    runs
 }
 
 /// Pulse `pulse` of sequence `id` as a request.

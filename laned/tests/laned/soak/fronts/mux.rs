@@ -71,7 +71,7 @@ struct Slot {
 
 /// `STREAMS` streams at once, one after another in each place, until the
 /// soak stops starting them.
-pub async fn slot(ctx: Arc<Ctx>, slot: usize) -> Vec<Run> {
+pub async fn slot(ctx: Arc<Ctx>, slot: usize) {
     let mut k = 0;
     let mut fresh = |ctx: &Ctx| {
         // A connection carries one model's streams.
@@ -86,32 +86,30 @@ pub async fn slot(ctx: Arc<Ctx>, slot: usize) -> Vec<Run> {
         }
     };
     let mut places: Vec<Option<Slot>> = (0..STREAMS).map(|_| Some(fresh(&ctx))).collect();
-    let mut done = vec![];
     let mut tags = 0u32;
     while places.iter().any(Option::is_some) {
-        let said = connection(&ctx, slot, &mut places, &mut done, &mut tags, &mut fresh).await;
+        let said = connection(&ctx, slot, &mut places, &mut tags, &mut fresh).await;
         // The connection is gone: every stream on it opens again on the
         // next, after a moment.
         for s in places.iter_mut().flatten() {
             s.phase = Phase::Closed(Instant::now() + Duration::from_millis(100));
             s.interrupted.add(said.clone());
         }
-        give_up(&mut places, &mut done, &ctx, &mut fresh);
+        give_up(&mut places, &ctx, &mut fresh);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    done
 }
 
 /// Streams given up leave their place (to a fresh one while streams
 /// start).
-fn give_up(places: &mut [Option<Slot>], done: &mut Vec<Run>, ctx: &Ctx, fresh: &mut impl FnMut(&Ctx) -> Slot) {
+fn give_up(places: &mut [Option<Slot>], ctx: &Ctx, fresh: &mut impl FnMut(&Ctx) -> Slot) {
     for place in places.iter_mut() {
         if place.as_ref().is_some_and(|s| s.interrupted.given_up()) {
             let mut s = place.take().unwrap();
             s.run.ended = Ended::Lost {
                 told: s.interrupted.told.take(),
             };
-            done.push(s.run);
+            ctx.finish(s.run);
             *place = ctx.open().then(|| fresh(ctx));
         }
     }
@@ -123,7 +121,6 @@ async fn connection(
     ctx: &Ctx,
     slot: usize,
     places: &mut [Option<Slot>],
-    done: &mut Vec<Run>,
     tags: &mut u32,
     fresh: &mut impl FnMut(&Ctx) -> Slot,
 ) -> Option<String> {
@@ -147,7 +144,7 @@ async fn connection(
         _ => return None,
     }
     loop {
-        give_up(places, done, ctx, fresh);
+        give_up(places, ctx, fresh);
         if places.iter().all(Option::is_none) {
             let _ = ws.close(None).await;
             return None;
@@ -258,7 +255,7 @@ async fn connection(
                     if matches!(s.phase, Phase::Ending(..)) && code == 1000 {
                         let mut s = place.take().unwrap();
                         s.run.ended = Ended::Done;
-                        done.push(s.run);
+                        ctx.finish(s.run);
                         *place = ctx.open().then(|| fresh(ctx));
                     } else {
                         s.interrupted.add(Some(format!("{code} {why}")));

@@ -14,15 +14,13 @@ use super::super::stream::{pace, Answer, Ended, Interrupted, Plan, Run, WAIT};
 use super::super::Ctx;
 
 /// Sequences one after another on slot `slot` until the soak stops.
-pub async fn slot(ctx: Arc<Ctx>, slot: usize) -> Vec<Run> {
-    let mut runs = vec![];
+pub async fn slot(ctx: Arc<Ctx>, slot: usize) {
     let mut k = 0;
     while ctx.open() {
         let plan = ctx.plan("rest", slot, k);
-        runs.push(sequence(&ctx, plan).await);
+        ctx.finish(sequence(&ctx, plan).await);
         k += 1;
     }
-    runs
 }
 
 /// Whether a refusal says to start the sequence again.

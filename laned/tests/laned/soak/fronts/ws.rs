@@ -15,15 +15,13 @@ use super::super::Ctx;
 use super::close_said;
 
 /// Streams one after another on slot `slot` until the soak stops.
-pub async fn slot(ctx: Arc<Ctx>, slot: usize) -> Vec<Run> {
-    let mut runs = vec![];
+pub async fn slot(ctx: Arc<Ctx>, slot: usize) {
     let mut k = 0;
     while ctx.open() {
         let plan = ctx.plan("ws", slot, k);
-        runs.push(stream(&ctx, slot, plan).await);
+        ctx.finish(stream(&ctx, slot, plan).await);
         k += 1;
     }
-    runs
 }
 
 /// What ended a session early: what was said, if anything.

@@ -18,7 +18,7 @@ type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<t
 
 /// A record as the docs give it: kind, tag (u32 LE), length (u32 LE),
 /// payload.
-fn record(kind: u8, tag: u32, payload: &[u8]) -> Vec<u8> {
+pub fn record(kind: u8, tag: u32, payload: &[u8]) -> Vec<u8> {
     let mut r = vec![kind];
     r.extend_from_slice(&tag.to_le_bytes());
     r.extend_from_slice(&(payload.len() as u32).to_le_bytes());

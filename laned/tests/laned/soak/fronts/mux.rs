@@ -11,6 +11,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
+use super::super::super::mux::record;
 use super::super::stream::{Answer, Ended, Interrupted, Run, WAIT};
 use super::super::Ctx;
 use super::close_said;
@@ -24,16 +25,6 @@ const END: u8 = 3;
 const OPENED: u8 = 0x81;
 const ANSWER: u8 = 0x82;
 const CLOSED: u8 = 0x83;
-
-/// A record as docs/protocols.md gives it: kind, tag (u32 LE), length
-/// (u32 LE), payload.
-fn record(kind: u8, tag: u32, payload: &[u8]) -> Vec<u8> {
-    let mut r = vec![kind];
-    r.extend_from_slice(&tag.to_le_bytes());
-    r.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    r.extend_from_slice(payload);
-    r
-}
 
 /// The records of one server message: kind, tag, payload.
 fn records(mut message: &[u8]) -> Vec<(u8, u32, Vec<u8>)> {

@@ -145,6 +145,43 @@ fn runs(start: usize, count: usize, len: usize) -> impl Iterator<Item = (usize, 
         .filter(|(_, r)| !r.is_empty())
 }
 
+/// A contiguous tensor's bytes seen as `[rows, outer, frames, frame]`:
+/// rows on axis 0, frames along the delayed axis, `outer` the axes between,
+/// `frame` the bytes of one step of the delayed axis.
+#[derive(Debug, Clone, Copy)]
+struct Frames {
+    outer: usize,
+    frames: usize,
+    frame: usize,
+}
+
+impl Frames {
+    fn of(shape: &[usize], axis: usize, size: usize) -> Frames {
+        Frames {
+            outer: shape[1..axis].iter().product(),
+            frames: shape[axis],
+            frame: shape[axis + 1..].iter().product::<usize>() * size,
+        }
+    }
+
+    /// Where frame `frame` of row `row` starts in the slab `outer`.
+    fn at(&self, row: usize, outer: usize, frame: usize) -> usize {
+        ((row * self.outer + outer) * self.frames + frame) * self.frame
+    }
+}
+
+/// Copy `n` frames from `src` (laid out as `s`), row and first frame
+/// `from`, into `dst` (laid out as `d`, the same frame and outer sizes),
+/// row and first frame `to`.
+fn copy_frames(dst: &mut [u8], d: Frames, to: (usize, usize), src: &[u8], s: Frames, from: (usize, usize), n: usize) {
+    debug_assert_eq!((d.outer, d.frame), (s.outer, s.frame));
+    let bytes = n * d.frame;
+    for outer in 0..d.outer {
+        let (at, of) = (d.at(to.0, outer, to.1), s.at(from.0, outer, from.1));
+        dst[at..at + bytes].copy_from_slice(&src[of..of + bytes]);
+    }
+}
+
 impl LaneDelayState {
     /// The buffer for `lanes` lanes of `dt`, allocated if it was not.
     fn buffer(&mut self, dt: DatumType, lanes: usize) -> TractResult<(&mut Tensor, &mut Vec<usize>)> {
@@ -215,22 +252,45 @@ impl OpState for LaneDelayState {
         let (buffer, heads) = self.buffer(dt, width)?;
         let from_lane = len.min(out_len);
         let fresh = pulse.min(len);
+        // Byte copies, frame runs at a time: the data is plain (the lift
+        // keeps only such Delays) and every tensor here is contiguous.
+        let size = dt.size_of();
+        let (o, i, b) = (
+            Frames::of(output.shape(), axis, size),
+            Frames::of(input.shape(), axis, size),
+            Frames::of(buffer.shape(), axis, size),
+        );
+        let into = output.as_bytes_mut();
         for ix in 0..seats {
             let lane = lane_of(ctx.seating, ix);
             let head = heads[lane];
             // The output: the lane's frames, oldest first, then the pulse's
             // first ones.
             for (at, run) in runs(head, from_lane, len) {
-                let n = run.len();
-                output.assign_slice_at_prefix(&[ix], at..at + n, buffer, &[lane], run, axis)?;
+                copy_frames(into, o, (ix, at), buffer.as_bytes(), b, (lane, run.start), run.len());
             }
-            output.assign_slice_at_prefix(&[ix], from_lane..out_len, &input, &[ix], 0..out_len - from_lane, axis)?;
+            copy_frames(
+                into,
+                o,
+                (ix, from_lane),
+                input.as_bytes(),
+                i,
+                (ix, 0),
+                out_len - from_lane,
+            );
             // The pulse's frames take the places of the oldest ones: only
             // its last `fresh` survive, written where they land.
             for (at, run) in runs((head + pulse - fresh) % len, fresh, len) {
-                let n = run.len();
                 let from = pulse - fresh + at;
-                buffer.assign_slice_at_prefix(&[lane], run, &input, &[ix], from..from + n, axis)?;
+                copy_frames(
+                    buffer.as_bytes_mut(),
+                    b,
+                    (lane, run.start),
+                    input.as_bytes(),
+                    i,
+                    (ix, from),
+                    run.len(),
+                );
             }
             heads[lane] = (head + pulse) % len;
         }

@@ -315,3 +315,168 @@ impl OpState for LaneDelayState {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tract_core::plan::{EvalContext, LaneId, Seating, SessionId};
+
+    /// A Delay's case: the axes before and after the delayed one (besides
+    /// the lanes' axis 0), the pulse, the delay and the overlap.
+    struct Case {
+        before: &'static [usize],
+        after: &'static [usize],
+        pulse: usize,
+        delay: usize,
+        overlap: usize,
+    }
+
+    /// Runs `case` on 3 lanes through `turns` (each the lanes it seats, in
+    /// seat order) and checks every seat's output, and every lane's frames
+    /// after every turn, against a Delay by its definition: per lane, the
+    /// frames so far (zeros before the stream) joined with the pulse along
+    /// the axis, the output its first `pulse + overlap` frames, the frames
+    /// kept the `delay + overlap` after the pulse's length.
+    fn check(case: &Case, turns: &[&[usize]]) {
+        let lanes = 3;
+        let axis = 1 + case.before.len();
+        let len = case.delay + case.overlap;
+        let shape = |rows: usize, frames: usize| -> TVec<usize> {
+            let mut s: TVec<usize> = tvec![rows];
+            s.extend(case.before.iter().copied());
+            s.push(frames);
+            s.extend(case.after.iter().copied());
+            s
+        };
+        let op = LaneDelay {
+            axis,
+            delay: case.delay,
+            overlap: case.overlap,
+            lane_shape: shape(1, len),
+        };
+        let mut state = LaneDelayState {
+            op: op.clone(),
+            buffer: None,
+            heads: vec![],
+        };
+        let mut kept: Vec<Tensor> = (0..lanes)
+            .map(|_| Tensor::zero::<f32>(&shape(1, len)).unwrap())
+            .collect();
+        let symbols = SymbolValues::default();
+        let mut next = 0f32;
+        for (t, seated) in turns.iter().enumerate() {
+            let in_shape = shape(seated.len(), case.pulse);
+            let values: Vec<f32> = (0..in_shape.iter().product::<usize>())
+                .map(|_| {
+                    next += 1.0;
+                    next
+                })
+                .collect();
+            let input = Tensor::from_shape(&in_shape, &values).unwrap();
+            let seating = Seating::new(lanes, seated.iter().map(|l| LaneId(*l))).unwrap();
+            let ctx = EvalContext {
+                session: SessionId::NONE,
+                node_id: 0,
+                symbols: &symbols,
+                scenario: None,
+                shared: None,
+                seating: &seating,
+            };
+            let out = state.eval(&ctx, &op, tvec![input.clone().into_tvalue()]).unwrap();
+            for (ix, lane) in seated.iter().enumerate() {
+                let pulse = input.slice(0, ix, ix + 1).unwrap();
+                let joined = Tensor::stack_tensors(axis, &[kept[*lane].clone(), pulse]).unwrap();
+                let wanted = joined.slice(axis, 0, case.pulse + case.overlap).unwrap();
+                assert_eq!(
+                    out[0].slice(0, ix, ix + 1).unwrap(),
+                    wanted,
+                    "turn {t}, seat {ix} (lane {lane})"
+                );
+                kept[*lane] = joined.slice(axis, case.pulse, case.pulse + len).unwrap();
+            }
+            for (lane, frames) in kept.iter().enumerate() {
+                assert_eq!(
+                    &state.read_lane(lane, f32::datum_type()).unwrap(),
+                    frames,
+                    "turn {t}, lane {lane}"
+                );
+            }
+        }
+    }
+
+    /// Seatings of every kind: all lanes in order, out of order, a subset,
+    /// one lane, a lane left out for a few turns.
+    const TURNS: [&[usize]; 10] = [
+        &[0, 1, 2],
+        &[2, 0],
+        &[1],
+        &[0, 2, 1],
+        &[2],
+        &[2],
+        &[1, 0],
+        &[0, 1, 2],
+        &[0],
+        &[2, 1, 0],
+    ];
+
+    /// The frames' layouts (the delayed axis last, first, between others)
+    /// and the ring's cases (a pulse shorter than the frames kept, so
+    /// writes wrap; as long; longer; a delay past the pulse; no delay).
+    #[test]
+    fn laned_delay_is_the_delay_by_its_definition_per_lane() {
+        let cases = [
+            Case {
+                before: &[3],
+                after: &[],
+                pulse: 4,
+                delay: 2,
+                overlap: 0,
+            },
+            Case {
+                before: &[],
+                after: &[5],
+                pulse: 3,
+                delay: 4,
+                overlap: 1,
+            },
+            Case {
+                before: &[2],
+                after: &[3],
+                pulse: 2,
+                delay: 3,
+                overlap: 2,
+            },
+            Case {
+                before: &[2],
+                after: &[],
+                pulse: 6,
+                delay: 2,
+                overlap: 0,
+            },
+            Case {
+                before: &[],
+                after: &[2],
+                pulse: 1,
+                delay: 3,
+                overlap: 0,
+            },
+            Case {
+                before: &[4],
+                after: &[],
+                pulse: 3,
+                delay: 0,
+                overlap: 2,
+            },
+            Case {
+                before: &[2],
+                after: &[2],
+                pulse: 5,
+                delay: 5,
+                overlap: 0,
+            },
+        ];
+        for case in &cases {
+            check(case, &TURNS);
+        }
+    }
+}

@@ -92,6 +92,27 @@ pub async fn connect(addr: SocketAddr, query: &str) -> Ws {
     tokio_tungstenite::connect_async(url.as_str()).await.unwrap().0
 }
 
+/// [`connect`], as a client does it beside a flood of idle connections:
+/// a connection the server accepted but had not read yet can lose its
+/// place to the flood before its handshake (the server closes the oldest
+/// such connection to make room), and the client, having sent nothing,
+/// connects again. Up to 50 tries, 20 ms apart; the last error fails.
+pub async fn connect_through(addr: SocketAddr, query: &str) -> Ws {
+    let url = format!("ws://{addr}/v1/vad{query}");
+    let mut tries = 0;
+    loop {
+        match tokio_tungstenite::connect_async(url.as_str()).await {
+            Ok((ws, _)) => return ws,
+            Err(e) if tries < 50 => {
+                tries += 1;
+                eprintln!("connecting to {url}: {e}; again");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("connecting to {url}: {e}, 51 times"),
+        }
+    }
+}
+
 /// A connection holding a lane: connected, its first chunk (`chunk`,
 /// f32) sent and answered.
 pub async fn connect_holding(addr: SocketAddr, chunk: &[f32]) -> Ws {
@@ -211,7 +232,7 @@ pub async fn expect_close(ws: &mut Ws) -> (u16, String) {
 /// Streams `samples` in frames of random sizes (seeded) and returns the
 /// probabilities of every whole chunk, checking their numbering; closes.
 pub async fn stream(addr: SocketAddr, samples: &[f32], i16_format: bool, seed: u64) -> Vec<f32> {
-    let mut ws = connect(addr, if i16_format { "?format=i16" } else { "" }).await;
+    let mut ws = connect_through(addr, if i16_format { "?format=i16" } else { "" }).await;
     let bytes = encode(samples, i16_format);
     let width = if i16_format { 2 } else { 4 };
     let want = samples.len() / CHUNK;

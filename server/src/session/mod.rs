@@ -195,23 +195,35 @@ pub(crate) async fn lane(
     Ok(handle)
 }
 
-/// The stream id a connection gives: its `x-stream-id` header, else its
-/// `stream` URL parameter (browsers cannot set a WebSocket's headers);
-/// `Err` for one that is not an id ([`handover::check_id`]).
-fn stream_id_of(headers: &axum::http::HeaderMap, query: Option<&str>) -> Result<Option<String>, String> {
-    let id = match headers.get("x-stream-id") {
-        Some(v) => Some(
+/// What a connection says in header `header`, else in its URL parameter
+/// `param` (browsers cannot set a WebSocket's headers); `Err` for a header
+/// that is not ASCII.
+fn header_or_param(
+    headers: &axum::http::HeaderMap,
+    header: &str,
+    query: Option<&str>,
+    param: &str,
+) -> Result<Option<String>, String> {
+    match headers.get(header) {
+        Some(v) => Ok(Some(
             v.to_str()
-                .map_err(|_| "the x-stream-id header is not ASCII".to_string())?
+                .map_err(|_| format!("the {header} header is not ASCII"))?
                 .to_string(),
-        ),
-        None => query
+        )),
+        None => Ok(query
             .unwrap_or("")
             .split('&')
             .filter_map(|pair| pair.split_once('='))
-            .find(|(key, _)| *key == "stream")
-            .map(|(_, value)| value.to_string()),
-    };
+            .find(|(key, _)| *key == param)
+            .map(|(_, value)| value.to_string())),
+    }
+}
+
+/// The stream id a connection gives: its `x-stream-id` header, else its
+/// `stream` URL parameter; `Err` for one that is not an id
+/// ([`handover::check_id`]).
+fn stream_id_of(headers: &axum::http::HeaderMap, query: Option<&str>) -> Result<Option<String>, String> {
+    let id = header_or_param(headers, "x-stream-id", query, "stream")?;
     match id {
         Some(id) => handover::check_id(&id).map(|()| Some(id)),
         None => Ok(None),

@@ -71,19 +71,7 @@ fn generation_in(bytes: &[u8]) -> Option<u64> {
 /// (browsers); `Err` naming it for one that is not a number from 1 to
 /// [`handover::MAX_RECORD_CHUNK`].
 pub(crate) fn claimed_generation(headers: &axum::http::HeaderMap, query: Option<&str>) -> Result<Option<u64>, String> {
-    let claim = match headers.get("x-resume-generation") {
-        Some(v) => Some(
-            v.to_str()
-                .map_err(|_| "the x-resume-generation header is not ASCII".to_string())?
-                .to_string(),
-        ),
-        None => query
-            .unwrap_or("")
-            .split('&')
-            .filter_map(|pair| pair.split_once('='))
-            .find(|(key, _)| *key == "generation")
-            .map(|(_, value)| value.to_string()),
-    };
+    let claim = super::header_or_param(headers, "x-resume-generation", query, "generation")?;
     match claim {
         None => Ok(None),
         Some(g) => match g.trim().parse::<u64>() {
